@@ -1,0 +1,293 @@
+"""A plain Llama (GQA, RoPE with Llama-3 scaling, RMSNorm, SwiGLU, tied or untied embeddings); no LoRA here.
+
+Module names mirror Hugging Face's LlamaForCausalLM so checkpoints load by name. Inputs are packed: the new
+tokens of every sequence in the batch are concatenated into one [num_tokens] vector, and the per-step
+Context (replica.engine.context) says which KV-cache row and positions they belong to.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from replica.engine.context import Context, get_context
+from replica.errors import UnsupportedModelError
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The fields of a Hugging Face Llama config.json this model uses."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> LlamaConfig:
+        """Build from a parsed config.json; reject architectures and activations we do not implement."""
+        archs = raw.get("architectures") or ["LlamaForCausalLM"]
+        if raw.get("model_type", "llama") != "llama" or "LlamaForCausalLM" not in archs:
+            raise UnsupportedModelError(f"not a Llama checkpoint: model_type={raw.get('model_type')} {archs}")
+        if raw.get("hidden_act", "silu") != "silu":
+            raise UnsupportedModelError(f"unsupported hidden_act {raw.get('hidden_act')!r}")
+        heads = raw["num_attention_heads"]
+        rope_scaling = raw.get("rope_scaling")
+        rope_theta = raw.get("rope_theta")
+        params = raw.get("rope_parameters")  # transformers >= 5 may store rope settings here
+        if isinstance(params, dict):
+            rope_theta = rope_theta or params.get("rope_theta")
+            if rope_scaling is None and params.get("rope_type", "default") != "default":
+                rope_scaling = params
+        return cls(
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_hidden_layers=raw["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=raw.get("num_key_value_heads") or heads,
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
+            rope_theta=float(rope_theta or 10000.0),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            mlp_bias=bool(raw.get("mlp_bias", False)),
+            extra=raw,
+        )
+
+
+def _rope_default(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    return inv_freq
+
+
+def _rope_linear(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    return inv_freq / scaling["factor"]
+
+
+def _rope_llama3(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1 frequency-dependent scaling, as in transformers' _compute_llama3_parameters."""
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+ROPE_SCALINGS = {"default": _rope_default, "linear": _rope_linear, "llama3": _rope_llama3}
+
+
+def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
+    """Return inv_freq [head_dim // 2] in fp32 on CPU, scaled as the config says."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (
+        config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim)
+    )
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind not in ROPE_SCALINGS:
+        raise UnsupportedModelError(f"unsupported rope_scaling type {kind!r}")
+    return ROPE_SCALINGS[kind](inv_freq, scaling)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies RoPE to q and k at given positions (cos/sin computed in fp32, as transformers does)."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # positions [num_tokens]; q [num_tokens, heads, head_dim]; k [num_tokens, kv_heads, head_dim]
+        freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]  # [num_tokens, head_dim/2]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [num_tokens, 1, head_dim]
+        cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in fp32, scaled in the input dtype."""
+
+    def __init__(self, hidden: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x [num_tokens, hidden]
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class LlamaAttention(nn.Module):
+    """Grouped-query attention over the KV cache rows named by the step's Context."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        hidden, bias = config.hidden_size, config.attention_bias
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
+        self.scale = self.head_dim**-0.5
+        # bound by the model runner: [max_num_seqs, kv_heads, max_model_len, head_dim] each
+        self.k_cache: torch.Tensor | None = None
+        self.v_cache: torch.Tensor | None = None
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, rotary: RotaryEmbedding) -> torch.Tensor:
+        # positions [num_tokens]; x [num_tokens, hidden]
+        n = x.shape[0]
+        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        q, k = rotary(positions, q, k)
+        ctx = get_context()
+        if ctx is None or self.k_cache is None:
+            out = self._causal(q, k, v)
+        else:
+            out = self._cached(ctx, positions, q, k, v)
+        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+
+    def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """One sequence, no cache: plain causal attention. Returns [num_tokens, heads, head_dim]."""
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1),
+            k.transpose(0, 1),
+            v.transpose(0, 1),
+            is_causal=True,
+            scale=self.scale,
+            enable_gqa=True,
+        )  # [heads, num_tokens, head_dim]
+        return out.transpose(0, 1)
+
+    def _cached(
+        self, ctx: Context, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """Write this step's k/v into the cache, then attend each sequence to its own row."""
+        kc, vc = self.k_cache, self.v_cache  # [rows, kv_heads, max_len, head_dim]
+        kc[ctx.token_rows, :, positions] = k
+        vc[ctx.token_rows, :, positions] = v
+        out = torch.empty_like(q)  # [num_tokens, heads, head_dim]
+        for row, start, length, ctx_len in ctx.prefills:
+            qs = q[start : start + length].transpose(0, 1)  # [heads, length, head_dim]
+            ks, vs = kc[row, :, :ctx_len], vc[row, :, :ctx_len]  # [kv_heads, ctx_len, head_dim]
+            mask = None
+            if ctx_len != length:  # new tokens sit at the end of the row: causal with an offset
+                qpos = torch.arange(ctx_len - length, ctx_len, device=q.device)[:, None]
+                mask = torch.arange(ctx_len, device=q.device)[None, :] <= qpos  # [length, ctx_len]
+            o = F.scaled_dot_product_attention(
+                qs, ks, vs, attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=True
+            )
+            out[start : start + length] = o.transpose(0, 1)
+        if ctx.decode_token_idx.numel():
+            width = ctx.max_decode_context_len
+            qd = q[ctx.decode_token_idx].unsqueeze(2)  # [num_decodes, heads, 1, head_dim]
+            kd = kc[ctx.decode_rows, :, :width]  # [num_decodes, kv_heads, width, head_dim]
+            vd = vc[ctx.decode_rows, :, :width]
+            keep = torch.arange(width, device=q.device)[None, :] < ctx.decode_context_lens[:, None]
+            o = F.scaled_dot_product_attention(
+                qd, kd, vd, attn_mask=keep[:, None, None, :], scale=self.scale, enable_gqa=True
+            )  # [num_decodes, heads, 1, head_dim]
+            out[ctx.decode_token_idx] = o.squeeze(2)
+        return out
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU feed-forward."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        hidden, inter, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
+        self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x [num_tokens, hidden]
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks with residuals."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, rotary: RotaryEmbedding) -> torch.Tensor:
+        # x [num_tokens, hidden]
+        x = x + self.self_attn(positions, self.input_layernorm(x), rotary)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder stack and final norm."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # input_ids [num_tokens]; positions [num_tokens] -> hidden [num_tokens, hidden]
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(positions, x, self.rotary_emb)
+        return self.norm(x)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama with its LM head; forward returns hidden states, compute_logits maps chosen rows to the vocab."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # input_ids [num_tokens]; positions [num_tokens] -> hidden [num_tokens, hidden]
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden [n, hidden] -> logits [n, vocab] in fp32
+        return self.lm_head(hidden).float()
