@@ -1,0 +1,28 @@
+# The two set-up commands are `make up` and `make test`; each installs and starts what it needs.
+.PHONY: up test down status deps lint
+
+VENV := .venv
+LF := $(VENV)/bin/lorafleet
+
+deps:
+	@bash scripts/bootstrap.sh
+
+## Bring up the whole local stack: Kafka, PostgreSQL, S3, migrations, topics, and the project's processes.
+up: deps
+	@$(LF) services up
+	@$(LF) services status
+
+## Run every test against real local services (started here if they are not running).
+test: deps
+	@$(LF) services up --infra-only
+	@$(VENV)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+## Stop everything this project started.
+down:
+	@if [ -x $(LF) ]; then $(LF) services down; fi
+
+status:
+	@$(LF) services status
+
+lint:
+	@$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

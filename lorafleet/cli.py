@@ -1,0 +1,57 @@
+"""The `lorafleet` command: one typer app that mounts each package's own sub-app."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, help="lorafleet: serve many LoRA adapters on one shared base model.")
+
+# name -> (module, attribute, help). Each package owns its commands; this file only mounts them.
+SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
+    "services": (
+        "lorafleet.services.cli",
+        "app",
+        "Start, stop and inspect the local Kafka, PostgreSQL and S3.",
+    ),
+    "db": ("lorafleet.db.cli", "app", "Database migrations."),
+    "model": ("replica.model.cli", "app", "Prepare and inspect base models."),
+    "replica": ("replica.cli", "app", "Run a replica (inference engine + adapter cache)."),
+    "bench": ("bench.cli", "app", "Benchmarks that print JSON."),
+}
+
+# Single commands that are a whole process each.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "relay": ("lorafleet.outbox.relay_cli", "relay"),
+}
+
+
+def _mount() -> None:
+    for name, (module, attr, help_text) in SUBCOMMANDS.items():
+        try:
+            sub = getattr(importlib.import_module(module), attr)
+        except ModuleNotFoundError as exc:
+            if exc.name and module.startswith(exc.name):
+                continue  # that package has not grown its commands yet
+            raise
+        app.add_typer(sub, name=name, help=help_text)
+    for name, (module, attr) in COMMANDS.items():
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except ModuleNotFoundError as exc:
+            if exc.name and module.startswith(exc.name):
+                continue
+            raise
+        app.command(name)(fn)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _mount()
+    app()
+
+
+if __name__ == "__main__":
+    main()

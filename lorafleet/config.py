@@ -1,0 +1,54 @@
+"""Platform settings shared by every process: where the data folder and the backing services are."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class PlatformSettings(BaseSettings):
+    """Addresses of Kafka, PostgreSQL and the object store; every one can be overridden by env."""
+
+    model_config = SettingsConfigDict(env_prefix="LORAFLEET_", extra="ignore")
+
+    data_dir: Path = Field(default=Path(".data"), description="git-ignored folder for data, logs and pids")
+
+    kafka_bootstrap: str = "127.0.0.1:19092"
+    kafka_controller_port: int = 19093
+
+    database_url: str = "postgresql://lorafleet:lorafleet@127.0.0.1:15432/lorafleet"
+    postgres_port: int = 15432
+
+    s3_endpoint: str = "http://127.0.0.1:19000"
+    s3_access_key: str = "lorafleet"
+    s3_secret_key: str = "lorafleet-secret"
+    s3_region: str = "us-east-1"
+    s3_bucket: str = "lorafleet-adapters"
+
+    # Object-store prefixes adapters may be registered from; file:// is the single-machine default.
+    object_store_prefixes: list[str] = Field(default_factory=lambda: ["s3://lorafleet-adapters/"])
+
+    @property
+    def data_path(self) -> Path:
+        return self.data_dir.resolve()
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> PlatformSettings:
+    return PlatformSettings()
+
+
+class RelaySettings(BaseSettings):
+    """The outbox relay's knobs."""
+
+    model_config = SettingsConfigDict(env_prefix="LORAFLEET_RELAY_", extra="ignore")
+
+    batch_size: int = Field(default=500, ge=1, le=10000)
+    poll_interval_s: float = Field(default=0.2, gt=0)
+    retention_s: float = Field(default=3600.0, ge=0, description="sent rows older than this are pruned")
+    # Fault injection for tests only: "crash_after_publish" exits the process after Kafka acked a batch
+    # and before the rows are marked sent.
+    fault: str | None = None

@@ -1,0 +1,55 @@
+"""Kafka clients configured the one way this project uses them, and topic creation."""
+
+from __future__ import annotations
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from lorafleet.config import PlatformSettings
+from schemas.topics import ALL_TOPICS, Topic
+
+
+def make_producer(settings: PlatformSettings, **overrides) -> AIOKafkaProducer:
+    """An idempotent producer: enable_idempotence implies acks=all (aiokafka defaults to neither)."""
+    options = {"enable_idempotence": True, "acks": "all", "linger_ms": 5, "request_timeout_ms": 15000}
+    options.update(overrides)
+    return AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, **options)
+
+
+def make_consumer(settings: PlatformSettings, *topics: str, group_id: str, **overrides) -> AIOKafkaConsumer:
+    """A consumer that commits only after processing (at-least-once; handlers dedupe on event_id)."""
+    options = {
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "isolation_level": "read_committed",
+    }
+    options.update(overrides)
+    return AIOKafkaConsumer(*topics, bootstrap_servers=settings.kafka_bootstrap, group_id=group_id, **options)
+
+
+async def ensure_topics(settings: PlatformSettings, topics: tuple[Topic, ...] = ALL_TOPICS) -> list[str]:
+    """Create any missing topic with its partition count; return the names created."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [t for t in topics if t.name not in existing]
+        if not missing:
+            return []
+        new = [
+            NewTopic(
+                t.name,
+                num_partitions=t.partitions,
+                replication_factor=1,
+                topic_configs={"cleanup.policy": "compact"} if t.compacted else {},
+            )
+            for t in missing
+        ]
+        try:
+            await admin.create_topics(new)
+        except TopicAlreadyExistsError:
+            pass  # another process created them first
+        return [t.name for t in missing]
+    finally:
+        await admin.close()

@@ -1,0 +1,42 @@
+"""`lorafleet services up|down|status`: the local stack on loopback."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from lorafleet.config import get_settings
+from lorafleet.services import stack
+
+app = typer.Typer(no_args_is_help=True)
+
+
+@app.command()
+def up(infra_only: bool = typer.Option(False, "--infra-only", help="Only Kafka, PostgreSQL and S3.")) -> None:
+    """Start Kafka, PostgreSQL and the object store, migrate, create topics, then start the app processes."""
+    settings = get_settings()
+    stack.infra_up(settings, typer.echo)
+    if not infra_only:
+        stack.apps_up(settings, typer.echo)
+
+
+@app.command()
+def down() -> None:
+    """Stop every process this project started (by pid), app processes first."""
+    stack.down(get_settings(), typer.echo)
+
+
+@app.command()
+def status(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Say whether each service answers; exit 1 if any does not."""
+    result = stack.status(get_settings())
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, default=str))
+    else:
+        for name, info in result.items():
+            mark = "healthy" if info["healthy"] else "DOWN"
+            detail = info.get("address") or f"pid {info.get('pid')}"
+            typer.echo(f"{name:12s} {mark:8s} {detail}")
+    if not all(info["healthy"] for info in result.values()):
+        raise typer.Exit(1)

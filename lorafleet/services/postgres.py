@@ -1,0 +1,148 @@
+"""PostgreSQL from Debian's package, in a cluster of the project's own under the data folder."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+from pathlib import Path
+from urllib.parse import urlparse
+
+from lorafleet.config import PlatformSettings
+from lorafleet.services.paths import log_dir, service_dir
+from lorafleet.services.process import wait_until
+
+NAME = "postgres"
+
+
+def _bin(tool: str) -> str:
+    """Newest /usr/lib/postgresql/N/bin/tool, else tool on PATH."""
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name), reverse=True
+    )
+    for bindir in versions:
+        if (bindir / tool).exists():
+            return str(bindir / tool)
+    found = shutil.which(tool)
+    if found is None:
+        raise RuntimeError(f"{tool} not found: install Debian's postgresql package (make deps does, as root)")
+    return found
+
+
+def _as_owner(argv: list[str]) -> list[str]:
+    """PostgreSQL refuses to run as root: run its tools as the postgres system user then."""
+    if os.geteuid() == 0:
+        return ["runuser", "-u", "postgres", "--", *argv]
+    return argv
+
+
+def _paths(settings: PlatformSettings) -> tuple[Path, Path, Path]:
+    base = service_dir(settings, NAME)
+    return base, base / "data", base / "socket"
+
+
+def _chown_tree(path: Path) -> None:
+    if os.geteuid() != 0:
+        return
+    pw = pwd.getpwnam("postgres")
+    for p in [path, *path.rglob("*")]:
+        os.chown(p, pw.pw_uid, pw.pw_gid)
+
+
+def _run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(_as_owner(argv), check=True, capture_output=True, text=True, **kwargs)
+
+
+def ready(settings: PlatformSettings) -> bool:
+    result = subprocess.run(
+        [_bin("pg_isready"), "-h", "127.0.0.1", "-p", str(settings.postgres_port), "-q"], capture_output=True
+    )
+    return result.returncode == 0
+
+
+def _pg_ctl(settings: PlatformSettings, *args: str) -> subprocess.CompletedProcess:
+    _, data, _ = _paths(settings)
+    return _run([_bin("pg_ctl"), "-D", str(data), *args])
+
+
+def up(settings: PlatformSettings, timeout: float = 60.0) -> str:
+    base, data, socket = _paths(settings)
+    if ready(settings) and (data / "postmaster.pid").exists():
+        _ensure_role_and_db(settings)
+        return "already running"
+    logs = log_dir(settings)
+    for d in (base, socket, logs / NAME):
+        d.mkdir(parents=True, exist_ok=True)
+    _chown_tree(base)
+    _chown_tree(logs / NAME)
+    if not (data / "PG_VERSION").exists():
+        _run(
+            [
+                _bin("initdb"),
+                "-D",
+                str(data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+            ]
+        )
+    options = f"-p {settings.postgres_port} -k {socket} -c listen_addresses=127.0.0.1"
+    _pg_ctl(
+        settings,
+        "-l",
+        str(logs / NAME / "postgres.log"),
+        "-o",
+        options,
+        "-w",
+        "-t",
+        str(int(timeout)),
+        "start",
+    )
+    if not wait_until(lambda: ready(settings), timeout):
+        raise RuntimeError("PostgreSQL did not become ready")
+    _ensure_role_and_db(settings)
+    return "started"
+
+
+def _psql(settings: PlatformSettings, sql: str, db: str = "postgres") -> str:
+    _, _, socket = _paths(settings)
+    out = _run(
+        [
+            _bin("psql"),
+            "-h",
+            str(socket),
+            "-p",
+            str(settings.postgres_port),
+            "-U",
+            "postgres",
+            "-d",
+            db,
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-tAc",
+            sql,
+        ]
+    )
+    return out.stdout.strip()
+
+
+def _ensure_role_and_db(settings: PlatformSettings) -> None:
+    """Create the lorafleet role and database named in database_url, once."""
+    url = urlparse(settings.database_url)
+    user, password, db = url.username or "lorafleet", url.password or "lorafleet", url.path.lstrip("/")
+    if _psql(settings, f"SELECT 1 FROM pg_roles WHERE rolname = '{user}'") != "1":
+        _psql(settings, f"CREATE ROLE \"{user}\" LOGIN PASSWORD '{password}' CREATEDB")
+    if _psql(settings, f"SELECT 1 FROM pg_database WHERE datname = '{db}'") != "1":
+        _psql(settings, f'CREATE DATABASE "{db}" OWNER "{user}"')
+
+
+def down(settings: PlatformSettings) -> bool:
+    _, data, _ = _paths(settings)
+    if not (data / "postmaster.pid").exists():
+        return False
+    _pg_ctl(settings, "-m", "fast", "-w", "stop")
+    return True

