@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random Llama checkpoints written by transformers, and the default SmolLM2 directory."""
+"""Shared fixtures: tiny random Llama checkpoints written by transformers, and the default SmolLM2 dir."""
 
 from __future__ import annotations
 

@@ -1,0 +1,35 @@
+"""Per-step LoRA metadata: for each rank bucket present in the batch, the slot of every packed token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from replica.kernels.segments import Segments, build_segments
+from replica.lora.slots import SlotRef
+
+
+@dataclass
+class LoraBatchMeta:
+    """slot_of_row[bucket] [num_tokens] int32: the token's slot in that bucket's pool, -1 when elsewhere."""
+
+    slot_of_row: dict[int, torch.Tensor]
+    segments: dict[int, Segments] = field(default_factory=dict)  # only for segmented (prefill) launches
+
+
+def build_batch_meta(
+    rows: list[tuple[SlotRef | None, int]], device: torch.device, segmented: bool = False
+) -> LoraBatchMeta | None:
+    """rows: per sequence in packing order, its slot (None = base only) and its token count this step."""
+    buckets = sorted({ref.bucket for ref, _ in rows if ref is not None})
+    if not buckets:
+        return None
+    slot_of_row: dict[int, torch.Tensor] = {}
+    for bucket in buckets:
+        per_token = [
+            ref.index if ref is not None and ref.bucket == bucket else -1 for ref, n in rows for _ in range(n)
+        ]
+        slot_of_row[bucket] = torch.tensor(per_token, dtype=torch.int32, device=device)  # [num_tokens]
+    segments = {b: build_segments(s) for b, s in slot_of_row.items()} if segmented else {}
+    return LoraBatchMeta(slot_of_row, segments)

@@ -1,0 +1,139 @@
+"""Every bad adapter is rejected with its own error before it takes a slot, and nothing is half-loaded."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from replica.errors import (
+    AdapterBaseMismatchError,
+    AdapterConfigError,
+    AdapterError,
+    AdapterNonFiniteError,
+    AdapterNotFoundError,
+    AdapterNotSafetensorsError,
+    AdapterRankTooLargeError,
+    AdapterShapeError,
+    AdapterTargetModuleError,
+)
+from replica.lora.registry import AdapterRegistry
+from replica.lora.spec import AdapterSpec
+from tests.replica.peft_util import TEST_BASE_HASH, AdapterRecipe, build_lora_model, make_peft_adapters
+
+WEIGHTS = "adapter_model.safetensors"
+Q_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+
+
+@pytest.fixture(scope="module")
+def good_adapter(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    _, dirs = make_peft_adapters(
+        tiny_model_dir, tmp_path_factory.mktemp("ad"), [AdapterRecipe("good", 8, 16)]
+    )
+    return dirs["good"]
+
+
+def _edit_tensors(fn: Callable[[dict[str, torch.Tensor]], None]) -> Callable[[Path], None]:
+    def edit(d: Path) -> None:
+        tensors = load_file(d / WEIGHTS)
+        fn(tensors)
+        save_file(tensors, d / WEIGHTS)
+
+    return edit
+
+
+def _edit_config(fn: Callable[[dict], None]) -> Callable[[Path], None]:
+    def edit(d: Path) -> None:
+        raw = json.loads((d / "adapter_config.json").read_text())
+        fn(raw)
+        (d / "adapter_config.json").write_text(json.dumps(raw))
+
+    return edit
+
+
+def _nan(t: dict[str, torch.Tensor]) -> None:
+    t[Q_A][0, 0] = float("nan")
+
+
+CASES: dict[str, tuple[Callable[[Path], None], type[AdapterError]]] = {
+    "pickle_beside": (
+        lambda d: (d / "adapter_model.bin").write_bytes(b"\x80\x04."),
+        AdapterNotSafetensorsError,
+    ),
+    "no_safetensors": (lambda d: (d / WEIGHTS).unlink(), AdapterNotSafetensorsError),
+    "garbage_safetensors": (lambda d: (d / WEIGHTS).write_bytes(b"\xff" * 64), AdapterNotSafetensorsError),
+    "bad_json": (lambda d: (d / "adapter_config.json").write_text("{not json"), AdapterConfigError),
+    "dora": (_edit_config(lambda c: c.update(use_dora=True)), AdapterConfigError),
+    "modules_to_save": (_edit_config(lambda c: c.update(modules_to_save=["lm_head"])), AdapterConfigError),
+    "other_base": (
+        _edit_config(lambda c: c.update(base_model_hash="sha256:" + "00" * 32)),
+        AdapterBaseMismatchError,
+    ),
+    "no_base_hash": (_edit_config(lambda c: c.pop("base_model_hash")), AdapterBaseMismatchError),
+    "lm_head_target": (
+        _edit_tensors(lambda t: t.update({"base_model.model.lm_head.lora_A.weight": torch.zeros(8, 64)})),
+        AdapterTargetModuleError,
+    ),
+    "layer_out_of_range": (
+        _edit_tensors(lambda t: t.update({Q_A.replace("layers.0", "layers.9"): torch.zeros(8, 64)})),
+        AdapterTargetModuleError,
+    ),
+    "rank_over_cap": (
+        _edit_tensors(
+            lambda t: t.update(
+                {Q_A: torch.zeros(128, 64), Q_A.replace("lora_A", "lora_B"): torch.zeros(64, 128)}
+            )
+        ),
+        AdapterRankTooLargeError,
+    ),
+    "wrong_in_features": (_edit_tensors(lambda t: t.update({Q_A: torch.zeros(8, 32)})), AdapterShapeError),
+    "missing_b": (_edit_tensors(lambda t: t.pop(Q_A.replace("lora_A", "lora_B"))), AdapterShapeError),
+    "nan": (_edit_tensors(_nan), AdapterNonFiniteError),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_adapter_is_rejected_with_its_own_error(
+    case: str, good_adapter: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    edit, error = CASES[case]
+    bad = tmp_path / "bad"
+    shutil.copytree(good_adapter, bad)
+    edit(bad)
+    model, manager, spec = build_lora_model(tiny_model_dir, {8: 2, 16: 1}, max_rank=64)
+    registry = AdapterRegistry(spec, {"bad": bad, "good": good_adapter})
+    with pytest.raises(error) as info:
+        manager.load(registry.read("bad"))
+    assert type(info.value) is error and info.value.code == error.code
+    # nothing half-loaded: no tier holds it and every slot of every layer is still zero
+    assert manager.tier("bad") is None and manager.gpu_adapters() == []
+    assert all(
+        p.a.abs().sum() == 0 and p.b.abs().sum() == 0
+        for w in manager.layers.values()
+        for p in w.pools.values()
+    )
+    manager.load(registry.read("good"))  # the replica still accepts good adapters afterwards
+    assert manager.tier("good") == "gpu"
+
+
+def test_rank_cap_applies_to_tensor_shapes(good_adapter: Path, tiny_model_dir: Path) -> None:
+    _, _, spec = build_lora_model(tiny_model_dir, {8: 1})
+    capped = AdapterSpec(spec.num_layers, spec.shapes, max_rank=4, base_model_hash=TEST_BASE_HASH)
+    with pytest.raises(AdapterRankTooLargeError):
+        AdapterRegistry(capped, {"a": good_adapter}).read("a")
+
+
+def test_error_codes_are_distinct() -> None:
+    codes = [e.code for _, e in CASES.values()] + [AdapterNotFoundError.code]
+    assert len(set(codes)) == len({e for _, e in CASES.values()}) + 1
+
+
+def test_unregistered_adapter_is_not_found(tiny_model_dir: Path) -> None:
+    _, _, spec = build_lora_model(tiny_model_dir, {8: 1})
+    with pytest.raises(AdapterNotFoundError):
+        AdapterRegistry(spec, {}).read("../../etc")
