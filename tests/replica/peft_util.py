@@ -30,7 +30,11 @@ class AdapterRecipe:
 
 
 def make_peft_adapters(
-    base_dir: Path, out_dir: Path, recipes: list[AdapterRecipe], base_hash: str = TEST_BASE_HASH
+    base_dir: Path,
+    out_dir: Path,
+    recipes: list[AdapterRecipe],
+    base_hash: str = TEST_BASE_HASH,
+    std: float = 0.05,
 ):
     """Create adapters with the peft library on one transformers model; return (peft_model, {name: dir})."""
     from peft import LoraConfig, get_peft_model
@@ -55,7 +59,7 @@ def make_peft_adapters(
         with torch.no_grad():
             for pname, p in peft_model.named_parameters():
                 if f"lora_B.{rec.name}." in pname or f"lora_A.{rec.name}." in pname:
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
     dirs: dict[str, Path] = {}
     for rec in recipes:
         target = out_dir / rec.name

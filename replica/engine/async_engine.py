@@ -1,0 +1,126 @@
+"""AsyncEngine: runs LLMEngine.step in a thread and gives each request an async stream of StepOutputs.
+
+The event loop never runs the model: the server stays responsive while a step runs. Adds and aborts are
+queued to the engine thread and applied between steps; a cancelled stream aborts its request, which frees
+its KV row and adapter pin before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+
+from replica.engine.engine import LLMEngine, StepOutput
+from replica.engine.sampler import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class AsyncEngine:
+    """Thread-backed front of LLMEngine for asyncio callers."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: queue.SimpleQueue[tuple[str, tuple]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[StepOutput]]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._counter = 0
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="replica-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def next_request_id(self) -> str:
+        with self._lock:
+            self._counter += 1
+            return f"req-{self._counter}"
+
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        adapter_id: str | None = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[StepOutput]:
+        """Stream this request's outputs; leaving the iteration early cancels the request."""
+        self.engine.check_request(prompt_token_ids, params)  # bad input fails here, before any event
+        request_id = request_id or self.next_request_id()
+        stream: asyncio.Queue[StepOutput] = asyncio.Queue()
+        self._streams[request_id] = (asyncio.get_running_loop(), stream)
+        self._commands.put(("add", (request_id, prompt_token_ids, params, adapter_id)))
+        self._wake.set()
+        finished = False
+        try:
+            while not finished:
+                out = await stream.get()
+                finished = out.finished
+                yield out
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self._commands.put(("abort", (request_id,)))
+                self._wake.set()
+
+    def _deliver(self, out: StepOutput) -> None:
+        target = self._streams.get(out.request_id)
+        if target is not None:
+            loop, stream = target
+            loop.call_soon_threadsafe(stream.put_nowait, out)
+
+    def _apply_commands(self) -> None:
+        while True:
+            try:
+                kind, args = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "abort":
+                self.engine.abort(*args)
+                continue
+            request_id = args[0]
+            try:
+                self.engine.add_request(*args)
+            except Exception as exc:  # checked before queueing; a late failure still ends that stream only
+                self._deliver(StepOutput(request_id, None, "", True, "error", len(args[1]), 0, str(exc)))
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._apply_commands()
+            if not self.engine.has_work():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # never let one bad step kill the engine: fail the running requests
+                log.exception("engine step failed")
+                outputs = []
+                for seq in list(self.engine.scheduler.running):
+                    self.engine.abort(seq.request_id)
+                    outputs.append(
+                        StepOutput(
+                            seq.request_id,
+                            None,
+                            "",
+                            True,
+                            "error",
+                            len(seq.prompt_token_ids),
+                            len(seq.output_token_ids),
+                            f"engine error: {exc}",
+                        )
+                    )
+            for out in outputs:
+                self._deliver(out)

@@ -1,0 +1,167 @@
+"""LLMEngine: the synchronous core. add_request, abort and step; one step is one forward pass."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from replica.engine.kv_cache import RowAllocator
+from replica.engine.model_runner import ModelRunner, StepInput
+from replica.engine.sampler import SamplingParams, make_generator, sample
+from replica.engine.scheduler import Scheduler
+from replica.engine.sequence import Detokenizer, Sequence, SequenceStatus
+from replica.errors import ContextLengthError, InvalidRequestError
+from replica.lora.manager import LoraManager
+from replica.model.stop_strings import scan_stop_strings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One event for one request: a new token (with its text delta), and the end when finished is True."""
+
+    request_id: str
+    token_id: int | None
+    text: str
+    finished: bool
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None
+
+
+class LLMEngine:
+    """Continuous batching over a ModelRunner, with adapters pinned through a LoraManager."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        lora: LoraManager | None,
+        eos_token_ids: set[int],
+        max_num_batched_tokens: int = 8192,
+        detokenizer_factory: Callable[[], Detokenizer] | None = None,
+    ) -> None:
+        self.runner = runner
+        self.lora = lora
+        self.eos_token_ids = set(eos_token_ids)
+        self.detokenizer_factory = detokenizer_factory
+        self.scheduler = Scheduler(
+            runner.max_num_seqs, max_num_batched_tokens, RowAllocator(runner.max_num_seqs), lora
+        )
+        self.seqs: dict[str, Sequence] = {}
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise a domain error for a request that can never run."""
+        params.validate()
+        if not prompt_token_ids:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        vocab = self.runner.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise InvalidRequestError(f"token ids must be in [0, {vocab})", param="prompt_token_ids")
+        if len(prompt_token_ids) >= self.runner.max_model_len:
+            raise ContextLengthError(
+                f"prompt has {len(prompt_token_ids)} tokens; the limit is {self.runner.max_model_len - 1}",
+                param="messages",
+            )
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        adapter_id: str | None = None,
+    ) -> Sequence:
+        """Queue a request; it joins the running batch at the next step."""
+        self.check_request(prompt_token_ids, params)
+        if request_id in self.seqs:
+            raise InvalidRequestError(f"request id {request_id!r} is already in flight", param="request_id")
+        seq = Sequence(request_id, list(prompt_token_ids), params, adapter_id)
+        seq.generator = make_generator(params)
+        seq.detokenizer = self.detokenizer_factory() if self.detokenizer_factory else None
+        self.seqs[request_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request: its KV row and adapter pin are freed now."""
+        seq = self.seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, "abort")
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self.scheduler.running or self.scheduler.waiting)
+
+    def step(self) -> list[StepOutput]:
+        """Admit, run one forward pass over every running sequence, sample, and report what happened."""
+        seqs, failed = self.scheduler.schedule()
+        outputs = [self._final(s, "", error=s.error) for s in failed]
+        for s in failed:
+            self.seqs.pop(s.request_id, None)
+        if not seqs:
+            return outputs
+        steps = []
+        for s in seqs:
+            if s.adapter_id is not None and self.lora is not None:
+                # security boundary: never run a row on a slot that holds another adapter
+                assert s.slot is not None and self.lora.adapter_in_slot(s.slot) == s.adapter_id
+            ids, start = s.next_input()
+            steps.append(StepInput(s.row, ids, start, s.slot))
+        logits = self.runner.run(steps)  # [num_seqs, vocab]
+        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        for s, token in zip(seqs, tokens, strict=True):
+            s.num_cached = s.num_tokens
+            s.output_token_ids.append(token)
+            outputs.append(self._advance(s, token))
+        return outputs
+
+    def _advance(self, s: Sequence, token: int) -> StepOutput:
+        is_stop_token = token in s.params.stop_token_ids or (
+            token in self.eos_token_ids and not s.params.ignore_eos
+        )
+        if not is_stop_token and s.detokenizer is not None:
+            s.text += s.detokenizer.push(token)
+        scan = scan_stop_strings(
+            s.text, s.params.stop, max(0, s.emitted - max((len(x) for x in s.params.stop), default=0))
+        )
+        reason = None
+        if is_stop_token or scan.matched is not None:
+            reason = "stop"
+        elif len(s.output_token_ids) >= s.params.max_tokens or s.num_tokens >= self.runner.max_model_len:
+            reason = "length"
+        end = scan.safe_len if reason is None or scan.matched is not None else len(s.text)
+        delta = s.text[s.emitted : end]
+        s.emitted = max(s.emitted, end)
+        if reason is None:
+            return StepOutput(
+                s.request_id, token, delta, False, None, len(s.prompt_token_ids), len(s.output_token_ids)
+            )
+        self.scheduler.finish(s, reason)
+        self.seqs.pop(s.request_id, None)
+        return self._final(s, delta, token)
+
+    def _final(
+        self, s: Sequence, delta: str, token: int | None = None, error: str | None = None
+    ) -> StepOutput:
+        return StepOutput(
+            s.request_id,
+            token,
+            delta,
+            True,
+            s.finish_reason,
+            len(s.prompt_token_ids),
+            len(s.output_token_ids),
+            error,
+        )
+
+    def queue_depth(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def tokens_in_flight(self) -> int:
+        return self.scheduler.tokens_in_flight()
+
+    def is_idle(self) -> bool:
+        return not self.has_work() and all(s.status is SequenceStatus.FINISHED for s in self.seqs.values())
