@@ -100,36 +100,45 @@ def check_kernels(device: torch.device, tiny: bool) -> list[dict[str, Any]]:
     rows = []
     for dtype, k, d, r in cases:
         for launch, n in (("gathered", BATCH), ("segmented", 160 if tiny else 1000)):
-            a = (torch.randn(NUM_SLOTS, r, k, device=device, generator=gen) * k**-0.5).to(dtype)
-            b = (torch.randn(NUM_SLOTS, d, r, device=device, generator=gen) * r**-0.5).to(dtype)
-            scale = torch.rand(NUM_SLOTS, device=device, generator=gen) + 0.5
-            if launch == "gathered":  # decode: every row its own adapter, one row on the base model
-                slots = torch.randperm(NUM_SLOTS, device=device, generator=gen)[:n].to(torch.int32)
-                slots[0] = -1
-            else:  # prefill: runs of rows (whole prompts) on a few adapters, some on the base model
-                run = n // 20
-                slots = torch.randint(-1, 8, (20,), device=device, generator=gen).repeat_interleave(run)
-                slots = slots.to(torch.int32)
-            segments = build_segments(slots) if launch == "segmented" else None
-            x = torch.randn(n, k, device=device, generator=gen).to(dtype)
-            out = torch.randn(n, d, device=device, generator=gen).to(dtype)
-            t = ops.lora_shrink(x, a, slots, segments)
-            t_ref = lora_shrink_ref(x, a, slots)
-            out_ref = out.clone()
-            ops.lora_expand(out, t_ref, b, scale, slots, segments)
-            lora_expand_ref(out_ref, t_ref, b, scale, slots)
-            atol, rtol = TOLERANCE[dtype]
-            ok = all(
-                torch.allclose(g.float(), w.float(), atol=atol, rtol=rtol)
-                for g, w in ((t, t_ref), (out, out_ref))
-            )
-            err = max(
-                (t.float() - t_ref.float()).abs().max().item(),
-                (out.float() - out_ref.float()).abs().max().item(),
-            )
-            rows.append(dict(dtype=str(dtype).removeprefix("torch."), hidden_in=k, hidden_out=d, rank=r,
-                             launch=launch, num_tokens=n, max_abs_err=err, ok=ok))  # fmt: skip
+            row = dict(dtype=str(dtype).removeprefix("torch."), hidden_in=k, hidden_out=d, rank=r,
+                       launch=launch, num_tokens=n)  # fmt: skip
+            try:
+                row.update(check_case(dtype, k, d, r, launch, n, gen))
+            except Exception as exc:  # one broken case must not hide the others
+                log.exception("kernel check %s failed", row)
+                row.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+            rows.append(row)
     return rows
+
+
+def check_case(
+    dtype: torch.dtype, k: int, d: int, r: int, launch: str, n: int, gen: torch.Generator
+) -> dict[str, Any]:
+    """One shrink and one expand launch against the reference on random data; returns ok and the error."""
+    device = gen.device
+    a = (torch.randn(NUM_SLOTS, r, k, device=device, generator=gen) * k**-0.5).to(dtype)
+    b = (torch.randn(NUM_SLOTS, d, r, device=device, generator=gen) * r**-0.5).to(dtype)
+    scale = torch.rand(NUM_SLOTS, device=device, generator=gen) + 0.5
+    if launch == "gathered":  # decode: every row its own adapter, one row on the base model
+        slots = torch.randperm(NUM_SLOTS, device=device, generator=gen)[:n].to(torch.int32)
+        slots[0] = -1
+    else:  # prefill: runs of rows (whole prompts) on a few adapters, some on the base model
+        slots = torch.randint(-1, 8, (20,), device=device, generator=gen).repeat_interleave(n // 20)
+        slots = slots.to(torch.int32)
+    segments = build_segments(slots) if launch == "segmented" else None
+    x = torch.randn(n, k, device=device, generator=gen).to(dtype)  # [num_tokens, hidden_in]
+    out = torch.randn(n, d, device=device, generator=gen).to(dtype)  # [num_tokens, hidden_out]
+    t = ops.lora_shrink(x, a, slots, segments)
+    t_ref = lora_shrink_ref(x, a, slots)
+    out_ref = out.clone()
+    ops.lora_expand(out, t_ref, b, scale, slots, segments)
+    lora_expand_ref(out_ref, t_ref, b, scale, slots)
+    atol, rtol = TOLERANCE[dtype]
+    pairs = ((t.float(), t_ref.float()), (out.float(), out_ref.float()))
+    return dict(
+        ok=all(torch.allclose(g, w, atol=atol, rtol=rtol) for g, w in pairs),
+        max_abs_err=max((g - w).abs().max().item() for g, w in pairs),
+    )
 
 
 def synchronize(device: torch.device) -> None:
@@ -199,17 +208,21 @@ def bench_decode(
     result: dict[str, dict[str, float]] = {"eager": {}, "graph": {}}
     for distinct in DISTINCT:
         steps = [StepInput(i, [2], prompt_len, slot_for(i, distinct)) for i in range(BATCH)]
-        result["eager"][str(distinct)] = BATCH / time_calls(
-            lambda s=steps: runner.run(s), iters, runner.device
-        )
+        eager = measure(lambda s=steps: time_calls(lambda: runner.run(s), iters, runner.device))
+        result["eager"][str(distinct)] = BATCH / eager
         if graph:
-            try:
-                replay = capture_step(runner, steps)
-                result["graph"][str(distinct)] = BATCH / time_calls(replay, iters * 3, runner.device)
-            except Exception as exc:  # report it, keep the eager numbers
-                log.warning("graph capture failed for %d distinct: %s", distinct, exc)
-                result["graph"][str(distinct)] = float("nan")
+            seconds = measure(lambda s=steps: time_calls(capture_step(runner, s), iters * 3, runner.device))
+            result["graph"][str(distinct)] = BATCH / seconds
     return result
+
+
+def measure(fn: Any) -> float:
+    """Seconds from fn(), or NaN (logged) when it raises, so one failure leaves the other numbers."""
+    try:
+        return fn()
+    except Exception:
+        log.exception("measurement failed")
+        return float("nan")
 
 
 def capture_step(runner: ModelRunner, steps: list[StepInput]) -> Any:
@@ -239,9 +252,8 @@ def bench_prefill(runner: ModelRunner, seqs: int, length: int, iters: int) -> di
     result = {}
     for distinct in (0, 1, 8):
         steps = [StepInput(i, [3] * length, 0, slot_for(i, distinct)) for i in range(seqs)]
-        result[str(distinct)] = (
-            seqs * length / time_calls(lambda s=steps: runner.run(s), iters, runner.device, 1)
-        )
+        seconds = measure(lambda s=steps: time_calls(lambda: runner.run(s), iters, runner.device, 1))
+        result[str(distinct)] = seqs * length / seconds
     return result
 
 
