@@ -8,10 +8,10 @@ import urllib.request
 from urllib.parse import urlparse
 
 import boto3
-from botocore.config import Config
 
 from lorafleet.config import PlatformSettings
-from lorafleet.services.paths import java_classpath, log_dir, run_dir, service_dir
+from lorafleet.s3 import client_kwargs
+from lorafleet.services.paths import INFRA, java_classpath, log_dir, run_dir, service_dir
 from lorafleet.services.process import ManagedProcess, wait_until
 
 NAME = "objectstore"
@@ -46,7 +46,9 @@ def _write_config(settings: PlatformSettings) -> str:
                 "s3proxy.authorization=aws-v2-or-v4",
                 f"s3proxy.identity={settings.s3_access_key}",
                 f"s3proxy.credential={settings.s3_secret_key}",
-                "jclouds.provider=filesystem",
+                "jclouds.provider=filesystem-nio2",
+                "jclouds.identity=local",
+                "jclouds.credential=local",
                 f"jclouds.filesystem.basedir={base / 'buckets'}",
                 "",
             ]
@@ -56,14 +58,7 @@ def _write_config(settings: PlatformSettings) -> str:
 
 
 def client(settings: PlatformSettings):  # -> botocore S3 client
-    return boto3.client(
-        "s3",
-        endpoint_url=settings.s3_endpoint,
-        aws_access_key_id=settings.s3_access_key,
-        aws_secret_access_key=settings.s3_secret_key,
-        region_name=settings.s3_region,
-        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 3}),
-    )
+    return boto3.client("s3", **client_kwargs(settings))
 
 
 def ensure_bucket(settings: PlatformSettings) -> None:
@@ -87,7 +82,7 @@ def up(settings: PlatformSettings, timeout: float = 60.0) -> str:
             java,
             "-Xms64m",
             "-Xmx384m",
-            "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+            f"-Dlogback.configurationFile={INFRA / 'objectstore' / 'logback.xml'}",
             "-cp",
             java_classpath("objectstore"),
             "org.gaul.s3proxy.Main",

@@ -1,0 +1,36 @@
+"""How every process talks to the object store: one client configuration for aioboto3 (and boto3)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aioboto3
+from botocore.config import Config
+
+from lorafleet.config import PlatformSettings
+
+
+def client_config() -> Config:
+    # Path-style addressing works for S3Proxy, MinIO and AWS alike; checksums only when an operation
+    # requires them, because S3-compatible servers reject the newer default flexible-checksum headers.
+    return Config(
+        s3={"addressing_style": "path"},
+        retries={"max_attempts": 3, "mode": "standard"},
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+    )
+
+
+def client_kwargs(settings: PlatformSettings) -> dict[str, Any]:
+    return {
+        "endpoint_url": settings.s3_endpoint,
+        "aws_access_key_id": settings.s3_access_key,
+        "aws_secret_access_key": settings.s3_secret_key,
+        "region_name": settings.s3_region,
+        "config": client_config(),
+    }
+
+
+def async_client(settings: PlatformSettings):  # -> async context manager yielding an S3 client
+    """`async with async_client(settings) as s3:` an aioboto3 S3 client for the configured store."""
+    return aioboto3.Session().client("s3", **client_kwargs(settings))

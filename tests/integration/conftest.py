@@ -1,0 +1,62 @@
+"""Session-wide real services and per-test databases for the integration suite."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlparse, urlunparse
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from lorafleet.db.migrate import migrate
+from lorafleet.kafka import ensure_topics
+from tests.integration import services as svc
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator[svc.ServiceAddresses]:
+    source = svc.containers if svc.docker_answers() else svc.local
+    with source() as addresses:
+        # In a thread: asyncio.run here must not touch the event loop pytest-asyncio keeps for the session.
+        with ThreadPoolExecutor(1) as pool_:
+            pool_.submit(asyncio.run, ensure_topics(addresses.settings())).result()
+        yield addresses
+
+
+def _with_db(url: str, name: str) -> str:
+    parts = urlparse(url)
+    return urlunparse(parts._replace(path=f"/{name}"))
+
+
+@pytest_asyncio.fixture
+async def fresh_db(services: svc.ServiceAddresses) -> AsyncIterator[str]:
+    """An empty database of its own for one test; dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(services.database_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    yield _with_db(services.database_url, name)
+    admin = await asyncpg.connect(services.database_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest_asyncio.fixture
+async def migrated_db(fresh_db: str) -> str:
+    await migrate(fresh_db)
+    return fresh_db
+
+
+@pytest_asyncio.fixture
+async def pool(migrated_db: str) -> AsyncIterator[asyncpg.Pool]:
+    p = await asyncpg.create_pool(migrated_db, min_size=1, max_size=12)
+    yield p
+    await p.close()

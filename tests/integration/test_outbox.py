@@ -1,0 +1,171 @@
+"""The transactional outbox: concurrent writers, the relay, late commits, dead letters, idempotent consumers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import asyncpg
+import pytest
+
+from lorafleet.config import RelaySettings
+from lorafleet.kafka import make_producer
+from lorafleet.outbox.idempotency import apply_once
+from lorafleet.outbox.relay import Relay
+from lorafleet.outbox.writer import emit, outbox_transaction
+from schemas.events import AliasChanged, EventValidationError, parse_event
+from schemas.topics import ALIASES_CHANGED
+from tests.integration.kafka_helpers import collect
+
+pytestmark = pytest.mark.integration
+
+
+def alias_event(run: str, i: int) -> AliasChanged:
+    return AliasChanged(
+        alias=f"t{run}/support-{i % 7}:prod", tenant_id=f"t{run}", adapter_id=f"a-{i}", revision=i + 1
+    )
+
+
+async def _ids_of(records: list) -> list[str]:
+    return [json.loads(r.value)["event_id"] for r in records]
+
+
+@pytest.fixture
+async def producer(services):
+    p = make_producer(services.settings())
+    await p.start()
+    yield p
+    await p.stop()
+
+
+async def test_emit_writes_the_outbox_row_in_the_domain_transaction(pool: asyncpg.Pool) -> None:
+    event = alias_event("x", 1)
+    with pytest.raises(RuntimeError, match="inside the domain transaction"):
+        async with pool.acquire() as conn:
+            await emit(conn, event)
+    with pytest.raises(ZeroDivisionError):
+        async with outbox_transaction(pool) as conn:
+            await emit(conn, event)
+            raise ZeroDivisionError  # the domain work failed: its event must vanish with it
+    assert await pool.fetchval("SELECT count(*) FROM outbox") == 0
+
+
+async def test_an_invalid_event_is_rejected_before_it_reaches_the_outbox(pool: asyncpg.Pool) -> None:
+    bad = AliasChanged.model_construct(alias="not an alias", tenant_id="acme", adapter_id="a", revision=0)
+    with pytest.raises(EventValidationError):
+        async with outbox_transaction(pool) as conn:
+            await emit(conn, bad)
+    assert await pool.fetchval("SELECT count(*) FROM outbox") == 0
+
+
+async def test_relay_dead_letters_a_row_that_fails_validation_and_never_publishes_it(
+    pool: asyncpg.Pool, producer, services
+) -> None:
+    bad_id = uuid.uuid4()
+    await pool.execute(
+        """INSERT INTO outbox (id, aggregate_type, aggregate_id, type, payload)
+           VALUES ($1, 'aliases.changed', 'x', 'alias.changed', '{"alias": "NOT VALID"}'::jsonb)""",
+        bad_id,
+    )
+    good = alias_event(uuid.uuid4().hex[:6], 1)
+    async with outbox_transaction(pool) as conn:
+        await emit(conn, good)
+    relay = Relay(pool, producer, RelaySettings())
+    await relay.publish_batch()
+    row = await pool.fetchrow("SELECT sent_at, failed_at, error FROM outbox WHERE id = $1", bad_id)
+    assert row["sent_at"] is None and row["failed_at"] is not None and "invalid" in row["error"]
+    records = await collect(
+        services.kafka_bootstrap,
+        ALIASES_CHANGED.name,
+        want=lambda rs: any(json.loads(r.value)["event_id"] == str(good.event_id) for r in rs),
+        timeout=30,
+    )
+    ids = await _ids_of(records)
+    assert str(good.event_id) in ids and str(bad_id) not in ids
+
+
+async def test_a_thousand_concurrent_events_all_arrive_once_after_dedupe(pool, producer, services) -> None:
+    run = uuid.uuid4().hex[:6]
+    events = [alias_event(run, i) for i in range(1000)]
+
+    async def write(chunk: list[AliasChanged]) -> None:
+        for e in chunk:
+            async with outbox_transaction(pool) as conn:
+                await emit(conn, e)
+
+    stop = asyncio.Event()
+    relay_task = asyncio.create_task(Relay(pool, producer, RelaySettings(batch_size=200)).run(stop))
+    await asyncio.gather(*(write(events[i::10]) for i in range(10)))
+    wanted = {str(e.event_id) for e in events}
+    records = await collect(
+        services.kafka_bootstrap,
+        ALIASES_CHANGED.name,
+        want=lambda rs: wanted <= {json.loads(r.value)["event_id"] for r in rs},
+        accept=lambda r: json.loads(r.value)["tenant_id"] == f"t{run}",
+        timeout=90,
+    )
+    stop.set()
+    await relay_task
+    # apply each delivery through the idempotent consumer helper: exactly one effect per event
+    await pool.execute("CREATE TABLE effects (event_id uuid)")
+    for r in records:
+        event = parse_event(r.value, ALIASES_CHANGED.name)
+        async with pool.acquire() as conn:
+            await apply_once(
+                conn,
+                "test",
+                event.event_id,
+                lambda c, e=event: c.execute("INSERT INTO effects VALUES ($1)", e.event_id),
+            )
+    assert await pool.fetchval("SELECT count(DISTINCT event_id) FROM effects") == 1000
+    assert await pool.fetchval("SELECT count(*) FROM effects") == 1000
+    assert await pool.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NULL") == 0
+    # per-key order: each alias's events arrive in the order their transactions committed (outbox seq)
+    seq_of = {str(r["id"]): r["seq"] for r in await pool.fetch("SELECT id, seq FROM outbox")}
+    by_key: dict[str, list[int]] = {}
+    for r in records:
+        by_key.setdefault(r.key.decode(), []).append(seq_of[json.loads(r.value)["event_id"]])
+    assert len(by_key) == 7
+    assert all(seqs == sorted(seqs) for seqs in by_key.values())
+
+
+async def test_a_transaction_that_commits_late_is_not_skipped(pool, producer, services) -> None:
+    run = uuid.uuid4().hex[:6]
+    early, late = alias_event(run, 1), alias_event(run, 2)
+    relay = Relay(pool, producer, RelaySettings())
+    slow = await pool.acquire()
+    tx = slow.transaction()
+    await tx.start()
+    await emit(slow, early)  # takes the lower seq, but commits last
+    async with outbox_transaction(pool) as conn:
+        await emit(conn, late)
+    await relay.publish_batch()  # publishes `late`; `early` is not visible yet
+    await tx.commit()
+    await pool.release(slow)
+    await relay.publish_batch()
+    wanted = {str(early.event_id), str(late.event_id)}
+    records = await collect(
+        services.kafka_bootstrap,
+        ALIASES_CHANGED.name,
+        want=lambda rs: wanted <= set(json.loads(r.value)["event_id"] for r in rs),
+        timeout=30,
+    )
+    assert wanted <= set(await _ids_of(records))
+    assert await pool.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NULL") == 0
+
+
+async def test_the_relay_sets_the_event_id_header_and_the_aggregate_key(pool, producer, services) -> None:
+    event = alias_event(uuid.uuid4().hex[:6], 3)
+    async with outbox_transaction(pool) as conn:
+        await emit(conn, event)
+    await Relay(pool, producer, RelaySettings()).publish_batch()
+    records = await collect(
+        services.kafka_bootstrap,
+        ALIASES_CHANGED.name,
+        want=lambda rs: bool(rs),
+        accept=lambda r: json.loads(r.value)["event_id"] == str(event.event_id),
+    )
+    (record,) = records
+    assert dict(record.headers)["id"] == str(event.event_id).encode()
+    assert record.key == event.alias.encode()
