@@ -66,7 +66,8 @@ def containers() -> Iterator[ServiceAddresses]:
         from testcontainers.postgres import PostgresContainer
 
     with (
-        KafkaContainer("apache/kafka:3.9.1").with_kraft() as kafka,
+        # testcontainers' Kafka module drives Confluent's image; cp-kafka 7.9 ships Apache Kafka 3.9 (KRaft).
+        KafkaContainer("confluentinc/cp-kafka:7.9.0").with_kraft() as kafka,
         PostgresContainer(
             "postgres:16", username="lorafleet", password="lorafleet", dbname="lorafleet"
         ) as pg,
