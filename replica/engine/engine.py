@@ -132,6 +132,8 @@ class LLMEngine:
             reason = "stop"
         elif len(s.output_token_ids) >= s.params.max_tokens or s.num_tokens >= self.runner.max_model_len:
             reason = "length"
+        if reason is not None and scan.matched is None and s.detokenizer is not None:
+            s.text += s.detokenizer.flush()  # end of stream: release any held-back bytes
         end = scan.safe_len if reason is None or scan.matched is not None else len(s.text)
         delta = s.text[s.emitted : end]
         s.emitted = max(s.emitted, end)

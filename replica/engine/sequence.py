@@ -17,6 +17,8 @@ class Detokenizer(Protocol):
 
     def push(self, token_id: int) -> str: ...
 
+    def flush(self) -> str: ...
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"

@@ -20,6 +20,9 @@ class CharDetokenizer:
     def push(self, token_id: int) -> str:
         return chr(97 + token_id % 26)
 
+    def flush(self) -> str:
+        return ""
+
 
 def make_engine(
     base_dir: Path, adapters: dict[str, Path], capacities: dict[int, int], max_num_seqs: int = 8

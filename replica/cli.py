@@ -1,0 +1,50 @@
+"""`lorafleet replica ...` commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, help="Run a replica (inference engine + adapter cache).")
+
+
+@app.callback()
+def _group() -> None:
+    """Replica commands."""
+
+
+@app.command()
+def serve(
+    model_dir: Annotated[
+        Path | None, typer.Option(help="Hugging Face Llama directory (default: prepared SmolLM2)")
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address")] = None,
+    port: Annotated[int | None, typer.Option(help="HTTP port")] = None,
+    replica_id: Annotated[str | None, typer.Option(help="This replica's id")] = None,
+    dtype: Annotated[str | None, typer.Option(help="float32 | bfloat16 | float16")] = None,
+    device: Annotated[str | None, typer.Option(help="auto | cpu | cuda")] = None,
+    merged_adapter_id: Annotated[
+        str | None, typer.Option(help="Dedicated replica: fold this adapter into W")
+    ] = None,
+) -> None:
+    """Serve generate, adapter load/unload and state over HTTP (LORAFLEET_REPLICA_* settings; flags win)."""
+    from replica.config import DEFAULT_MODEL_DIR, ReplicaSettings
+    from replica.main import serve as run
+
+    flags = dict(
+        model_dir=model_dir,
+        host=host,
+        port=port,
+        replica_id=replica_id,
+        dtype=dtype,
+        device=device,
+        merged_adapter_id=merged_adapter_id,
+    )
+    settings = ReplicaSettings(**{k: v for k, v in flags.items() if v is not None})
+    if settings.model_dir == DEFAULT_MODEL_DIR and not (DEFAULT_MODEL_DIR / "config.json").is_file():
+        from replica.model.prepare import ensure_default_model
+
+        settings = settings.model_copy(update={"model_dir": ensure_default_model()})
+    run(settings)

@@ -1,0 +1,171 @@
+"""The replica's HTTP service: streaming generate, adapter load/unload and state, behind a service token."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from replica.api import GenerateRequest, LoadRequest, LoadResponse, StateResponse, UnloadResponse
+from replica.engine.sampler import SamplingParams
+from replica.errors import InvalidRequestError, ReplicaError, UnauthorizedError, WrongReplicaError
+from replica.runtime import AdapterUse, Replica
+from schemas.ids import AdapterId
+
+log = logging.getLogger(__name__)
+
+
+def authorized(
+    request: Request, replica_id: str, authorization: Annotated[str | None, Header()] = None
+) -> None:
+    """Every internal route: a valid service token, addressed to this replica."""
+    settings = request.app.state.replica.settings
+    expected = f"Bearer {settings.service_token}"
+    if authorization is None or not hmac.compare_digest(authorization.encode(), expected.encode()):
+        raise UnauthorizedError("missing or invalid service token")
+    if replica_id != settings.replica_id:
+        raise WrongReplicaError(f"this is replica {settings.replica_id!r}, not {replica_id!r}")
+
+
+Authorized = Annotated[None, Depends(authorized)]
+
+
+def create_app(replica: Replica) -> FastAPI:
+    """Build the FastAPI app around an assembled Replica (the engine thread starts with the app)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        replica.engine.start()
+        try:
+            yield
+        finally:
+            replica.engine.stop()
+
+    app = FastAPI(title="lorafleet replica", lifespan=lifespan)
+    app.state.replica = replica
+
+    @app.exception_handler(ReplicaError)
+    async def replica_error(request: Request, exc: ReplicaError) -> JSONResponse:
+        return JSONResponse(exc.to_body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        err = InvalidRequestError(f"invalid request: {first.get('msg', 'malformed body')}", param=param)
+        return JSONResponse(err.to_body(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        err = {
+            "message": str(exc.detail),
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "not_found",
+        }
+        if exc.status_code != 404:
+            err["code"] = "http_error"
+        return JSONResponse({"error": err}, status_code=exc.status_code)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/internal/replicas/{replica_id}/generate")
+    async def generate(replica_id: str, body: GenerateRequest, _: Authorized) -> StreamingResponse:
+        messages = [m.model_dump() for m in body.messages] if body.messages is not None else None
+        prompt = replica.prompt_ids(messages, body.prompt_token_ids)
+        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        params = SamplingParams(
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+            max_tokens=body.max_tokens,
+            stop=stop,
+            ignore_eos=body.ignore_eos,
+        )
+        replica.engine.engine.check_request(prompt, params)
+        use = await asyncio.to_thread(replica.prepare_adapter, body.adapter_id)
+        request_id = body.request_id or replica.engine.next_request_id()
+        headers = {"x-request-id": request_id}
+        if use.header_adapter_id is not None:
+            headers |= {"x-adapter-id": use.header_adapter_id, "x-adapter-tier": use.tier or "ram"}
+        log.info(
+            "request %s adapter=%s tier=%s prompt=%d",
+            request_id,
+            use.header_adapter_id,
+            use.tier,
+            len(prompt),
+        )
+        return StreamingResponse(
+            _stream(replica, prompt, params, use, request_id),
+            media_type="application/x-ndjson",
+            headers=headers,
+        )
+
+    @app.post("/internal/replicas/{replica_id}/adapters/{adapter_id}/load")
+    async def load(
+        replica_id: str, adapter_id: AdapterId, _: Authorized, body: LoadRequest | None = None
+    ) -> LoadResponse:
+        trained_on = body.base_model_hash if body is not None else None
+        bucket, ms = await asyncio.to_thread(replica.load_adapter, adapter_id, trained_on)
+        return LoadResponse(adapter_id=adapter_id, tier="gpu", rank_bucket=bucket, load_ms=round(ms, 3))
+
+    @app.post("/internal/replicas/{replica_id}/adapters/{adapter_id}/unload")
+    async def unload(replica_id: str, adapter_id: AdapterId, _: Authorized) -> UnloadResponse:
+        await asyncio.to_thread(replica.unload_adapter, adapter_id)
+        return UnloadResponse(adapter_id=adapter_id, unloaded=True)
+
+    @app.get("/internal/replicas/{replica_id}/state")
+    async def state(replica_id: str, _: Authorized) -> StateResponse:
+        return StateResponse(**replica.state())
+
+    return app
+
+
+async def _stream(
+    replica: Replica, prompt: list[int], params: SamplingParams, use: AdapterUse, request_id: str
+) -> AsyncIterator[bytes]:
+    """NDJSON lines for one request; if the client goes away, closing this generator aborts the request."""
+    gen = replica.engine.generate(prompt, params, use.engine_adapter_id, request_id)
+    async with contextlib.aclosing(gen):
+        async for out in gen:
+            if out.error is not None:
+                err = {
+                    "message": out.error,
+                    "type": "server_error",
+                    "param": None,
+                    "code": "generation_failed",
+                }
+                yield _line({"type": "error", "error": err})
+                return
+            if not out.finished:
+                yield _line({"type": "token", "token_id": out.token_id, "text": out.text})
+                continue
+            if out.token_id is not None and out.finish_reason == "length":
+                yield _line({"type": "token", "token_id": out.token_id, "text": out.text})
+                out_text = ""
+            else:
+                out_text = out.text
+            usage = {
+                "prompt_tokens": out.prompt_tokens,
+                "completion_tokens": out.completion_tokens,
+                "total_tokens": out.prompt_tokens + out.completion_tokens,
+            }
+            yield _line(
+                {"type": "done", "finish_reason": out.finish_reason, "text": out_text, "usage": usage}
+            )
+
+
+def _line(obj: dict[str, object]) -> bytes:
+    return (json.dumps(obj, ensure_ascii=False) + "\n").encode()

@@ -1,0 +1,153 @@
+"""The replica HTTP service on SmolLM2: streamed generation, load/unload/state, service token, error shapes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from replica.config import ReplicaSettings
+from replica.model.base_hash import base_model_hash
+from replica.runtime import Replica, build_replica
+from replica.server import create_app
+from tests.replica.peft_util import AdapterRecipe, make_peft_adapters
+
+TOKEN = "test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+BASE = "/internal/replicas/r1"
+
+
+@pytest.fixture(scope="module")
+def replica(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Replica:
+    out = tmp_path_factory.mktemp("smol-adapters")
+    recipes = [AdapterRecipe("smol-a", 8, 16, targets=("q_proj", "v_proj"), seed=1)]
+    _, dirs = make_peft_adapters(smollm2_dir, out, recipes, base_hash=base_model_hash(smollm2_dir), std=0.2)
+    _, bad = make_peft_adapters(
+        smollm2_dir, out / "bad", [AdapterRecipe("smol-bad", 8, 16, targets=("q_proj",))]
+    )
+    settings = ReplicaSettings(
+        replica_id="r1",
+        service_token=TOKEN,
+        model_dir=smollm2_dir,
+        device="cpu",
+        max_num_seqs=4,
+        max_model_len=256,
+        lora_slots={8: 2, 16: 1},
+        adapter_dirs={"smol-a": dirs["smol-a"], "smol-bad": bad["smol-bad"]},
+    )
+    rep = build_replica(settings)
+    rep.engine.start()
+    yield rep
+    rep.engine.stop()
+
+
+@pytest.fixture
+async def client(replica: Replica) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=create_app(replica))
+    async with httpx.AsyncClient(transport=transport, base_url="http://replica") as c:
+        yield c
+
+
+def _events(body: str) -> list[dict]:
+    return [json.loads(line) for line in body.splitlines() if line]
+
+
+async def test_generate_streams_tokens_then_usage(client: httpx.AsyncClient) -> None:
+    body = {"messages": [{"role": "user", "content": "Say hello."}], "temperature": 0, "max_tokens": 8}
+    resp = await client.post(f"{BASE}/generate", json=body, headers=AUTH)
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("application/x-ndjson")
+    events = _events(resp.text)
+    tokens = [e for e in events if e["type"] == "token"]
+    done = events[-1]
+    assert done["type"] == "done" and done["finish_reason"] in {"stop", "length"}
+    assert done["usage"]["completion_tokens"] == len(tokens) or done["finish_reason"] == "stop"
+    assert "".join(e["text"] for e in tokens) + done["text"]  # real text came back
+
+
+async def test_adapter_request_reports_tier_and_differs_from_base(client: httpx.AsyncClient) -> None:
+    body = {"prompt_token_ids": [1, 2, 3, 4, 5, 6], "temperature": 0, "max_tokens": 6, "ignore_eos": True}
+    base = _events((await client.post(f"{BASE}/generate", json=body, headers=AUTH)).text)
+    resp = await client.post(f"{BASE}/generate", json=body | {"adapter_id": "smol-a"}, headers=AUTH)
+    assert resp.headers["x-adapter-id"] == "smol-a" and resp.headers["x-adapter-tier"] in {
+        "disk",
+        "ram",
+        "gpu",
+    }
+    adapted = _events(resp.text)
+    again = await client.post(f"{BASE}/generate", json=body | {"adapter_id": "smol-a"}, headers=AUTH)
+    assert again.headers["x-adapter-tier"] == "gpu"
+    ids = lambda evs: [e.get("token_id") for e in evs]  # noqa: E731
+    assert ids(_events(again.text)) == ids(adapted) and ids(adapted) != ids(base)
+
+
+async def test_load_state_unload(client: httpx.AsyncClient) -> None:
+    resp = await client.post(f"{BASE}/adapters/smol-a/load", headers=AUTH)
+    assert resp.status_code == 200 and resp.json()["tier"] == "gpu" and resp.json()["rank_bucket"] == 8
+    state = (await client.get(f"{BASE}/state", headers=AUTH)).json()
+    assert "smol-a" in state["gpu_adapters"] and state["queue_depth"] == 0 and "evictions_per_min" in state
+    assert (await client.post(f"{BASE}/adapters/smol-a/unload", headers=AUTH)).json()["unloaded"] is True
+    state = (await client.get(f"{BASE}/state", headers=AUTH)).json()
+    assert "smol-a" not in state["gpu_adapters"] + state["ram_adapters"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("post", "/adapters/smol-a/load"),
+        ("post", "/adapters/smol-a/unload"),
+        ("get", "/state"),
+        ("post", "/generate"),
+    ],
+)
+async def test_internal_routes_need_the_service_token(
+    client: httpx.AsyncClient, method: str, path: str
+) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        resp = await client.request(method, BASE + path, headers=headers, json={"prompt_token_ids": [1]})
+        assert resp.status_code == 401 and resp.json()["error"]["code"] == "invalid_service_token"
+
+
+async def test_bad_input_gets_error_json_not_500(client: httpx.AsyncClient) -> None:
+    cases = [
+        ("post", f"{BASE}/adapters/smol-bad/load", None, 409, "adapter_base_model_mismatch"),
+        ("post", f"{BASE}/adapters/nope/load", None, 404, "adapter_not_found"),
+        ("post", f"{BASE}/adapters/..%2Fetc/load", None, 404, "not_found"),
+        ("post", f"{BASE}/adapters/-x/load", None, 400, "invalid_request"),
+        (
+            "post",
+            f"{BASE}/generate",
+            {"prompt_token_ids": [1], "adapter_id": "nope"},
+            404,
+            "adapter_not_found",
+        ),
+        ("post", f"{BASE}/generate", {"prompt_token_ids": [1], "temperature": -1}, 400, "invalid_request"),
+        ("post", f"{BASE}/generate", {"prompt_token_ids": [1] * 300}, 400, "context_length_exceeded"),
+        ("post", f"{BASE}/generate", {}, 400, "invalid_request"),
+        ("get", "/internal/replicas/other/state", None, 404, "wrong_replica"),
+    ]
+    for method, url, body, status, code in cases:
+        resp = await client.request(method, url, headers=AUTH, json=body)
+        assert resp.status_code == status, (url, resp.text)
+        err = resp.json()["error"]
+        assert err["code"] == code and set(err) == {"message", "type", "param", "code"}
+
+
+async def test_cancelled_stream_frees_its_row(replica: Replica) -> None:
+    from replica.engine.sampler import SamplingParams
+
+    rows = replica.engine.engine.scheduler.rows
+    free_before = rows.num_free
+    gen = replica.engine.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    first = await anext(gen)
+    assert first.token_id is not None
+    await gen.aclose()
+    for _ in range(100):
+        if rows.num_free == free_before:
+            break
+        import asyncio
+
+        await asyncio.sleep(0.05)
+    assert rows.num_free == free_before and not replica.engine.engine.scheduler.running
