@@ -1,0 +1,163 @@
+"""Per-window aggregates over plain event lists: adapters, tenants, replicas, fleet load, cost.
+
+Every function takes the events of one window (already deduplicated by `dedupe`) and returns plain values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from schemas.events import Event, ReplicaEvent, ReplicaState, RequestCompleted
+
+E = TypeVar("E", bound=Event)
+TIERS = ("gpu", "ram", "disk", "remote")
+
+
+def dedupe(events: Iterable[E]) -> list[E]:
+    """Keep the first delivery of each event_id: a redelivered event is counted once."""
+    seen: set = set()
+    out: list[E] = []
+    for event in events:
+        if event.event_id not in seen:
+            seen.add(event.event_id)
+            out.append(event)
+    return out
+
+
+@dataclass(frozen=True)
+class AdapterWindow:
+    adapter_id: str
+    requests: int
+    completion_tokens: int
+    tokens_per_s: float
+    gpu_hit_rate: float  # share of all its requests whose adapter was in a GPU slot on arrival
+
+
+def adapter_windows(requests: Iterable[RequestCompleted], window_s: float) -> dict[str, AdapterWindow]:
+    """Requests, output tokens/s and GPU hit rate per adapter."""
+    count: Counter[str] = Counter()
+    tokens: Counter[str] = Counter()
+    gpu: Counter[str] = Counter()
+    for r in requests:
+        count[r.adapter_id] += 1
+        tokens[r.adapter_id] += r.completion_tokens
+        gpu[r.adapter_id] += r.tier == "gpu"
+    return {
+        a: AdapterWindow(a, n, tokens[a], tokens[a] / window_s, gpu[a] / n) for a, n in sorted(count.items())
+    }
+
+
+def tier_shares(requests: Sequence[RequestCompleted]) -> dict[str, float]:
+    """Fleet-wide share of requests found in each tier (requests without a tier count in none)."""
+    if not requests:
+        return {t: 0.0 for t in TIERS}
+    found = Counter(r.tier for r in requests)
+    return {t: found[t] / len(requests) for t in TIERS}
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100): the smallest value with at least q% of values at or below it."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass(frozen=True)
+class TenantLatency:
+    tenant_id: str
+    requests: int  # successful requests with a measured TTFT
+    p50_ttft_s: float
+    p95_ttft_s: float
+
+
+def tenant_latencies(requests: Iterable[RequestCompleted]) -> dict[str, TenantLatency]:
+    """p50/p95 TTFT per tenant over its successful requests."""
+    ttfts: dict[str, list[float]] = defaultdict(list)
+    for r in requests:
+        if r.status == "ok" and r.ttft_s is not None:
+            ttfts[r.tenant_id].append(r.ttft_s)
+    return {
+        t: TenantLatency(t, len(v), percentile(v, 50), percentile(v, 95)) for t, v in sorted(ttfts.items())
+    }
+
+
+@dataclass(frozen=True)
+class ReplicaChurn:
+    replica_id: str
+    loads: int
+    evictions: int
+    loads_per_min: float
+    evictions_per_min: float
+
+
+def replica_churn(events: Iterable[ReplicaEvent], window_s: float) -> dict[str, ReplicaChurn]:
+    """Loads and evictions per minute per replica."""
+    loads: Counter[str] = Counter()
+    evictions: Counter[str] = Counter()
+    for e in events:
+        (loads if e.kind == "load" else evictions)[e.replica_id] += 1
+    per_min = 60.0 / window_s
+    return {
+        r: ReplicaChurn(r, loads[r], evictions[r], loads[r] * per_min, evictions[r] * per_min)
+        for r in sorted(set(loads) | set(evictions))
+    }
+
+
+@dataclass(frozen=True)
+class FleetLoad:
+    serving_replicas: int  # distinct replicas seen starting or ready (not draining)
+    billed_replicas: int  # every replica seen, draining included: each holds a GPU
+    queue_depth: float  # sum over replicas of the window's mean queue depth
+    tokens_in_flight: float  # the same for tokens in flight
+
+
+def fleet_load(states: Iterable[ReplicaState]) -> FleetLoad:
+    """The fleet's size and load over a window, from the replicas' per-second state."""
+    samples: dict[str, list[ReplicaState]] = defaultdict(list)
+    for s in states:
+        samples[s.replica_id].append(s)
+    latest = {r: max(v, key=lambda s: s.occurred_at) for r, v in samples.items()}
+    return FleetLoad(
+        serving_replicas=sum(1 for s in latest.values() if s.status != "draining"),
+        billed_replicas=len(samples),
+        queue_depth=sum(sum(s.queue_depth for s in v) / len(v) for v in samples.values()),
+        tokens_in_flight=sum(sum(s.tokens_in_flight for s in v) / len(v) for v in samples.values()),
+    )
+
+
+@dataclass(frozen=True)
+class TenantCost:
+    tenant_id: str
+    tokens: int  # prompt + completion
+    cost_usd: float
+    usd_per_million_tokens: float | None  # None when the tenant moved no tokens
+
+
+def tenant_costs(
+    requests: Sequence[RequestCompleted], billed_replicas: int, window_s: float, gpu_hour_usd: float
+) -> dict[str, TenantCost]:
+    """Charge the window's whole GPU bill to tenants by their share of request-seconds.
+
+    A request holds a batch row (and its KV cache) for its whole duration, so request-seconds are the fairest
+    proxy for GPU share; idle capacity is spread the same way. With no durations, tokens are the share.
+    """
+    bill = billed_replicas * gpu_hour_usd * window_s / 3600.0
+    busy: Counter[str] = Counter()
+    tokens: Counter[str] = Counter()
+    for r in requests:
+        busy[r.tenant_id] += r.total_s
+        tokens[r.tenant_id] += r.prompt_tokens + r.completion_tokens
+    weights = busy if sum(busy.values()) > 0 else tokens
+    total = sum(weights.values())
+    out: dict[str, TenantCost] = {}
+    for tenant in sorted(set(busy) | set(tokens)):
+        cost = bill * weights[tenant] / total if total > 0 else 0.0
+        per_million = cost / tokens[tenant] * 1e6 if tokens[tenant] else None
+        out[tenant] = TenantCost(tenant, tokens[tenant], cost, per_million)
+    return out

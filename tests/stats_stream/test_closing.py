@@ -1,0 +1,59 @@
+import pytest
+
+from stats_stream.closing import close_window
+from stats_stream.config import SignalSettings
+from stats_stream.signals import ScaleState
+from stats_stream.windows import to_ms
+from tests.stats_stream.builders import T0, replica_event, request, state
+
+S = SignalSettings(window_s=60, thrash_evictions_per_min=30, slo_ttft_s=1.0, scale_down_windows=2)
+W = to_ms(T0)
+
+
+def busy_window() -> list:
+    slow = [request("a-slow", tenant="slowco", ttft=2.0, tier="remote") for _ in range(10)]
+    hot = [request("a-hot", tenant="acme", ttft=0.1, completion=60 * 700 // 20) for _ in range(20)]
+    evictions = [replica_event("rep-1", "evict", t=i) for i in range(40)]
+    states = [state("rep-1", queue=30, tokens=1000), state("rep-2", queue=20, tokens=1000)]
+    return slow + hot + evictions + states
+
+
+def test_a_window_yields_adapter_stats_alerts_and_an_autoscale_signal() -> None:
+    report = close_window(W, busy_window(), ScaleState(), S)
+    stats = {s.adapter_id: s for s in report.adapter_stats}
+    assert stats["a-slow"].requests == 10 and stats["a-slow"].gpu_hit_rate == 0.0
+    assert stats["a-hot"].tokens_per_s == pytest.approx(700.0)
+    assert all(s.window_start == T0 and s.window_seconds == 60 for s in stats.values())
+    assert {(a.kind, a.subject) for a in report.alerts} == {("slo_ttft", "slowco"), ("thrashing", "rep-1")}
+    assert report.autoscale.current_replicas == 2
+    assert report.autoscale.desired_replicas == 10  # ceil(50 queued / 5 per replica)
+    assert [(h.adapter_id, h.owners) for h in report.autoscale.hot_adapters] == [("a-hot", 2)]
+    assert report.scale_state.previous == 10
+
+
+def test_closing_the_same_window_twice_gives_the_same_event_ids() -> None:
+    events = busy_window()
+    first, second = close_window(W, events, ScaleState(), S), close_window(W, events, ScaleState(), S)
+    assert [s.event_id for s in first.adapter_stats] == [s.event_id for s in second.adapter_stats]
+    assert [a.event_id for a in first.alerts] == [a.event_id for a in second.alerts]
+    assert first.autoscale.event_id == second.autoscale.event_id
+    assert close_window(W + 60_000, events, ScaleState(), S).autoscale.event_id != first.autoscale.event_id
+
+
+def test_events_delivered_twice_are_counted_once() -> None:
+    events = busy_window()
+    once, twice = close_window(W, events, ScaleState(), S), close_window(W, events + events, ScaleState(), S)
+    assert [s.model_dump() for s in twice.adapter_stats] == [s.model_dump() for s in once.adapter_stats]
+    assert twice.churn == once.churn
+
+
+def test_an_empty_window_still_says_how_many_replicas_are_wanted() -> None:
+    report = close_window(W, [], ScaleState(previous=3, recent=(3,)), S)
+    assert report.adapter_stats == [] and report.alerts == []
+    assert report.autoscale.desired_replicas == 3 and report.autoscale.current_replicas == 0
+
+
+def test_the_fleet_bill_is_charged_to_tenants() -> None:
+    report = close_window(W, busy_window(), ScaleState(), S)
+    assert sum(c.cost_usd for c in report.costs.values()) == pytest.approx(2 * 2.5 / 60)
+    assert report.tier_shares["remote"] == pytest.approx(10 / 30)
