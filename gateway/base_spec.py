@@ -1,0 +1,52 @@
+"""What an adapter must fit on the served base: its adaptable Llama linears and their shapes.
+
+Read from the served model's config.json (a plain dict), so the registry needs no model code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# module name -> the block it sits in inside a Llama decoder layer (PEFT keys carry both)
+LLAMA_MODULES: dict[str, str] = {
+    "q_proj": "self_attn",
+    "k_proj": "self_attn",
+    "v_proj": "self_attn",
+    "o_proj": "self_attn",
+    "gate_proj": "mlp",
+    "up_proj": "mlp",
+    "down_proj": "mlp",
+}
+
+
+@dataclass(frozen=True)
+class BaseSpec:
+    """num_layers and module -> (in_features, out_features) for every adaptable linear."""
+
+    num_layers: int
+    shapes: dict[str, tuple[int, int]]
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> BaseSpec:
+        hidden, inter = int(config["hidden_size"]), int(config["intermediate_size"])
+        heads, kv_heads = int(config["num_attention_heads"]), int(config.get("num_key_value_heads", 0) or 0)
+        kv_heads = kv_heads or heads
+        head_dim = int(config.get("head_dim") or hidden // heads)
+        q_out, kv_out = heads * head_dim, kv_heads * head_dim
+        shapes = {
+            "q_proj": (hidden, q_out),
+            "k_proj": (hidden, kv_out),
+            "v_proj": (hidden, kv_out),
+            "o_proj": (q_out, hidden),
+            "gate_proj": (hidden, inter),
+            "up_proj": (hidden, inter),
+            "down_proj": (inter, hidden),
+        }
+        return cls(int(config["num_hidden_layers"]), shapes)
+
+    @classmethod
+    def from_model_dir(cls, model_dir: Path) -> BaseSpec:
+        return cls.from_config(json.loads((Path(model_dir) / "config.json").read_text()))

@@ -1,0 +1,53 @@
+"""The gateway's settings (env prefix LORAFLEET_GATEWAY_), read once at the entry point and passed down."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from lorafleet.config import PlatformSettings
+
+DEFAULT_MODEL_DIR = Path(".data/models/smollm2-135m-instruct")
+
+
+class GatewaySettings(BaseSettings):
+    """Internal API listener, service token, the served base and the registry's limits."""
+
+    model_config = SettingsConfigDict(env_prefix="LORAFLEET_GATEWAY_", extra="ignore")
+
+    internal_host: str = "127.0.0.1"
+    internal_port: int = 18081
+    # Where CLIs reach the internal API; defaults to the local listener.
+    internal_url: str | None = None
+    # Callers of /internal/* (pipelines, deploy tooling, replicas) present this as a bearer token.
+    # The default only suits a single-machine dev stack; set a real secret anywhere else.
+    service_token: SecretStr = SecretStr("dev-service-token")
+
+    # The served base: its hash (computed from served_model_dir when unset) and its config.json for shapes.
+    served_model_dir: Path = DEFAULT_MODEL_DIR
+    served_base_model_hash: str | None = None
+    max_rank: int = Field(default=64, ge=1)
+
+    # Registry validator limits.
+    max_adapter_bytes: int = Field(default=512 << 20, ge=1)
+    max_config_bytes: int = Field(default=64 << 10, ge=1)
+    max_header_bytes: int = Field(default=4 << 20, ge=1)
+    max_tensors: int = Field(default=4096, ge=1)
+    validator_group: str = "registry-validator"
+
+    def internal_base_url(self) -> str:
+        return self.internal_url or f"http://{self.internal_host}:{self.internal_port}"
+
+
+class GatewayConfig:
+    """One configuration object per process: platform addresses plus the gateway's own settings."""
+
+    def __init__(self, platform: PlatformSettings, gateway: GatewaySettings) -> None:
+        self.platform = platform
+        self.gateway = gateway
+
+    @classmethod
+    def from_env(cls) -> GatewayConfig:
+        return cls(PlatformSettings(), GatewaySettings())

@@ -1,0 +1,49 @@
+"""Annotated dependencies for the internal API: the service-token check, the pool and the registry rules."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Annotated
+
+import asyncpg
+from fastapi import Depends, Header, Request
+
+from gateway.errors import GatewayError, Unauthorized
+from gateway.registration_rules import RegistryRules
+from schemas.ids import ALIAS_RE
+
+
+def _digest(value: str) -> bytes:
+    return hashlib.sha256(value.encode()).digest()
+
+
+async def require_service_token(request: Request, authorization: str | None = Header(default=None)) -> None:
+    """Bearer service token, compared in constant time; one code for missing and wrong."""
+    expected: bytes = request.app.state.service_token_digest
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(_digest(token.strip()), expected):
+        raise Unauthorized("invalid_service_token", "a valid service token is required for /internal")
+
+
+def get_pool(request: Request) -> asyncpg.Pool:
+    return request.app.state.pool
+
+
+def get_rules(request: Request) -> RegistryRules:
+    return request.app.state.rules
+
+
+def valid_alias(alias: str) -> str:
+    """The {alias} path parameter, checked against the alias grammar (tenant/name[:label])."""
+    if not ALIAS_RE.fullmatch(alias):
+        raise GatewayError(
+            "invalid_alias", f"{alias[:200]!r} is not an alias like tenant/name:label", "alias"
+        )
+    return alias
+
+
+ServiceAuth = Annotated[None, Depends(require_service_token)]
+Pool = Annotated[asyncpg.Pool, Depends(get_pool)]
+Rules = Annotated[RegistryRules, Depends(get_rules)]
+AliasPath = Annotated[str, Depends(valid_alias)]

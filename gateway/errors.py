@@ -1,0 +1,80 @@
+"""Registry and alias errors as domain types, each with its HTTP status and machine code; rendered in one
+place as OpenAI's error body {"error": {"message", "type", "param", "code"}}."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from schemas.api import ErrorBody, ErrorDetail
+
+
+class GatewayError(Exception):
+    """Base: subclasses fix status and type; code names the exact failure for machines."""
+
+    status = 400
+    type = "invalid_request_error"
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+
+    def body(self) -> dict:
+        detail = ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
+        return ErrorBody(error=detail).model_dump()
+
+
+class InvalidRegistration(GatewayError):
+    """A registration field the registry refuses; the same codes are the validator's reason codes."""
+
+    status = 422
+
+
+class NotFound(GatewayError):
+    status = 404
+
+
+class Conflict(GatewayError):
+    status = 409
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    type = "authentication_error"
+
+
+class ServiceUnavailable(GatewayError):
+    status = 503
+    type = "server_error"
+
+
+def _render(status: int, body: dict, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Translate domain errors, body validation errors and plain HTTP errors to the OpenAI shape."""
+
+    async def on_gateway_error(_req: Request, exc: GatewayError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+        return _render(exc.status, exc.body(), headers)
+
+    async def on_validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "path", "query")]
+        param = ".".join(loc) or None
+        msg = f"{param or 'request'}: {first.get('msg', 'invalid request')}"
+        code = "invalid_json" if first.get("type") == "json_invalid" else "invalid_parameter"
+        return _render(422, GatewayError(code, msg, param).body())
+
+    async def on_http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return _render(exc.status_code, GatewayError(code or "http_error", str(exc.detail)).body())
+
+    app.add_exception_handler(GatewayError, on_gateway_error)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)

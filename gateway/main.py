@@ -1,0 +1,52 @@
+"""Build the gateway's internal FastAPI app (registry + aliases) and serve it with uvicorn."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import asyncpg
+from fastapi import FastAPI
+
+from gateway.config import GatewayConfig
+from gateway.errors import install_error_handlers
+from gateway.registration_rules import RegistryRules
+from gateway.routes import internal
+from gateway.served_base import served_base_hash
+
+
+def build_internal_app(config: GatewayConfig, rules: RegistryRules | None = None) -> FastAPI:
+    """The internal API app; the pool is opened in the lifespan, rules default to the served base's."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.rules = rules or RegistryRules.build(
+            served_base_hash(config.gateway), config.gateway.max_rank, config.platform.object_store_prefixes
+        )
+        app.state.pool = await asyncpg.create_pool(config.platform.database_url, min_size=1, max_size=10)
+        try:
+            yield
+        finally:
+            await app.state.pool.close()
+
+    app = FastAPI(title="lorafleet internal API", lifespan=lifespan)
+    app.state.service_token_digest = hashlib.sha256(
+        config.gateway.service_token.get_secret_value().encode()
+    ).digest()
+    install_error_handlers(app)
+    app.include_router(internal.router)
+    return app
+
+
+def serve() -> None:
+    """Serve the internal API (registry and aliases) on the internal listener."""
+    import uvicorn
+
+    config = GatewayConfig.from_env()
+    uvicorn.run(
+        build_internal_app(config),
+        host=config.gateway.internal_host,
+        port=config.gateway.internal_port,
+        log_level="info",
+    )

@@ -1,0 +1,76 @@
+"""The field checks every registration passes, at the HTTP door and again in the registry validator.
+
+Each failure raises InvalidRegistration with its own machine code; the validator stores that code as the
+version's reason_code, so both doors speak one vocabulary.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from gateway.base_spec import LLAMA_MODULES
+from gateway.errors import InvalidRegistration
+from gateway.weights_uri import ObjectLocation, confine, parse_prefix
+from schemas.ids import SHA256_RE
+
+log = logging.getLogger(__name__)
+
+BASE_MODEL_MISMATCH = "base_model_mismatch"
+RANK_OVER_CAP = "adapter_rank_exceeds_limit"
+UNKNOWN_MODULE = "unknown_target_module"
+INVALID_CHECKSUM = "invalid_checksum"
+
+
+@dataclass(frozen=True)
+class RegistryRules:
+    """The served base hash, the fleet's rank cap, the adaptable modules and the allowed prefixes."""
+
+    served_base_hash: str
+    max_rank: int
+    modules: frozenset[str]
+    prefixes: tuple[ObjectLocation, ...]
+
+    @classmethod
+    def build(cls, served_base_hash: str, max_rank: int, prefixes: list[str]) -> RegistryRules:
+        parsed = []
+        for prefix in prefixes:
+            try:
+                parsed.append(parse_prefix(prefix))
+            except InvalidRegistration as exc:
+                log.warning("ignoring object-store prefix %r: %s", prefix, exc.message)
+        return cls(served_base_hash, max_rank, frozenset(LLAMA_MODULES), tuple(parsed))
+
+
+def check_fields(
+    rules: RegistryRules,
+    *,
+    base_model_hash: str,
+    rank: int,
+    target_modules: list[str],
+    weights_uri: str,
+    checksum: str,
+) -> ObjectLocation:
+    """Raise InvalidRegistration for the first bad field; return where the artifact lives."""
+    if not SHA256_RE.fullmatch(checksum):
+        raise InvalidRegistration(
+            INVALID_CHECKSUM, "checksum must be 'sha256:' followed by 64 lowercase hex digits", "checksum"
+        )
+    if base_model_hash != rules.served_base_hash:
+        raise InvalidRegistration(
+            BASE_MODEL_MISMATCH,
+            f"base_model_hash {base_model_hash[:80]!r} is not the served base {rules.served_base_hash}",
+            "base_model_hash",
+        )
+    if rank > rules.max_rank:
+        raise InvalidRegistration(
+            RANK_OVER_CAP, f"rank {rank} exceeds the fleet cap {rules.max_rank}", "rank"
+        )
+    unknown = sorted(set(target_modules) - rules.modules)
+    if unknown or len(set(target_modules)) != len(target_modules):
+        raise InvalidRegistration(
+            UNKNOWN_MODULE,
+            f"target_modules {unknown or target_modules} not in {sorted(rules.modules)} (or repeated)",
+            "target_modules",
+        )
+    return confine(weights_uri, list(rules.prefixes))

@@ -1,0 +1,73 @@
+"""The internal API: registry (POST/GET adapters) and aliases (PUT/GET), all behind the service token."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query, Response
+
+from gateway import aliases, registry
+from gateway.deps import AliasPath, Pool, Rules, require_service_token
+from gateway.errors import NotFound
+from gateway.registration_rules import check_fields
+from schemas.api import (
+    AdapterList,
+    AdapterRegistration,
+    AdapterStatus,
+    AdapterView,
+    AliasList,
+    AliasUpdate,
+    AliasView,
+    RegistrationAccepted,
+)
+
+router = APIRouter(prefix="/internal", dependencies=[Depends(require_service_token)])
+
+
+@router.post("/adapters", status_code=202, response_model=RegistrationAccepted)
+async def register_adapter(body: AdapterRegistration, pool: Pool, rules: Rules, response: Response):
+    """Check the fields at once; store the version as pending and queue its validation (202)."""
+    check_fields(
+        rules,
+        base_model_hash=body.base_model_hash,
+        rank=body.rank,
+        target_modules=body.target_modules,
+        weights_uri=body.weights_uri,
+        checksum=body.checksum,
+    )
+    created, status = await registry.register(pool, body)
+    if not created:
+        response.status_code = 200
+    return RegistrationAccepted(adapter_id=body.adapter_id, status=status, created=created)
+
+
+@router.get("/adapters", response_model=AdapterList)
+async def list_adapters(
+    pool: Pool,
+    tenant_id: str | None = Query(default=None, max_length=63),
+    status: AdapterStatus | None = None,
+):
+    return AdapterList(data=await registry.list_adapters(pool, tenant_id, status))
+
+
+@router.get("/adapters/{adapter_id}", response_model=AdapterView)
+async def get_adapter(adapter_id: str, pool: Pool):
+    view = await registry.get_adapter(pool, adapter_id)
+    if view is None:
+        raise NotFound("adapter_not_found", f"adapter {adapter_id[:200]!r} does not exist", "adapter_id")
+    return view
+
+
+@router.put("/aliases/{alias:path}", response_model=AliasView)
+async def put_alias(alias: AliasPath, body: AliasUpdate, pool: Pool):
+    """Move the alias (deploy or rollback); the old target is kept as previous_adapter_id."""
+    view, _changed = await aliases.set_alias(pool, alias, body.adapter_id)
+    return view
+
+
+@router.get("/aliases", response_model=AliasList)
+async def list_aliases(pool: Pool, tenant_id: str | None = Query(default=None, max_length=63)):
+    return AliasList(data=await aliases.list_aliases(pool, tenant_id))
+
+
+@router.get("/aliases/{alias:path}", response_model=AliasView)
+async def get_alias(alias: AliasPath, pool: Pool):
+    return await aliases.get_alias(pool, alias)
