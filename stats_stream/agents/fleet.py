@@ -1,0 +1,22 @@
+"""The agent that owns the window table: each message from the fleet topic goes to the window keeper."""
+
+from __future__ import annotations
+
+import time
+
+import faust
+
+from stats_stream.keeper import WindowKeeper
+from stats_stream.topics import FLEET_KEY, StreamTopics, tick
+
+
+def register(app: faust.App, topics: StreamTopics, keeper: WindowKeeper, tick_s: float) -> None:
+    @app.agent(topics.fleet, name="windows")
+    async def windows(stream) -> None:
+        async for raw in stream:
+            await keeper.handle(raw, int(time.time() * 1000))
+
+    @app.timer(interval=tick_s)
+    async def ticker() -> None:
+        # Table writes are only allowed inside a stream, so the clock reaches the keeper as a message.
+        await topics.fleet.send(key=FLEET_KEY, value=tick(int(time.time() * 1000)))

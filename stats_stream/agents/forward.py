@@ -1,0 +1,32 @@
+"""One thin agent per source topic: validate the event and forward it onto the single fleet partition."""
+
+from __future__ import annotations
+
+import logging
+
+import faust
+
+from schemas.events import EventValidationError, parse_event
+from stats_stream import metrics
+from stats_stream.topics import FLEET_KEY, StreamTopics
+
+log = logging.getLogger(__name__)
+
+
+def register(app: faust.App, topics: StreamTopics) -> None:
+    for name, source in topics.sources.items():
+        app.agent(source, name=f"forward-{name}")(_forwarder(name, topics.fleet))
+
+
+def _forwarder(name: str, fleet: faust.TopicT):
+    async def forward(stream) -> None:
+        async for raw in stream:
+            try:
+                parse_event(raw, topic=name)
+            except EventValidationError as exc:
+                metrics.EVENTS.labels(name, "invalid").inc()
+                log.warning("skipping an invalid event on %s: %s", name, exc)
+                continue
+            await fleet.send(key=FLEET_KEY, value=raw)
+
+    return forward

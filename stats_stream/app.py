@@ -1,0 +1,44 @@
+"""Build the faust app: topics, the window table, the forwarders and the window agent, from settings."""
+
+from __future__ import annotations
+
+import faust
+
+from lorafleet.config import PlatformSettings
+from stats_stream import tables
+from stats_stream import topics as stream_topics
+from stats_stream.agents import fleet, forward
+from stats_stream.config import StatsStreamSettings
+from stats_stream.keeper import WindowKeeper
+from stats_stream.sinks import Sinks
+
+
+def build_app(platform: PlatformSettings, settings: StatsStreamSettings) -> faust.App:
+    app = faust.App(
+        settings.app_id,
+        broker=f"kafka://{platform.kafka_bootstrap}",
+        store=settings.store,
+        datadir=str(settings.data_dir),
+        topic_partitions=1,
+        topic_replication_factor=1,
+        web_enabled=False,
+        producer_acks=-1,
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
+    )
+    topics = stream_topics.declare(app)
+    sinks = Sinks(platform.database_url, topics)
+    keeper = WindowKeeper(tables.declare(app), sinks, settings)
+    forward.register(app, topics)
+    fleet.register(app, topics, keeper, settings.tick_s)
+
+    @app.on_rebalance_complete.connect
+    async def recount(app: faust.App, **kwargs) -> None:
+        keeper.forget_open_windows()  # the table may have been recovered; recount on the next message
+
+    @app.on_before_shutdown.connect
+    async def close_sinks(app: faust.App, **kwargs) -> None:
+        await sinks.close()
+
+    return app

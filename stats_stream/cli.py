@@ -1,0 +1,51 @@
+"""`lorafleet stats-stream` runs the stream as its own process; `lorafleet stats` prints the fleet picture."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import typer
+
+from lorafleet.config import get_settings
+from lorafleet.kafka import ensure_topics
+from stats_stream.config import StatsStreamSettings
+
+log = logging.getLogger(__name__)
+
+
+def stats_stream() -> None:
+    """Aggregate replica state, replica events and completed requests into stats, alerts and autoscaling."""
+    import faust
+
+    from stats_stream import metrics
+    from stats_stream.app import build_app
+
+    platform, settings = get_settings(), StatsStreamSettings()
+    asyncio.run(ensure_topics(platform))
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    metrics.serve(settings.metrics_port)
+    app = build_app(platform, settings)
+    log.info(
+        "stats stream %s: %.0fs windows, metrics on :%d",
+        settings.app_id,
+        settings.window_s,
+        settings.metrics_port,
+    )
+    faust.Worker(app, loglevel=settings.log_level).execute_from_commandline()
+
+
+def stats(
+    as_json: bool = typer.Option(False, "--json", help="Print the picture as JSON."),
+    minutes: float = typer.Option(15.0, help="How far back to read the stats topics."),
+    top: int = typer.Option(10, help="How many adapters to list."),
+    timeout_s: float = typer.Option(10.0, help="Give up reading after this long."),
+) -> None:
+    """Print the fleet picture from the stats topics: top adapters, hit rates, alerts, autoscaling."""
+    from stats_stream.picture import render, summarize
+    from stats_stream.reader import read_recent
+
+    events = asyncio.run(read_recent(get_settings(), minutes * 60, timeout_s))
+    picture = summarize(events, top=top)
+    typer.echo(json.dumps(picture, indent=2, default=str) if as_json else render(picture))

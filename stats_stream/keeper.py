@@ -1,0 +1,114 @@
+"""The window keeper: files each fleet-topic message into the table and closes windows that are due.
+
+It runs inside the fleet agent's stream iteration (faust allows table writes only there). Windows close
+only on a tick from the timer (every tick_s), which keeps per-event work to one small table write.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+
+import faust
+
+from schemas.events import Event, EventValidationError, parse_event
+from stats_stream import metrics
+from stats_stream import tables as tb
+from stats_stream.closing import close_window
+from stats_stream.config import StatsStreamSettings
+from stats_stream.signals import ScaleState
+from stats_stream.sinks import Sinks
+from stats_stream.topics import is_tick
+from stats_stream.windows import WindowClock, is_late, to_ms, window_start
+
+log = logging.getLogger(__name__)
+
+
+class WindowKeeper:
+    def __init__(self, table: faust.Table, sinks: Sinks, settings: StatsStreamSettings) -> None:
+        self.table = table
+        self.sinks = sinks
+        self.settings = settings
+        self.signal_settings = settings.signals()
+        self.size_ms = int(settings.window_s * 1000)
+        self.clock = WindowClock(
+            self.size_ms, int(settings.grace_s * 1000), int(settings.idle_close_s * 1000)
+        )
+        self._open: Counter[int] | None = (
+            None  # events per open window; rebuilt from the table after a restart
+        )
+
+    def _get(self, key: str):
+        # faust tables raise KeyError from .get() when there is no default factory
+        return self.table[key] if key in self.table else None
+
+    def forget_open_windows(self) -> None:
+        self._open = None
+
+    async def handle(self, raw: bytes, wall_ms: int) -> None:
+        """One message from the fleet topic: a tick, or a source event already validated upstream."""
+        self._start_history(wall_ms)
+        if self._open is None:
+            self._open = tb.open_windows(self.table)
+        if not is_tick(raw):
+            self._file(raw, wall_ms)
+            return
+        self.clock.arm(wall_ms)
+        for window_ms in self.clock.due(self._open, wall_ms):
+            await self._close(window_ms)
+        metrics.OPEN_EVENTS.set(sum(self._open.values()))
+
+    def _start_history(self, wall_ms: int) -> None:
+        # A new app id reads its topics from the beginning; only the previous window onwards is counted.
+        if self._get(tb.CLOSED_THROUGH) is None:
+            self.table[tb.CLOSED_THROUGH] = window_start(wall_ms, self.size_ms) - 2 * self.size_ms
+
+    def _file(self, raw: bytes, wall_ms: int) -> None:
+        try:
+            event = parse_event(raw)
+        except EventValidationError:
+            metrics.EVENTS.labels("fleet", "invalid").inc()
+            return
+        topic = event.topic.name
+        event_ms = to_ms(event.occurred_at)
+        window_ms = window_start(event_ms, self.size_ms)
+        if is_late(window_ms, self._get(tb.CLOSED_THROUGH)):
+            metrics.EVENTS.labels(topic, "late").inc()
+            return
+        key = tb.event_key(window_ms, str(event.event_id))
+        if self._get(key) is not None:
+            metrics.EVENTS.labels(topic, "duplicate").inc()
+            return
+        self.table[key] = json.loads(raw)
+        self.clock.observe(event_ms, wall_ms)
+        self._open[window_ms] += 1
+        metrics.EVENTS.labels(topic, "counted").inc()
+
+    async def _close(self, window_ms: int) -> None:
+        started = time.perf_counter()
+        entries = tb.window_entries(self.table, window_ms)
+        events: list[Event] = [parse_event(v) for v in entries.values()]
+        report = close_window(
+            window_ms,
+            events,
+            ScaleState.from_json(self._get(tb.SCALE_STATE)),
+            self.signal_settings,
+            self.settings.fleet,
+        )
+        await self.sinks.write(report)  # durable before the window is forgotten
+        for key in entries:
+            del self.table[key]
+        self.table[tb.CLOSED_THROUGH] = window_ms
+        self.table[tb.SCALE_STATE] = report.scale_state.to_json()
+        self._open.pop(window_ms, None)
+        metrics.record(report, time.perf_counter() - started)
+        log.info(
+            "closed window %s: %d events, %d adapters, %d alerts, desired replicas %d",
+            window_ms,
+            len(events),
+            len(report.adapter_stats),
+            len(report.alerts),
+            report.autoscale.desired_replicas,
+        )

@@ -1,0 +1,62 @@
+"""Where a closed window goes: adapter_stats rows in PostgreSQL, and events on the three output topics.
+
+Both are idempotent: the upsert writes the same values again, and output events carry ids derived from
+the window, so closing a window twice after a crash changes nothing a consumer can see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+
+from schemas.events import Event
+from stats_stream.closing import WindowReport
+from stats_stream.topics import StreamTopics
+
+UPSERT = """
+INSERT INTO adapter_stats (adapter_id, window_start, requests, tokens_per_s, gpu_hit_rate)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (adapter_id, window_start) DO UPDATE
+SET requests = EXCLUDED.requests, tokens_per_s = EXCLUDED.tokens_per_s, gpu_hit_rate = EXCLUDED.gpu_hit_rate
+"""
+
+
+async def write_adapter_stats(conn: asyncpg.Connection | asyncpg.Pool, report: WindowReport) -> None:
+    rows = [
+        (s.adapter_id, s.window_start, s.requests, s.tokens_per_s, s.gpu_hit_rate)
+        for s in report.adapter_stats
+    ]
+    if rows:
+        await conn.executemany(UPSERT, rows)
+
+
+class Sinks:
+    """PostgreSQL (a small pool opened on first use) and the output topics."""
+
+    def __init__(self, database_url: str, topics: StreamTopics) -> None:
+        self._url = database_url
+        self._topics = topics
+        self._pool: asyncpg.Pool | None = None
+        self._lock = asyncio.Lock()
+
+    async def _db(self) -> asyncpg.Pool:
+        async with self._lock:
+            if self._pool is None:
+                self._pool = await asyncpg.create_pool(self._url, min_size=1, max_size=2)
+            return self._pool
+
+    async def write(self, report: WindowReport) -> None:
+        """Store and publish a window; returns only once PostgreSQL committed and Kafka acknowledged."""
+        await write_adapter_stats(await self._db(), report)
+        pending = [await self._send(self._topics.adapter_stats, e) for e in report.adapter_stats]
+        pending += [await self._send(self._topics.alerts, e) for e in report.alerts]
+        pending.append(await self._send(self._topics.autoscale, report.autoscale))
+        await asyncio.gather(*pending)
+
+    async def _send(self, topic, event: Event):
+        return await topic.send(key=event.key().encode(), value=event.to_bytes())
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
