@@ -25,6 +25,8 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
 # Single commands that are a whole process each.
 COMMANDS: dict[str, tuple[str, str]] = {
     "relay": ("lorafleet.outbox.relay_cli", "relay"),
+    "stats-stream": ("stats_stream.cli", "stats_stream"),
+    "stats": ("stats_stream.cli", "stats"),
 }
 
 
