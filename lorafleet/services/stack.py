@@ -36,6 +36,7 @@ INFRA: tuple[Infra, ...] = (
 # placement worker, stats stream and replicas here.
 APP_PROCESSES: dict[str, list[str]] = {
     "relay": ["relay"],
+    "stats-stream": ["stats-stream"],
 }
 
 
