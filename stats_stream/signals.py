@@ -125,7 +125,7 @@ def decide_replicas(load: FleetLoad, state: ScaleState, settings: SignalSettings
     """
     raw = raw_demand(load, settings)
     recent = (*state.recent, raw)[-settings.scale_down_windows :]
-    previous = state.previous if state.previous is not None else max(load.serving_replicas, raw)
+    previous = state.previous if state.previous is not None else load.serving_replicas
     previous = min(max(previous, settings.min_replicas), settings.max_replicas)
     why = (
         f"queue_depth={load.queue_depth:.1f} tokens_in_flight={load.tokens_in_flight:.0f} "
