@@ -56,6 +56,7 @@ class WindowKeeper:
             self._file(raw, wall_ms)
             return
         self.clock.arm(wall_ms)
+        metrics.TICKS.inc()
         for window_ms in self.clock.due(self._open, wall_ms):
             await self._close(window_ms)
         metrics.OPEN_EVENTS.set(sum(self._open.values()))

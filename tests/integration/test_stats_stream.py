@@ -1,0 +1,250 @@
+"""The stats stream on the real Kafka and PostgreSQL: windows, alerts, autoscaling, restarts, redelivery.
+
+Each test runs `lorafleet stats-stream` as its own process with 2 s windows and a unique app id, fleet
+name and adapter/tenant/replica prefix, because other tests publish to the same topics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import asyncpg
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from schemas.events import (
+    Alert,
+    AutoscaleSignal,
+    Event,
+    ReplicaEvent,
+    ReplicaState,
+    RequestCompleted,
+    parse_event,
+)
+from schemas.topics import ALERTS, AUTOSCALE_SIGNALS
+from stats_stream.closing import output_id
+from stats_stream.windows import from_ms, to_ms, window_start
+from tests.integration.kafka_helpers import collect
+
+pytestmark = pytest.mark.integration
+
+WINDOW_S = 2.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Stream:
+    """A `lorafleet stats-stream` subprocess that can be killed and started again with the same state."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env, self.log = env, log
+        self.port = int(env["LORAFLEET_STATS_METRICS_PORT"])
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "lorafleet.cli", "stats-stream"], env=self.env, stdout=out, stderr=out
+            )
+
+    def metric(self, name: str) -> float:
+        try:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2).read().decode()
+        except OSError:
+            return 0.0
+        return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(name))
+
+    async def wait_for(self, name: str, at_least: float, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.metric(name) < at_least:
+            assert self.proc is not None and self.proc.poll() is None, self.tail()
+            assert time.monotonic() < deadline, f"{name} < {at_least}\n{self.tail()}"
+            await asyncio.sleep(0.2)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def tail(self) -> str:
+        return self.log.read_bytes().decode(errors="replace")[-4000:]
+
+
+@pytest.fixture
+def stream(services, migrated_db, tmp_path) -> Iterator[tuple[Stream, str]]:
+    run = uuid.uuid4().hex[:8]
+    env = {
+        **os.environ,
+        **services.env(),
+        "LORAFLEET_DATABASE_URL": migrated_db,
+        "LORAFLEET_STATS_APP_ID": f"lorafleet-stats-test-{run}",
+        "LORAFLEET_STATS_FLEET": f"fleet-{run}",
+        "LORAFLEET_STATS_DATA_DIR": str(tmp_path / "faust"),
+        "LORAFLEET_STATS_WINDOW_S": str(WINDOW_S),
+        "LORAFLEET_STATS_GRACE_S": "0.5",
+        "LORAFLEET_STATS_IDLE_CLOSE_S": "5",
+        "LORAFLEET_STATS_TICK_S": "0.3",
+        "LORAFLEET_STATS_SESSION_TIMEOUT_S": "6",
+        "LORAFLEET_STATS_METRICS_PORT": str(_free_port()),
+    }
+    s = Stream(env, tmp_path / "stats-stream.log")
+    s.start()
+    try:
+        yield s, run
+    finally:
+        s.stop()
+
+
+async def publish(bootstrap: str, events: list[Event]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        for e in events:
+            await producer.send(e.topic.name, e.to_bytes(), key=e.key().encode())
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+def requests_for(
+    run: str, adapter: str, tenant: str, n: int, at: datetime, **fields
+) -> list[RequestCompleted]:
+    return [
+        RequestCompleted(
+            occurred_at=at,
+            request_id=f"req-{i}",
+            tenant_id=tenant,
+            alias=f"{tenant}/support:prod",
+            adapter_id=adapter,
+            replica_id=f"r-{run}-1",
+            status="ok",
+            **fields,
+        )
+        for i in range(n)
+    ]
+
+
+async def stats_row(
+    database_url: str, adapter: str, window: datetime, timeout: float = 60.0
+) -> asyncpg.Record:
+    conn = await asyncpg.connect(database_url)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            row = await conn.fetchrow(
+                "SELECT * FROM adapter_stats WHERE adapter_id = $1 AND window_start = $2", adapter, window
+            )
+            if row is not None:
+                return row
+            await asyncio.sleep(0.3)
+        raise AssertionError(f"no adapter_stats row for {adapter} at {window}")
+    finally:
+        await conn.close()
+
+
+def mid_window() -> datetime:
+    """A moment in the middle of the current window, so every event of a batch lands in one window."""
+    now_ms = int(time.time() * 1000)
+    size = int(WINDOW_S * 1000)
+    return from_ms(window_start(now_ms, size) + size // 2)
+
+
+async def test_a_window_becomes_stats_rows_alerts_and_an_autoscale_signal_counting_redeliveries_once(
+    services, stream, migrated_db
+) -> None:
+    s, run = stream
+    await s.wait_for("lorafleet_stats_ticks_total", 1)
+    at = mid_window()
+    tenant_slow, tenant_ok = f"slow-{run}", f"fine-{run}"
+    slow = requests_for(
+        run, f"a-{run}-slow", tenant_slow, 10, at, tier="remote", ttft_s=2.0, completion_tokens=20
+    )
+    hot = requests_for(
+        run, f"a-{run}-hot", tenant_ok, 20, at, tier="gpu", ttft_s=0.05, completion_tokens=70, total_s=1.0
+    )  # 20 * 70 tokens / 2 s = 700 tokens/s, over one replica's 640
+    evictions = [
+        ReplicaEvent(occurred_at=at, replica_id=f"r-{run}-1", kind="evict", adapter_id="x") for _ in range(20)
+    ]
+    states = [
+        ReplicaState(occurred_at=at, replica_id=f"r-{run}-{i}", url=f"http://r{i}", queue_depth=30)
+        for i in (1, 2)
+    ]
+    batch: list[Event] = slow + hot + evictions + states
+    await publish(services.kafka_bootstrap, batch + batch)  # every event delivered twice
+
+    window = from_ms(window_start(to_ms(at), int(WINDOW_S * 1000)))
+    row_slow = await stats_row(migrated_db, f"a-{run}-slow", window)
+    row_hot = await stats_row(migrated_db, f"a-{run}-hot", window)
+    assert (row_slow["requests"], row_slow["gpu_hit_rate"]) == (10, 0.0)
+    assert (row_hot["requests"], row_hot["gpu_hit_rate"]) == (20, 1.0)
+    assert row_hot["tokens_per_s"] == pytest.approx(700.0)
+
+    def mine(records: list) -> list[Alert]:
+        return [
+            e for e in (parse_event(r.value) for r in records) if isinstance(e, Alert) and run in e.subject
+        ]
+
+    alerts = mine(await collect(services.kafka_bootstrap, ALERTS.name, want=lambda rs: len(mine(rs)) >= 2))
+    assert {(a.kind, a.subject) for a in alerts} == {("slo_ttft", tenant_slow), ("thrashing", f"r-{run}-1")}
+    thrash = next(a for a in alerts if a.kind == "thrashing")
+    assert thrash.value == pytest.approx(20 * 60 / WINDOW_S)  # 20 evictions counted once, not 40
+
+    signal_id = output_id("autoscale", f"fleet-{run}", to_ms(window))
+    records = await collect(
+        services.kafka_bootstrap,
+        AUTOSCALE_SIGNALS.name,
+        want=lambda rs: any(parse_event(r.value).event_id == signal_id for r in rs),
+    )
+    sig = next(e for e in (parse_event(r.value) for r in records) if e.event_id == signal_id)
+    assert isinstance(sig, AutoscaleSignal)
+    assert sig.current_replicas >= 2
+    assert sig.desired_replicas >= 12  # ceil(2 replicas x 30 queued / 5 per replica)
+    assert (f"a-{run}-hot", 2) in {(h.adapter_id, h.owners) for h in sig.hot_adapters}
+    assert s.metric('lorafleet_stats_events_total{outcome="duplicate"') >= len(batch)
+
+
+async def test_a_restart_mid_window_loses_no_counts_and_counts_nothing_twice(
+    services, stream, migrated_db
+) -> None:
+    s, run = stream
+    await s.wait_for("lorafleet_stats_ticks_total", 1)
+    at = mid_window()
+    adapter = f"a-{run}-restart"
+    before = requests_for(run, adapter, f"t-{run}", 7, at, tier="gpu", ttft_s=0.1, completion_tokens=10)
+    after = requests_for(run, adapter, f"t-{run}", 5, at, tier="ram", ttft_s=0.1, completion_tokens=10)
+
+    await publish(services.kafka_bootstrap, before)
+    await s.wait_for(
+        'lorafleet_stats_events_total{outcome="counted",topic="requests.completed"}', len(before)
+    )
+    s.kill()  # abruptly, mid-window: the counted events live only in the changelog (or are replayed)
+    await publish(services.kafka_bootstrap, after + before[:3])  # more of the window, and some redeliveries
+    s.start()
+
+    window = from_ms(window_start(to_ms(at), int(WINDOW_S * 1000)))
+    row = await stats_row(migrated_db, adapter, window, timeout=90)
+    assert row["requests"] == 12
+    assert row["gpu_hit_rate"] == pytest.approx(7 / 12)
