@@ -1,0 +1,142 @@
+"""The registry validator's handling of one adapters.registered event, from either door.
+
+1. Record: a Kafka-door registration gets its pending row here; an unknown tenant, or an adapter_id already
+   registered with different content, is answered with a rejected adapters.validated event and nothing else.
+2. Verify, outside any transaction: the field checks again, then the files from the object store (sha256 of
+   the weights bytes first, then the config, the safetensors header, names, shapes, rank, finiteness).
+3. Settle: ready or rejected with a reason code, the adapters.validated outbox event and the processed_events
+   mark in one transaction. A redelivered event is a no-op; an object-store outage leaves the version pending
+   and raises TransientFetchError so the event is retried.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from gateway import registry
+from gateway.artifact_checks import ArtifactRejected, Expected, check_config, check_weights
+from gateway.artifact_fetch import fetch_artifact
+from gateway.base_spec import BaseSpec
+from gateway.config import GatewaySettings
+from gateway.errors import InvalidRegistration
+from gateway.registration_rules import BASE_MODEL_MISMATCH, RegistryRules, check_fields
+from lorafleet.outbox.idempotency import apply_once
+from lorafleet.outbox.writer import emit
+from schemas.events import AdapterRegistered
+
+log = logging.getLogger(__name__)
+
+CONSUMER = "registry-validator"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: str  # ready | rejected
+    reason_code: str | None = None
+    reason: str | None = None
+    size_bytes: int | None = None
+
+
+class RegistryValidator:
+    """Validates registrations against the served base; holds no state beyond its clients."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, s3: Any, rules: RegistryRules, spec: BaseSpec, settings: GatewaySettings
+    ):
+        self._pool, self._s3, self._rules, self._spec, self._settings = pool, s3, rules, spec, settings
+
+    async def handle(self, event: AdapterRegistered) -> str:
+        """Process one registration; return what happened (for logs and tests)."""
+        fields = registry.content_of(event)
+        async with self._pool.acquire() as conn:
+            early = await self._record(conn, event, fields)
+        if early is not None:
+            return early
+        verdict = await self.verify(event)
+        async with self._pool.acquire() as conn:
+            applied, _ = await apply_once(
+                conn,
+                CONSUMER,
+                event.event_id,
+                lambda c: registry.settle(
+                    c, fields, verdict.status, verdict.reason_code, verdict.reason, verdict.size_bytes
+                ),
+            )
+        outcome = verdict.status if verdict.status == "ready" else f"rejected:{verdict.reason_code}"
+        log.info("adapter %s: %s%s", event.adapter_id, outcome, "" if applied else " (duplicate)")
+        return outcome if applied else "duplicate"
+
+    async def _record(self, conn: asyncpg.Connection, event: AdapterRegistered, fields: dict) -> str | None:
+        """Insert or match the version row; return an outcome when the event needs no verification."""
+        if await conn.fetchval(
+            "SELECT true FROM processed_events WHERE consumer = $1 AND event_id = $2",
+            CONSUMER,
+            event.event_id,
+        ):
+            return "duplicate"
+        async with conn.transaction():
+            if not await registry.tenant_exists(conn, event.tenant_id):
+                return await self._refuse(conn, event, fields, "unknown_tenant", "the tenant does not exist")
+            existing = await registry.insert_pending(conn, fields)
+            if existing is not None and not registry.same_content(existing, fields):
+                why = "adapter_id already registered with different content; versions are immutable"
+                return await self._refuse(conn, event, fields, "adapter_conflict", why)
+            if existing is not None and existing["status"] != "pending":
+                await apply_once(conn, CONSUMER, event.event_id, _nothing)
+                return f"already {existing['status']}"
+        return None
+
+    async def _refuse(self, conn: asyncpg.Connection, event, fields: dict, code: str, why: str) -> str:
+        """Answer a registration that gets no row of its own with a rejected event only."""
+
+        async def effect(c: asyncpg.Connection) -> None:
+            await emit(c, registry.validated_event(fields, "rejected", code, why))
+
+        applied, _ = await apply_once(conn, CONSUMER, event.event_id, effect)
+        log.warning("registration of %s refused: %s", event.adapter_id, code)
+        return f"rejected:{code}" if applied else "duplicate"
+
+    async def verify(self, event: AdapterRegistered) -> Verdict:
+        """All checks on the fields and the files; TransientFetchError propagates for a retry."""
+        s = self._settings
+        try:
+            location = check_fields(
+                self._rules,
+                base_model_hash=event.base_model_hash,
+                rank=event.rank,
+                target_modules=event.target_modules,
+                weights_uri=event.weights_uri,
+                checksum=event.checksum,
+            )
+            artifact = await fetch_artifact(self._s3, location, s.max_config_bytes, s.max_adapter_bytes)
+            digest = "sha256:" + hashlib.sha256(artifact.weights).hexdigest()
+            if digest != event.checksum:
+                raise ArtifactRejected(
+                    "checksum_mismatch", "adapter_model.safetensors does not match checksum"
+                )
+            expected = Expected(
+                rank=event.rank,
+                alpha=event.alpha,
+                target_modules=frozenset(event.target_modules),
+                max_rank=self._rules.max_rank,
+                max_header_bytes=s.max_header_bytes,
+                max_tensors=s.max_tensors,
+            )
+            cfg = check_config(artifact.config, expected)
+            if cfg.get("base_model_hash") not in (None, event.base_model_hash):
+                raise ArtifactRejected(
+                    BASE_MODEL_MISMATCH, "adapter_config.json names another base_model_hash"
+                )
+            check_weights(artifact.weights, self._spec, expected)
+        except (InvalidRegistration, ArtifactRejected) as exc:
+            return Verdict("rejected", exc.code, exc.message)
+        return Verdict("ready", size_bytes=len(artifact.weights))
+
+
+async def _nothing(_conn: asyncpg.Connection) -> None:
+    return None

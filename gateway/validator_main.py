@@ -1,0 +1,111 @@
+"""`lorafleet registry-validator`: consume adapters.registered (both doors) and settle each version.
+
+Offsets are committed only after an event is settled, so a crash redelivers it (a no-op by event_id).
+A schema-invalid record is logged and skipped; an object-store outage retries the same record with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import asyncpg
+from aiokafka import TopicPartition
+
+from gateway.artifact_fetch import TransientFetchError
+from gateway.config import GatewayConfig
+from gateway.registration_rules import RegistryRules
+from gateway.served_base import served_base_hash, served_base_spec
+from gateway.validator import RegistryValidator
+from lorafleet.kafka import make_consumer
+from lorafleet.s3 import async_client
+from schemas.events import AdapterRegistered, EventValidationError, parse_event
+from schemas.topics import ADAPTERS_REGISTERED
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 10.0
+
+
+async def _handle_with_retry(
+    validator: RegistryValidator, event: AdapterRegistered, stop: asyncio.Event
+) -> bool:
+    """True once handled; False when stopped while the object store was still failing."""
+    delay = 0.2
+    while not stop.is_set():
+        try:
+            await validator.handle(event)
+            return True
+        except TransientFetchError as exc:
+            log.warning("adapter %s: %s; retrying in %.1fs", event.adapter_id, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_BACKOFF_S)
+    return False
+
+
+async def run_validator(
+    config: GatewayConfig,
+    stop: asyncio.Event,
+    rules: RegistryRules | None = None,
+    ready: asyncio.Event | None = None,
+    from_end: bool = False,
+) -> None:
+    """Consume until stop is set. from_end skips what the topic held before start (tests use fresh groups)."""
+    settings = config.gateway
+    rules = rules or RegistryRules.build(
+        served_base_hash(settings), settings.max_rank, config.platform.object_store_prefixes
+    )
+    spec = served_base_spec(settings)
+    pool = await asyncpg.create_pool(config.platform.database_url, min_size=1, max_size=4)
+    consumer = make_consumer(config.platform, ADAPTERS_REGISTERED.name, group_id=settings.validator_group)
+    try:
+        async with async_client(config.platform) as s3:
+            validator = RegistryValidator(pool, s3, rules, spec, settings)
+            await consumer.start()
+            await _wait_assigned(consumer, from_end)
+            if ready is not None:
+                ready.set()
+            while not stop.is_set():
+                batch = await consumer.getmany(timeout_ms=300, max_records=100)
+                for tp, records in batch.items():
+                    for record in records:
+                        event = _parse(record.value)
+                        if event is not None and not await _handle_with_retry(validator, event, stop):
+                            return
+                        await consumer.commit({tp: record.offset + 1})
+    finally:
+        await consumer.stop()
+        await pool.close()
+
+
+async def _wait_assigned(consumer, from_end: bool) -> None:
+    while not consumer.assignment():  # the group join runs in aiokafka's background task
+        await asyncio.sleep(0.05)
+    if from_end:
+        parts: list[TopicPartition] = list(consumer.assignment())
+        await consumer.seek_to_end(*parts)
+        for tp in parts:
+            await consumer.position(tp)
+
+
+def _parse(raw: bytes) -> AdapterRegistered | None:
+    try:
+        event = parse_event(raw, ADAPTERS_REGISTERED.name)
+    except EventValidationError as exc:
+        log.error("skipping an invalid adapters.registered record: %s", str(exc)[:500])
+        return None
+    return event if isinstance(event, AdapterRegistered) else None
+
+
+def registry_validator() -> None:
+    """Validate adapter registrations (both doors) and mark each version ready or rejected."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_validator(GatewayConfig.from_env(), stop)
+
+    asyncio.run(main())
