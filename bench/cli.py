@@ -1,0 +1,90 @@
+"""`lorafleet bench`: benchmark programs that print JSON (never timed tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from bench._util import default_dtype, emit, pick_device
+
+app = typer.Typer(no_args_is_help=True, help="Benchmarks that print JSON.")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(",") if v.strip())
+
+
+def _shapes(text: str) -> tuple[tuple[int, int], ...]:
+    pairs = [s.lower().split("x") for s in text.split(",") if s.strip()]
+    return tuple((int(d), int(k)) for d, k in pairs)
+
+
+@app.command()
+def lora(
+    shapes: str = typer.Option("4096x4096,4096x11008", help="W shapes d x k (out x in), comma-separated"),
+    rows: int = typer.Option(32, help="batch rows (decode tokens)"),
+    rank: int = typer.Option(16),
+    distinct: str = typer.Option("1,8,32", help="distinct adapters among the rows"),
+    repeats: int = typer.Option(30, help="interleaved timed repeats per variant (medians reported)"),
+    inner: int = typer.Option(10, help="calls averaged per timed sample"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    dtype: str | None = typer.Option(
+        None, help="float32 | bfloat16 | float16 (default bf16 on GPU, fp32 on CPU)"
+    ),
+    out: Path | None = typer.Option(None, help="also write the JSON here"),
+) -> None:
+    """Time (base + LoRA) over base alone for one adapted linear, next to the byte bound."""
+    from bench.lora import LoraBenchConfig, run_lora_bench
+
+    dev = pick_device(device)
+    cfg = LoraBenchConfig(
+        shapes=_shapes(shapes),
+        rows=rows,
+        rank=rank,
+        distinct=_ints(distinct),
+        repeats=repeats,
+        inner=inner,
+        dtype=dtype or default_dtype(dev),
+        device=str(dev),
+    )
+    emit(run_lora_bench(cfg), out)
+
+
+@app.command()
+def engine(
+    new_tokens: int = typer.Option(32, help="tokens generated per request (decode steps + 1)"),
+    batch: int = typer.Option(32, help="concurrent requests"),
+    rounds: int = typer.Option(3, help="interleaved rounds over all variants (medians reported)"),
+    distinct: str = typer.Option("0,1,8,32", help="distinct adapters among the requests (0 = base)"),
+    rank: int = typer.Option(16),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    dtype: str | None = typer.Option(
+        None, help="float32 | bfloat16 | float16 (default bf16 on GPU, fp32 on CPU)"
+    ),
+    model_dir: Path | None = typer.Option(None, help="checkpoint dir (default: the prepared SmolLM2)"),
+    out: Path | None = typer.Option(None, help="also write the JSON here"),
+    calibration_out: Path | None = typer.Option(
+        None, help="write decode step times and prefill tokens/s here"
+    ),
+) -> None:
+    """Decode tokens/s of our engine vs transformers generate and PEFT mixed-adapter generate."""
+    import json
+
+    from bench.engine import EngineBenchConfig, run_engine_bench
+
+    dev = pick_device(device)
+    cfg = EngineBenchConfig(
+        new_tokens=new_tokens,
+        batch=batch,
+        rounds=rounds,
+        rank=rank,
+        distinct=_ints(distinct),
+        dtype=dtype or default_dtype(dev),
+        device=str(dev),
+        model_dir=model_dir,
+    )
+    result, calibration = run_engine_bench(cfg)
+    if calibration_out is not None:
+        calibration_out.write_text(json.dumps(calibration, indent=2) + "\n")
+    emit(result, out)

@@ -1,0 +1,151 @@
+"""`lorafleet bench lora`: cost of the unmerged LoRA path on one adapted linear at 7B shapes.
+
+For W [d, k] (out x in), n rows, rank r and D distinct adapters among the rows, it times the replica's
+own LoraLinear (base product once, then shrink/expand per row's slot) against the base product alone,
+interleaved in one run, and reports median(base + LoRA) / median(base) next to the byte bound
+    1 + D * r * (d + k) / (d * k)
+(each distinct adapter's A and B read once against W; at decode both paths are memory-bound).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from bench._util import DTYPES, environment, median, sync, time_call
+from replica.engine.context import Context, set_context
+from replica.kernels import ops
+from replica.lora.batch_meta import LoraBatchMeta
+from replica.lora.layers import LoraLinear
+
+log = logging.getLogger(__name__)
+
+TARGETS = {1: 1.03}  # D -> at most this ratio; D = 8 and 32: within 1.10x of the byte bound
+BOUND_SLACK = 1.10
+
+
+@dataclass(frozen=True)
+class LoraBenchConfig:
+    """What to measure; defaults are the issue's (7B shapes, 32 rows, rank 16, 1/8/32 adapters)."""
+
+    shapes: tuple[tuple[int, int], ...] = ((4096, 4096), (4096, 11008))  # W [d, k] = [out, in]
+    rows: int = 32
+    rank: int = 16
+    distinct: tuple[int, ...] = (1, 8, 32)
+    repeats: int = 30
+    inner: int = 10
+    warmup: int = 3
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+
+
+def byte_bound(d: int, k: int, rank: int, distinct: int) -> float:
+    """Ratio allowed by the extra bytes alone: D adapters' A [r, k] and B [d, r] over W [d, k]."""
+    return 1.0 + distinct * rank * (d + k) / (d * k)
+
+
+def _decode_context(slot_of_row: torch.Tensor, rank: int) -> Context:
+    """A context carrying only the LoRA metadata: the layer under test reads nothing else."""
+    empty = torch.zeros(0, dtype=torch.long, device=slot_of_row.device)
+    meta = LoraBatchMeta({rank: slot_of_row})
+    return Context(empty, [], empty, empty, empty, 0, lora=meta)
+
+
+def _build_layer(d: int, k: int, cfg: LoraBenchConfig, device: torch.device) -> LoraLinear:
+    """A LoraLinear over a random W [d, k] with max(distinct) random adapters in one rank pool."""
+    dtype = DTYPES[cfg.dtype]
+    base = nn.Linear(k, d, bias=False, device=device, dtype=dtype)
+    layer = LoraLinear(base, {cfg.rank: max(cfg.distinct)})
+    gen = torch.Generator(device="cpu").manual_seed(cfg.seed)
+    with torch.no_grad():
+        base.weight.copy_(torch.randn(d, k, generator=gen) * k**-0.5)
+        for slot in range(max(cfg.distinct)):
+            a = torch.randn(cfg.rank, k, generator=gen) * k**-0.5  # [rank, k]
+            b = torch.randn(d, cfg.rank, generator=gen) * 0.02  # [d, rank]
+            layer.set_slot(cfg.rank, slot, a.to(device, dtype), b.to(device, dtype), 2.0)
+    return layer
+
+
+def bench_shape(d: int, k: int, cfg: LoraBenchConfig, device: torch.device) -> list[dict[str, Any]]:
+    """Interleave base-only and base+LoRA timings for every D on one shape; return one row per D."""
+    layer = _build_layer(d, k, cfg, device)
+    gen = torch.Generator(device="cpu").manual_seed(cfg.seed + 1)
+    x = torch.randn(cfg.rows, k, generator=gen).to(device, DTYPES[cfg.dtype])  # [rows, k]
+    contexts = {
+        n: _decode_context((torch.arange(cfg.rows) % n).to(device=device, dtype=torch.int32), cfg.rank)
+        for n in cfg.distinct
+    }
+
+    def run_base() -> None:
+        set_context(None)
+        layer(x)
+
+    def run_lora(n: int) -> None:
+        set_context(contexts[n])
+        layer(x)
+
+    base_times: list[float] = []
+    lora_times: dict[int, list[float]] = {n: [] for n in cfg.distinct}
+    with torch.inference_mode():
+        try:
+            for rep in range(cfg.warmup + cfg.repeats):
+                # rotate the order each repeat so drift (clocks, caches) hits every variant alike
+                variants: list[int | None] = [None, *cfg.distinct]
+                shift = rep % len(variants)
+                for n in variants[shift:] + variants[:shift]:
+                    if n is None:
+                        t = time_call(run_base, device, cfg.inner)
+                    else:
+                        t = time_call(lambda n=n: run_lora(n), device, cfg.inner)
+                    if rep >= cfg.warmup:
+                        (base_times if n is None else lora_times[n]).append(t)
+        finally:
+            set_context(None)
+    sync(device)
+    base_med = median(base_times)
+    rows = []
+    for n in cfg.distinct:
+        ratio = median(lora_times[n]) / base_med
+        bound = byte_bound(d, k, cfg.rank, n)
+        target = TARGETS.get(n, bound * BOUND_SLACK)
+        rows.append(
+            {
+                "shape": f"{d}x{k}",
+                "distinct_adapters": n,
+                "base_us": round(base_med * 1e6, 2),
+                "lora_us": round(median(lora_times[n]) * 1e6, 2),
+                "ratio": round(ratio, 4),
+                "byte_bound": round(bound, 4),
+                "ratio_over_bound": round(ratio / bound, 4),
+                "target": round(target, 4),
+                "meets_target": ratio <= target,
+            }
+        )
+    return rows
+
+
+def run_lora_bench(cfg: LoraBenchConfig) -> dict[str, Any]:
+    """Measure every shape; return the JSON-ready result."""
+    device = torch.device(cfg.device)
+    results = []
+    for d, k in cfg.shapes:
+        log.info("shape %dx%d", d, k)
+        results.extend(bench_shape(d, k, cfg, device))
+    return {
+        "benchmark": "lora",
+        "environment": environment(device, cfg.dtype),
+        "implementation": ops.implementation_for(device),
+        "config": {
+            "rows": cfg.rows,
+            "rank": cfg.rank,
+            "repeats": cfg.repeats,
+            "inner": cfg.inner,
+            "timing": "median of interleaved repeats; each sample averages `inner` calls",
+        },
+        "results": results,
+    }
