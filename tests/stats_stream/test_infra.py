@@ -1,0 +1,61 @@
+"""The Prometheus rules, Grafana dashboard and KEDA object read the names and numbers the stream has."""
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+from prometheus_client import REGISTRY
+
+import stats_stream.metrics  # noqa: F401 - registers the stream's metrics
+from stats_stream.config import StatsStreamSettings
+
+INFRA = Path(__file__).resolve().parents[2] / "infra"
+STREAM_PREFIXES = ("lorafleet_stats_", "lorafleet_tenant_", "lorafleet_fleet_", "lorafleet_autoscale_")
+
+
+def _stream_names_in(text: str) -> set[str]:
+    names = set(re.findall(r"\blorafleet_[a-z_]+", text))
+    return {n for n in names if n.startswith(STREAM_PREFIXES) or n.endswith("_per_minute")}
+
+
+def _exposed() -> set[str]:
+    out: set[str] = set()
+    for family in REGISTRY.collect():  # labelled metrics have no samples until first set
+        out |= {family.name + suffix for suffix in ("", "_total", "_bucket", "_count", "_sum")}
+    return out
+
+
+def test_every_stream_metric_the_rules_and_dashboard_use_is_exposed() -> None:
+    used = _stream_names_in((INFRA / "prometheus/alerts.yml").read_text())
+    used |= _stream_names_in((INFRA / "grafana/lorafleet.json").read_text())
+    assert used, "the rules and dashboard read some stream metric"
+    assert used <= _exposed(), used - _exposed()
+
+
+def test_alert_rules_have_the_documented_shape() -> None:
+    rules = [
+        r for g in yaml.safe_load((INFRA / "prometheus/alerts.yml").read_text())["groups"] for r in g["rules"]
+    ]
+    names = {r["alert"] for r in rules}
+    assert {"TenantTTFTOverTarget", "ReplicaThrashing", "GPUHitRateLow"} <= names
+    assert all(r["expr"] and r["annotations"]["summary"] for r in rules)
+
+
+def test_the_dashboard_is_valid_json_with_unique_panel_ids() -> None:
+    dash = json.loads((INFRA / "grafana/lorafleet.json").read_text())
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids)) and len(ids) >= 8
+
+
+def test_keda_thresholds_match_the_stream_autoscaler_defaults() -> None:
+    obj = yaml.safe_load((INFRA / "k8s/keda-scaledobject.yaml").read_text())
+    triggers = {t["name"]: t for t in obj["spec"]["triggers"]}
+    defaults = StatsStreamSettings()
+    assert float(triggers["queue-depth"]["metadata"]["threshold"]) == defaults.queue_per_replica
+    assert (
+        float(triggers["tokens-in-flight"]["metadata"]["threshold"]) == defaults.tokens_in_flight_per_replica
+    )
+    assert all(t["metricType"] == "AverageValue" for t in triggers.values())
+    assert obj["spec"]["minReplicaCount"] == defaults.min_replicas
+    assert obj["spec"]["maxReplicaCount"] == defaults.max_replicas
