@@ -1,0 +1,15 @@
+"""Process-wide test settings that must be in place before any test module imports torch, triton or peft."""
+
+from __future__ import annotations
+
+import os
+
+# Nothing in the suite may reach a model hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# Triton picks interpreter or compiler when it is first imported (peft imports it too), so choose here:
+# without a GPU, Triton kernels run through the interpreter on CPU tensors.
+# (A device node check, not torch.cuda.is_available(), so that this file does not import torch.)
+if not os.path.exists("/dev/nvidia0") or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
