@@ -1,0 +1,144 @@
+"""`lorafleet adapters` and `lorafleet alias`: the pipeline's and the operator's door to the internal API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import typer
+
+from gateway.artifact_checks import KEY_RE, read_header
+from gateway.config import GatewayConfig
+from gateway.served_base import served_base_hash
+from gateway.upload import PeftDirError, upload_peft_dir
+from gateway.weights_uri import parse_s3_uri
+from lorafleet.s3 import async_client
+from schemas.api import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+
+adapters_app = typer.Typer(no_args_is_help=True, help="Register and list adapter versions.")
+alias_app = typer.Typer(no_args_is_help=True, help="Deploy, roll back and list aliases.")
+
+
+def _client(config: GatewayConfig) -> httpx.Client:
+    token = config.gateway.service_token.get_secret_value()
+    return httpx.Client(
+        base_url=config.gateway.internal_base_url(), headers={"Authorization": f"Bearer {token}"}, timeout=30
+    )
+
+
+def _call(method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    """Call the internal API; print its error body and exit 1 on a 4xx/5xx."""
+    with _client(GatewayConfig.from_env()) as client:
+        try:
+            resp = client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            typer.echo(f"cannot reach the internal API: {exc}", err=True)
+            raise typer.Exit(2) from exc
+    if resp.status_code >= 400:
+        typer.echo(resp.text, err=True)
+        raise typer.Exit(1)
+    return resp.json()
+
+
+def describe_peft_dir(peft_dir: Path) -> dict[str, Any]:
+    """rank, alpha and target_modules as the files say: rank and modules from the tensor names and shapes."""
+    cfg = json.loads((peft_dir / ADAPTER_CONFIG_NAME).read_text())
+    with (peft_dir / ADAPTER_WEIGHTS_NAME).open("rb") as f:
+        head = f.read(8 + (64 << 20))
+    header, _ = read_header(head, 64 << 20)
+    modules, rank = set(), 0
+    for name, info in header.items():
+        m = KEY_RE.match(name)
+        if m:
+            modules.add(m[3])
+            if m[4] == "A":
+                rank = max(rank, int(info["shape"][0]))
+    return {"rank": rank, "alpha": float(cfg["lora_alpha"]), "target_modules": sorted(modules)}
+
+
+@adapters_app.command("register")
+def register(
+    peft_dir: Path = typer.Option(..., "--peft-dir", exists=True, file_okay=False, help="PEFT LoRA folder"),
+    tenant: str = typer.Option(..., "--tenant"),
+    adapter_id: str = typer.Option(
+        ..., "--adapter-id", help="the immutable version's id, e.g. acme-support-v7"
+    ),
+    version: int = typer.Option(..., "--version", min=1),
+    weights_uri: str | None = typer.Option(
+        None, help="default: s3://<bucket>/adapters/<tenant>/<adapter-id>"
+    ),
+    base_model_hash: str | None = typer.Option(None, help="default: the served base's hash"),
+) -> None:
+    """Upload adapter_config.json + adapter_model.safetensors, then register the version (checksum = sha256
+    of adapter_model.safetensors)."""
+    config = GatewayConfig.from_env()
+    uri = weights_uri or f"s3://{config.platform.s3_bucket}/adapters/{tenant}/{adapter_id}"
+    try:
+        location = parse_s3_uri(uri)
+        facts = describe_peft_dir(peft_dir)
+        checksum = asyncio.run(_upload(config, peft_dir, location))
+    except (PeftDirError, OSError, ValueError, KeyError) as exc:
+        typer.echo(f"cannot register {peft_dir}: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    body = {
+        "adapter_id": adapter_id,
+        "tenant_id": tenant,
+        "version": version,
+        "base_model_hash": base_model_hash or served_base_hash(config.gateway),
+        "weights_uri": location.uri(),
+        "checksum": checksum,
+        **facts,
+    }
+    typer.echo(json.dumps(_call("POST", "/internal/adapters", json=body)))
+
+
+async def _upload(config: GatewayConfig, peft_dir: Path, location) -> str:
+    async with async_client(config.platform) as s3:
+        return await upload_peft_dir(s3, peft_dir, location)
+
+
+@adapters_app.command("list")
+def list_adapters(
+    tenant: str | None = typer.Option(None, "--tenant"), status: str | None = typer.Option(None)
+) -> None:
+    """List adapter versions with their status and rejection reason."""
+    params = {k: v for k, v in {"tenant_id": tenant, "status": status}.items() if v}
+    for a in _call("GET", "/internal/adapters", params=params)["data"]:
+        reason = f"  {a['reason_code']}: {a['reason']}" if a["reason_code"] else ""
+        typer.echo(f"{a['adapter_id']:<40} {a['tenant_id']:<16} v{a['version']:<5} {a['status']:<9}{reason}")
+
+
+@adapters_app.command("show")
+def show(adapter_id: str) -> None:
+    """Print one adapter version as JSON."""
+    typer.echo(json.dumps(_call("GET", f"/internal/adapters/{adapter_id}"), indent=2))
+
+
+@alias_app.command("set")
+def set_alias(alias: str, adapter_id: str) -> None:
+    """Point ALIAS (tenant/name:label) at a ready ADAPTER_ID of the same tenant (a deploy)."""
+    typer.echo(json.dumps(_call("PUT", f"/internal/aliases/{alias}", json={"adapter_id": adapter_id})))
+
+
+@alias_app.command("rollback")
+def rollback(alias: str) -> None:
+    """Point ALIAS back at its previous adapter version."""
+    current = _call("GET", f"/internal/aliases/{alias}")
+    if not current.get("previous_adapter_id"):
+        typer.echo(f"{alias} has no previous version to roll back to", err=True)
+        raise typer.Exit(1)
+    body = {"adapter_id": current["previous_adapter_id"]}
+    typer.echo(json.dumps(_call("PUT", f"/internal/aliases/{alias}", json=body)))
+
+
+@alias_app.command("list")
+def list_aliases(tenant: str | None = typer.Option(None, "--tenant")) -> None:
+    """List aliases with their current and previous versions."""
+    params = {"tenant_id": tenant} if tenant else {}
+    for a in _call("GET", "/internal/aliases", params=params)["data"]:
+        typer.echo(
+            f"{a['alias']:<40} -> {a['adapter_id']:<36} prev {a['previous_adapter_id']} rev {a['revision']}"
+        )

@@ -1,0 +1,38 @@
+"""The placement worker's settings (env prefix LORAFLEET_PLACEMENT_), read once at the entry point."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from lorafleet.config import PlatformSettings
+
+
+class PlacementSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LORAFLEET_PLACEMENT_", extra="ignore")
+
+    group_id: str = "placement-worker"
+    default_owners: int = Field(default=2, ge=1)
+    # Output tokens/s one replica serves (BRIEF.md sizing: 32 rows / 50 ms); owners grow past it.
+    replica_capacity_tokens_per_s: float = Field(default=640.0, gt=0)
+    # An adapter with at least this much steady traffic is asked into GPU slots on its owners.
+    gpu_tokens_per_s: float = Field(default=1.0, ge=0)
+    # A replica whose last replica.state is older than this has left the fleet.
+    membership_ttl_s: float = Field(default=10.0, gt=0)
+    # Traffic windows older than this no longer raise the owner count.
+    demand_ttl_s: float = Field(default=300.0, gt=0)
+    # Only replicas whose id starts with this belong to the fleet this worker places for.
+    replica_id_prefix: str = ""
+    tick_s: float = Field(default=1.0, gt=0)
+
+
+class PlacementConfig:
+    """Platform addresses plus the placement settings: the one configuration object of the process."""
+
+    def __init__(self, platform: PlatformSettings, placement: PlacementSettings) -> None:
+        self.platform = platform
+        self.placement = placement
+
+    @classmethod
+    def from_env(cls) -> PlacementConfig:
+        return cls(PlatformSettings(), PlacementSettings())

@@ -1,0 +1,117 @@
+"""The placement worker's event handlers: each records its input idempotently, then replans what it touched.
+
+adapters.validated -> place that adapter (if ready); adapter.stats -> store the window, replan that adapter;
+replica.state -> heartbeat, replan everything when the member set changed; aliases.changed -> prewarm the new
+target on its owners. Placement rows and their replica.commands commit together (outbox), under one lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+
+from lorafleet.outbox.idempotency import apply_once
+from placement_worker import producer, store
+from placement_worker.config import PlacementSettings
+from placement_worker.membership import members
+from placement_worker.planner import Change, Policy, desired, diff
+from schemas.events import AdapterStats, AdapterValidated, AliasChanged, Event, ReplicaState
+
+log = logging.getLogger(__name__)
+
+CONSUMER = "placement-worker"
+
+
+class PlacementWorker:
+    """Thin glue between events, the pure planner and PostgreSQL."""
+
+    def __init__(self, pool: asyncpg.Pool, settings: PlacementSettings) -> None:
+        self._pool = pool
+        self._s = settings
+        self._policy = Policy(
+            settings.default_owners, settings.replica_capacity_tokens_per_s, settings.gpu_tokens_per_s
+        )
+        self._members: list[str] | None = None
+        self._handlers: dict[type[Event], Callable[[Event], Awaitable[None]]] = {
+            AdapterValidated: self.on_validated,
+            AdapterStats: self.on_stats,
+            ReplicaState: self.on_replica_state,
+            AliasChanged: self.on_alias_changed,
+        }
+
+    async def handle(self, event: Event) -> None:
+        handler = self._handlers.get(type(event))
+        if handler is not None:
+            await handler(event)
+
+    async def replan(self, conn: asyncpg.Connection, adapter_ids: list[str] | None) -> list[Change]:
+        """Bring the placements of the given adapters (None: all) to the plan for the current members."""
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", store.PLAN_LOCK_KEY)
+        fleet = members(
+            await store.heartbeats(conn, self._s.replica_id_prefix), time.time(), self._s.membership_ttl_s
+        )
+        target = desired(await store.demand(conn, adapter_ids, self._s.demand_ttl_s), fleet, self._policy)
+        current = await store.placements(conn, adapter_ids, self._s.replica_id_prefix)
+        for adapter_id in current.keys() - target.keys():
+            target[adapter_id] = {}  # placed but no longer ready here: cannot happen, but never leave strays
+        changes = diff(current, target)
+        await store.apply_changes(conn, changes)
+        await producer.emit_changes(conn, changes)
+        return changes
+
+    async def on_validated(self, event: AdapterValidated) -> None:
+        async def effect(conn: asyncpg.Connection) -> None:
+            if event.status == "ready":
+                changes = await self.replan(conn, [event.adapter_id])
+                log.info("placed %s: %d changes", event.adapter_id, len(changes))
+
+        async with self._pool.acquire() as conn:
+            await apply_once(conn, CONSUMER, event.event_id, effect)
+
+    async def on_stats(self, event: AdapterStats) -> None:
+        async with self._pool.acquire() as conn, conn.transaction():
+            new = await store.record_stats(
+                conn,
+                event.adapter_id,
+                event.window_start,
+                event.requests,
+                event.tokens_per_s,
+                event.gpu_hit_rate,
+            )
+            if new:
+                await self.replan(conn, [event.adapter_id])
+
+    async def on_alias_changed(self, event: AliasChanged) -> None:
+        async def effect(conn: asyncpg.Connection) -> None:
+            owners = await store.owners_of(conn, event.adapter_id, self._s.replica_id_prefix)
+            await producer.emit_prewarm(conn, event.adapter_id, owners)
+
+        async with self._pool.acquire() as conn:
+            await apply_once(conn, CONSUMER, event.event_id, effect)
+
+    async def on_replica_state(self, event: ReplicaState) -> None:
+        if not event.replica_id.startswith(self._s.replica_id_prefix):
+            return
+        async with self._pool.acquire() as conn:
+            await store.upsert_heartbeat(conn, event.replica_id, event.url, event.status, event.occurred_at)
+        await self.tick()
+
+    async def tick(self) -> list[Change]:
+        """Replan everything when the member set changed since the last look (joins, leaves, timeouts)."""
+        beats = await store.heartbeats(self._pool, self._s.replica_id_prefix)
+        now_members = members(beats, time.time(), self._s.membership_ttl_s)
+        if now_members == self._members:
+            return []
+        async with self._pool.acquire() as conn, conn.transaction():
+            changes = await self.replan(conn, None)
+        log.info(
+            "fleet is now %d replicas (was %s): %d placement changes",
+            len(now_members),
+            None if self._members is None else len(self._members),
+            len(changes),
+        )
+        self._members = now_members
+        return changes

@@ -1,0 +1,73 @@
+"""`lorafleet placement-worker`: consume validated adapters, alias changes, replica state and adapter stats;
+keep placements and emit replica commands. Offsets are committed after each batch is applied."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+import asyncpg
+
+from lorafleet.kafka import make_consumer
+from placement_worker.config import PlacementConfig
+from placement_worker.consumer import PlacementWorker
+from schemas import topics
+from schemas.events import EventValidationError, parse_event
+
+log = logging.getLogger(__name__)
+
+TOPICS = (topics.ADAPTERS_VALIDATED, topics.ALIASES_CHANGED, topics.REPLICA_STATE, topics.ADAPTER_STATS)
+
+
+async def run_worker(
+    config: PlacementConfig, stop: asyncio.Event, ready: asyncio.Event | None = None, from_end: bool = False
+) -> None:
+    """Consume until stop is set; from_end skips what the topics held before start (tests, fresh groups)."""
+    settings = config.placement
+    pool = await asyncpg.create_pool(config.platform.database_url, min_size=1, max_size=4)
+    consumer = make_consumer(config.platform, *(t.name for t in TOPICS), group_id=settings.group_id)
+    worker = PlacementWorker(pool, settings)
+    try:
+        await consumer.start()
+        while not consumer.assignment():  # the group join runs in aiokafka's background task
+            await asyncio.sleep(0.05)
+        if from_end:
+            await consumer.seek_to_end(*consumer.assignment())
+            for tp in consumer.assignment():
+                await consumer.position(tp)
+        await worker.tick()
+        if ready is not None:
+            ready.set()
+        next_tick = time.monotonic() + settings.tick_s
+        while not stop.is_set():
+            batch = await consumer.getmany(timeout_ms=int(settings.tick_s * 1000), max_records=500)
+            for tp, records in batch.items():
+                for record in records:
+                    try:
+                        event = parse_event(record.value, tp.topic)
+                    except EventValidationError as exc:
+                        log.error("skipping an invalid %s record: %s", tp.topic, str(exc)[:500])
+                        continue
+                    await worker.handle(event)
+                await consumer.commit({tp: records[-1].offset + 1})
+            if time.monotonic() >= next_tick:
+                await worker.tick()
+                next_tick = time.monotonic() + settings.tick_s
+    finally:
+        await consumer.stop()
+        await pool.close()
+
+
+def placement_worker() -> None:
+    """Place adapters on replicas (rendezvous owners, k raised with traffic) and emit load/unload commands."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_worker(PlacementConfig.from_env(), stop)
+
+    asyncio.run(main())
