@@ -1,0 +1,214 @@
+"""The placement worker on the real Kafka and PostgreSQL: owners by rendezvous, a joining or leaving replica
+moves only its own placements, traffic raises the owner count, alias changes prewarm, and duplicates or
+replays change nothing. Commands reach replica.commands keyed by replica id."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from datetime import UTC, datetime
+
+import asyncpg
+import pytest
+
+from lorafleet.config import RelaySettings
+from lorafleet.kafka import make_producer
+from lorafleet.outbox.relay import Relay
+from placement_worker.config import PlacementConfig, PlacementSettings
+from placement_worker.main import run_worker
+from schemas.events import AdapterStats, AdapterValidated, AliasChanged, Event, ReplicaState
+from schemas.rendezvous import owners
+from tests.integration.kafka_helpers import collect
+
+pytestmark = pytest.mark.integration
+
+N_ADAPTERS = 60
+
+
+async def _placements(pool: asyncpg.Pool) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for r in await pool.fetch("SELECT adapter_id, replica_id, tier FROM placements"):
+        out.setdefault(r["adapter_id"], {})[r["replica_id"]] = r["tier"]
+    return out
+
+
+async def _wait(pred, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await pred():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def _commands(pool: asyncpg.Pool) -> int:
+    return await pool.fetchval("SELECT count(*) FROM outbox WHERE aggregate_type = 'replica.commands'")
+
+
+async def test_placement_follows_membership_traffic_and_aliases(services, migrated_db, pool) -> None:
+    run = uuid.uuid4().hex[:6]
+    prefix = f"t{run}-r"
+    replicas = [f"{prefix}{i}" for i in range(5)]
+    adapters = [f"acme-{run}-a{i}" for i in range(N_ADAPTERS)]
+    await pool.execute("INSERT INTO tenants (tenant_id) VALUES ('acme')")
+    await pool.executemany(
+        """INSERT INTO adapters (adapter_id, tenant_id, version, base_model_hash, rank, alpha, target_modules,
+                                 weights_uri, checksum, status)
+           VALUES ($1, 'acme', 1, $2, 4, 8, '{q_proj}', 's3://lorafleet-adapters/x', $2, 'ready')""",
+        [(a, "sha256:" + "a" * 64) for a in adapters],
+    )
+    platform = services.settings().model_copy(update={"database_url": migrated_db})
+    settings = PlacementSettings(
+        group_id=f"test-placement-{run}", replica_id_prefix=prefix, membership_ttl_s=2.0, tick_s=0.2
+    )
+    stop, ready = asyncio.Event(), asyncio.Event()
+    producer = make_producer(platform)
+    await producer.start()
+    alive = set(replicas)
+
+    async def send(event: Event) -> None:
+        await producer.send_and_wait(event.topic.name, event.to_bytes(), key=event.key().encode())
+
+    async def heartbeat() -> None:
+        while not stop.is_set():
+            for r in sorted(alive):
+                await send(ReplicaState(replica_id=r, url=f"http://{r}"))
+            await asyncio.sleep(0.4)
+
+    relay = asyncio.create_task(Relay(pool, producer, RelaySettings(poll_interval_s=0.05)).run(stop))
+    worker = asyncio.create_task(
+        run_worker(PlacementConfig(platform, settings), stop, ready=ready, from_end=True)
+    )
+    beats = None
+    try:
+        await asyncio.wait_for(ready.wait(), 30)
+        beats = asyncio.create_task(heartbeat())
+        await _wait(lambda: _member_count(pool, prefix, 5), what="5 replicas in the replicas table")
+        validated = [
+            AdapterValidated(adapter_id=a, tenant_id="acme", version=1, status="ready") for a in adapters
+        ]
+        for event in validated:
+            await send(event)
+
+        async def all_placed() -> bool:
+            return sum(len(v) for v in (await _placements(pool)).values()) == 2 * N_ADAPTERS
+
+        await _wait(all_placed, what="two owners per adapter")
+        before = await _placements(pool)
+        for a in adapters:
+            assert set(before[a]) == set(owners(a, replicas, 2)), a
+
+        # Duplicates and replays: the same events again change nothing.
+        n_commands = await _commands(pool)
+        for event in validated[:10]:
+            await send(event)
+        await send(
+            ReplicaState(replica_id=replicas[0], url="x", occurred_at=datetime(2020, 1, 1, tzinfo=UTC))
+        )
+        await asyncio.sleep(1.0)
+        assert await _placements(pool) == before and await _commands(pool) == n_commands
+
+        # A replica joins: only the placements it wins move, and they move to it.
+        new = f"{prefix}new"
+        alive.add(new)
+        grown = [*replicas, new]
+        gains = [a for a in adapters if new in owners(a, grown, 2)]
+
+        async def joined() -> bool:
+            return sum(new in v for v in (await _placements(pool)).values()) == len(gains)
+
+        await _wait(joined, what="the new replica's placements")
+        after_join = await _placements(pool)
+        moved = [a for a in adapters if after_join[a] != before[a]]
+        assert sorted(moved) == sorted(gains)
+        assert 0 < len(moved) < 0.6 * N_ADAPTERS  # about 2/6 of adapters, one placement each
+        assert all(set(after_join[a]) == set(owners(a, grown, 2)) for a in adapters)
+
+        # A replica leaves (its heartbeats stop): only its placements move, to the next-ranked replica.
+        gone = replicas[1]
+        alive.discard(gone)
+        shrunk = [r for r in grown if r != gone]
+        await _wait(
+            lambda: _no_placements_on(pool, gone),
+            timeout=20,
+            what="the departed replica's placements to move",
+        )
+        after_leave = await _placements(pool)
+        assert sorted(a for a in adapters if after_leave[a] != after_join[a]) == sorted(
+            a for a in adapters if gone in after_join[a]
+        )
+        assert all(set(after_leave[a]) == set(owners(a, shrunk, 2)) for a in adapters)
+
+        # Traffic raises the owner count and asks for GPU slots; a stale replayed window changes nothing.
+        hot = adapters[0]
+        now = datetime.now(UTC)
+        stats = AdapterStats(
+            adapter_id=hot,
+            window_start=now,
+            window_seconds=10,
+            requests=100,
+            tokens_per_s=2000,
+            gpu_hit_rate=0.5,
+        )
+        await send(stats)
+
+        async def hot_owned() -> bool:
+            return len((await _placements(pool)).get(hot, {})) == 4
+
+        await _wait(hot_owned, what="4 owners for the hot adapter")
+        assert set((await _placements(pool))[hot].values()) == {"gpu"}
+        n_commands = await _commands(pool)
+        await send(stats)
+        await asyncio.sleep(0.8)
+        assert await _commands(pool) == n_commands
+
+        # An alias change prewarms the new target on its owners.
+        target = adapters[1]
+        await send(AliasChanged(alias="acme/support:prod", tenant_id="acme", adapter_id=target, revision=1))
+
+        async def prewarmed() -> bool:
+            return bool(
+                await pool.fetchval(
+                    """SELECT count(*) FROM outbox WHERE aggregate_type = 'replica.commands'
+                       AND payload->>'command' = 'prewarm' AND payload->>'adapter_id' = $1""",
+                    target,
+                )
+                == 2
+            )
+
+        await _wait(prewarmed, what="prewarm commands")
+
+        # The commands reached Kafka keyed by replica id.
+        records = await collect(
+            platform.kafka_bootstrap,
+            "replica.commands",
+            lambda recs: any(json.loads(r.value)["command"] == "prewarm" for r in recs),
+            timeout=30,
+            accept=lambda r: r.key.decode().startswith(prefix),
+        )
+        sample = json.loads(records[0].value)
+        assert records[0].key.decode() == sample["replica_id"] and sample["command"] in {
+            "load",
+            "unload",
+            "prewarm",
+        }
+        assert {json.loads(r.value)["command"] for r in records} >= {"load", "unload", "prewarm"}
+    finally:
+        stop.set()
+        if beats is not None:
+            beats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beats
+        await asyncio.gather(relay, worker)
+        await producer.stop()
+
+
+async def _member_count(pool: asyncpg.Pool, prefix: str, n: int) -> bool:
+    return await pool.fetchval("SELECT count(*) FROM replicas WHERE starts_with(replica_id, $1)", prefix) == n
+
+
+async def _no_placements_on(pool: asyncpg.Pool, replica_id: str) -> bool:
+    return not await pool.fetchval("SELECT count(*) FROM placements WHERE replica_id = $1", replica_id)
