@@ -20,11 +20,16 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "model": ("replica.model.cli", "app", "Prepare and inspect base models."),
     "replica": ("replica.cli", "app", "Run a replica (inference engine + adapter cache)."),
     "bench": ("bench.cli", "app", "Benchmarks that print JSON."),
+    "adapters": ("gateway.cli", "adapters_app", "Register and list adapter versions."),
+    "alias": ("gateway.cli", "alias_app", "Deploy, roll back and list aliases."),
 }
 
 # Single commands that are a whole process each.
 COMMANDS: dict[str, tuple[str, str]] = {
     "relay": ("lorafleet.outbox.relay_cli", "relay"),
+    "gateway": ("gateway.main", "serve"),
+    "registry-validator": ("gateway.validator_main", "registry_validator"),
+    "placement-worker": ("placement_worker.main", "placement_worker"),
     "stats-stream": ("stats_stream.cli", "stats_stream"),
     "stats": ("stats_stream.cli", "stats"),
 }

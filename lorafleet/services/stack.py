@@ -37,6 +37,9 @@ INFRA: tuple[Infra, ...] = (
 APP_PROCESSES: dict[str, list[str]] = {
     "relay": ["relay"],
     "stats-stream": ["stats-stream"],
+    "gateway": ["gateway"],
+    "registry-validator": ["registry-validator"],
+    "placement-worker": ["placement-worker"],
 }
 
 
