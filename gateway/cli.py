@@ -10,8 +10,9 @@ from typing import Any
 import httpx
 import typer
 
-from gateway.artifact_checks import KEY_RE, read_header
+from gateway.artifact_checks import KEY_RE, ArtifactRejected, read_header
 from gateway.config import GatewayConfig
+from gateway.errors import GatewayError
 from gateway.served_base import served_base_hash
 from gateway.upload import PeftDirError, upload_peft_dir
 from gateway.weights_uri import parse_s3_uri
@@ -80,7 +81,7 @@ def register(
         location = parse_s3_uri(uri)
         facts = describe_peft_dir(peft_dir)
         checksum = asyncio.run(_upload(config, peft_dir, location))
-    except (PeftDirError, OSError, ValueError, KeyError) as exc:
+    except (GatewayError, ArtifactRejected, PeftDirError, OSError, ValueError, KeyError) as exc:
         typer.echo(f"cannot register {peft_dir}: {exc}", err=True)
         raise typer.Exit(1) from exc
     body = {

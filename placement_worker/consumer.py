@@ -66,7 +66,8 @@ class PlacementWorker:
         async def effect(conn: asyncpg.Connection) -> None:
             if event.status == "ready":
                 changes = await self.replan(conn, [event.adapter_id])
-                log.info("placed %s: %d changes", event.adapter_id, len(changes))
+                if changes:
+                    log.info("placed %s: %d changes", event.adapter_id, len(changes))
 
         async with self._pool.acquire() as conn:
             await apply_once(conn, CONSUMER, event.event_id, effect)

@@ -4,6 +4,7 @@ rejected with its own reason code and never becomes ready; duplicates and confli
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import pickle
 import shutil
@@ -237,3 +238,14 @@ async def test_bad_artifacts_are_rejected_with_their_code(env, pool, peft_dir, t
     payloads = [json.loads(r["payload"]) for r in rows]
     assert [(p["status"], p["reason_code"]) for p in payloads] == [("rejected", code)]
     assert await pool.fetchval("SELECT count(*) FROM adapters WHERE status = 'ready'") == 0
+
+
+def test_cli_describes_a_peft_folder_from_its_tensors(peft_dir: Path) -> None:
+    from gateway.cli import describe_peft_dir
+    from gateway.upload import weights_checksum
+
+    assert describe_peft_dir(peft_dir) == {"rank": 4, "alpha": 8.0, "target_modules": sorted(TARGETS)}
+    assert (
+        weights_checksum(peft_dir)
+        == "sha256:" + hashlib.sha256((peft_dir / "adapter_model.safetensors").read_bytes()).hexdigest()
+    )
