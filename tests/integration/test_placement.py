@@ -182,13 +182,17 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
         await _wait(prewarmed, what="prewarm commands")
 
         # The commands reached Kafka keyed by replica id.
+        sent = "SELECT id FROM outbox WHERE aggregate_type = 'replica.commands' AND sent_at IS NOT NULL"
+        await _wait(lambda: _all_sent(pool), what="the relay to publish every command")
+        ours = {str(r["id"]).encode() for r in await pool.fetch(sent)}
         records = await collect(
             platform.kafka_bootstrap,
             "replica.commands",
-            lambda recs: any(json.loads(r.value)["command"] == "prewarm" for r in recs),
+            lambda recs: len({dict(r.headers)["id"] for r in recs}) == len(ours),
             timeout=30,
-            accept=lambda r: r.key.decode().startswith(prefix),
+            accept=lambda r: dict(r.headers).get("id") in ours,
         )
+        assert {dict(r.headers)["id"] for r in records} == ours
         sample = json.loads(records[0].value)
         assert records[0].key.decode() == sample["replica_id"] and sample["command"] in {
             "load",
@@ -212,3 +216,9 @@ async def _member_count(pool: asyncpg.Pool, prefix: str, n: int) -> bool:
 
 async def _no_placements_on(pool: asyncpg.Pool, replica_id: str) -> bool:
     return not await pool.fetchval("SELECT count(*) FROM placements WHERE replica_id = $1", replica_id)
+
+
+async def _all_sent(pool: asyncpg.Pool) -> bool:
+    return not await pool.fetchval(
+        "SELECT count(*) FROM outbox WHERE aggregate_type = 'replica.commands' AND sent_at IS NULL"
+    )

@@ -97,6 +97,13 @@ async def _wait_status(pool: asyncpg.Pool, adapter_id: str, timeout: float = 30.
     raise AssertionError(f"{adapter_id} still {await _status(pool, adapter_id)} after {timeout}s")
 
 
+async def _wait_for(pred, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await pred():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.1)
+
+
 def _validator(pool, s3, config: GatewayConfig) -> RegistryValidator:
     rules = RegistryRules.build(
         TINY_BASE_HASH, config.gateway.max_rank, config.platform.object_store_prefixes
@@ -131,13 +138,20 @@ async def test_both_doors_reach_ready_and_duplicates_change_nothing(env, pool, p
         await producer.send_and_wait("adapters.registered", event.to_bytes(), key=kafka_id.encode())
         conflict = _event(kafka_id, kafka_loc, "sha256:" + "0" * 64)
         await producer.send_and_wait("adapters.registered", conflict.to_bytes(), key=kafka_id.encode())
-        ours = {http_id, kafka_id}
+        sent = "SELECT id FROM outbox WHERE aggregate_type = 'adapters.validated' AND sent_at IS NOT NULL"
+
+        async def three_sent() -> bool:
+            return len(await pool.fetch(sent)) == 3
+
+        await _wait_for(three_sent)
+        # Filter by this database's event ids: other stacks may consume the same shared topics.
+        ours = {str(r["id"]).encode() for r in await pool.fetch(sent)}
         records = await collect(
             config.platform.kafka_bootstrap,
             "adapters.validated",
             lambda recs: len(recs) >= 3,
             timeout=30,
-            accept=lambda r: r.key.decode() in ours,
+            accept=lambda r: dict(r.headers).get("id") in ours,
         )
         got = sorted((json.loads(r.value)["adapter_id"], json.loads(r.value)["status"]) for r in records)
         got_codes = sorted(str(json.loads(r.value)["reason_code"]) for r in records)
