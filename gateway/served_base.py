@@ -1,26 +1,41 @@
-"""The served base model as the registry sees it: its hash and its adaptable shapes."""
+"""The served base model as the registry sees it: its hash and its adaptable shapes.
+
+The hash's definition and the default model's preparation live with the model code in replica/model; they
+are imported lazily here, in this one place (the lead may move base_model_hash to a shared module).
+"""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from gateway.base_spec import BaseSpec
-from gateway.config import GatewaySettings
+from gateway.config import DEFAULT_MODEL_DIR, GatewaySettings
 
 log = logging.getLogger(__name__)
 
 
+def served_model_dir(settings: GatewaySettings) -> Path:
+    """The served model directory; the default model is prepared (once) when it is missing."""
+    model_dir = settings.served_model_dir
+    if model_dir == DEFAULT_MODEL_DIR and not (model_dir / "config.json").is_file():
+        from replica.model.prepare import ensure_default_model
+
+        model_dir = ensure_default_model(model_dir)
+    return model_dir
+
+
 def served_base_hash(settings: GatewaySettings) -> str:
-    """The configured hash, or the hash of the served model directory (defined in replica/model)."""
+    """The configured hash, or the base_model_hash of the served model directory."""
     if settings.served_base_model_hash:
         return settings.served_base_model_hash
-    # The hash's definition lives with the model code; the lead may move it to a shared module.
     from replica.model.base_hash import base_model_hash
 
-    digest = base_model_hash(settings.served_model_dir)
-    log.info("served base %s has base_model_hash %s", settings.served_model_dir, digest)
+    model_dir = served_model_dir(settings)
+    digest = base_model_hash(model_dir)
+    log.info("served base %s has base_model_hash %s", model_dir, digest)
     return digest
 
 
 def served_base_spec(settings: GatewaySettings) -> BaseSpec:
-    return BaseSpec.from_model_dir(settings.served_model_dir)
+    return BaseSpec.from_model_dir(served_model_dir(settings))

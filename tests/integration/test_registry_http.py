@@ -103,6 +103,9 @@ async def test_internal_routes_need_the_service_token(client, header) -> None:
         ("POST", "/internal/adapters"),
         ("GET", "/internal/aliases"),
         ("GET", "/internal/adapters"),
+        ("GET", "/internal/adapters/acme-support-v1"),
+        ("GET", "/internal/aliases/acme/support:prod"),
+        ("PUT", "/internal/aliases/acme/support:prod"),
     ]:
         resp = await client.request(method, url, json=GOOD, headers=headers)
         assert resp.status_code == 401 and resp.json()["error"]["code"] == "invalid_service_token"
