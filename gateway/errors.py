@@ -3,12 +3,17 @@ place as OpenAI's error body {"error": {"message", "type", "param", "code"}}."""
 
 from __future__ import annotations
 
+import logging
+
+import asyncpg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from schemas.api import ErrorBody, ErrorDetail
+
+log = logging.getLogger(__name__)
 
 
 class GatewayError(Exception):
@@ -75,6 +80,14 @@ def install_error_handlers(app: FastAPI) -> None:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return _render(exc.status_code, GatewayError(code or "http_error", str(exc.detail)).body())
 
+    async def on_store_down(_req: Request, exc: Exception) -> JSONResponse:
+        log.error("control plane store unavailable: %s", exc)
+        body = ServiceUnavailable("control_plane_unavailable", "the registry store is unavailable").body()
+        return _render(503, body, {"Retry-After": "1"})
+
     app.add_exception_handler(GatewayError, on_gateway_error)
+    app.add_exception_handler(OSError, on_store_down)
+    app.add_exception_handler(asyncpg.exceptions.ConnectionDoesNotExistError, on_store_down)
+    app.add_exception_handler(asyncpg.exceptions.CannotConnectNowError, on_store_down)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
