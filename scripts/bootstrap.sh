@@ -44,7 +44,7 @@ for component in kafka objectstore; do
   if [ "$(cat "$STAMPS/jars-$component" 2>/dev/null)" != "$want" ] || ! ls "infra/$component/lib/"*.jar >/dev/null 2>&1; then
     say "resolving $component jars from Maven Central"
     rm -rf "infra/$component/lib"
-    mvn -q -B -f "$pom" dependency:copy-dependencies -DoutputDirectory=lib -DincludeScope=runtime
+    mvn -q -B -Dstyle.color=never -f "$pom" dependency:copy-dependencies -DoutputDirectory=lib -DincludeScope=runtime
     echo "$want" > "$STAMPS/jars-$component"
   fi
 done
