@@ -94,12 +94,14 @@ def bundled_gguf_path() -> Path:
 def ensure_default_model(models_dir: Path | None = None) -> Path:
     """Return the prepared default model directory, converting the bundled GGUF on first use."""
     out_dir = Path(models_dir) if models_dir is not None else default_models_dir()
+    if out_dir.parent.is_dir():
+        remove_stale_temp_dirs(out_dir)
     if (out_dir / "config.json").is_file():
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     gguf_path = bundled_gguf_path()
     # Build beside the target and rename: an interrupted run leaves only a hidden temp dir, never a half one.
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f"{temp_prefix(out_dir)}{os.getpid()}-", dir=out_dir.parent))
     try:
         convert_gguf(gguf_path, tmp_dir)
         verify_checkpoint(tmp_dir)
@@ -114,6 +116,31 @@ def ensure_default_model(models_dir: Path | None = None) -> Path:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     log.info("prepared %s", out_dir)
     return out_dir
+
+
+def temp_prefix(out_dir: Path) -> str:
+    """Temp dirs are named .<name>.tmp-<pid>-<random> beside the target."""
+    return f".{out_dir.name}.tmp-"
+
+
+def remove_stale_temp_dirs(out_dir: Path) -> None:
+    """Delete temp dirs left by conversions whose process is gone (killed mid-way)."""
+    prefix = temp_prefix(out_dir)
+    for path in out_dir.parent.glob(f"{prefix}*"):
+        pid_text = path.name[len(prefix) :].split("-", 1)[0]
+        if pid_text.isdigit() and not _process_alive(int(pid_text)):
+            log.info("removing %s left by an interrupted conversion", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:

@@ -78,3 +78,14 @@ def test_prepared_smollm2_cached_hash_equals_a_fresh_computation(smollm2_dir: Pa
     cached = base_model_hash(smollm2_dir)
     assert cached == base_model_hash(smollm2_dir)
     assert cached == hash_tensors(read_entries(sorted(smollm2_dir.glob("*.safetensors"))))
+
+
+def test_cli_hash_prints_the_hash(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from replica.model.cli import app
+
+    d = _write(tmp_path / "a", [_tensors()])
+    result = CliRunner().invoke(app, ["hash", str(d)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == base_model_hash(d)

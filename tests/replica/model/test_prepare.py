@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
-from replica.model.prepare import EXPECTED_CONFIG, bundled_gguf_path, ensure_default_model
+from replica.model.prepare import (
+    EXPECTED_CONFIG,
+    bundled_gguf_path,
+    ensure_default_model,
+    remove_stale_temp_dirs,
+    temp_prefix,
+)
 
 PROMPT = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
 
@@ -51,10 +59,26 @@ def test_second_call_returns_the_same_directory_without_rewriting(smollm2_dir: P
 
 
 def test_no_temporary_directory_is_left_beside_the_model(smollm2_dir: Path) -> None:
-    leftovers = [
-        p.name for p in smollm2_dir.parent.iterdir() if p.name.startswith(f".{smollm2_dir.name}.tmp-")
-    ]
+    leftovers = [p.name for p in smollm2_dir.parent.iterdir() if p.name.startswith(temp_prefix(smollm2_dir))]
     assert leftovers == []
+
+
+def test_temp_dirs_of_dead_conversions_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
+    out_dir = tmp_path / "model"
+    dead = _dead_pid()
+    stale = tmp_path / f"{temp_prefix(out_dir)}{dead}-abc"
+    live = tmp_path / f"{temp_prefix(out_dir)}{os.getpid()}-def"
+    for d in (stale, live):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"partial")
+    remove_stale_temp_dirs(out_dir)
+    assert not stale.exists() and live.exists()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
 
 
 def test_tokenizer_files_name_the_real_eos_and_carry_the_chat_template(smollm2_dir: Path) -> None:
@@ -63,3 +87,15 @@ def test_tokenizer_files_name_the_real_eos_and_carry_the_chat_template(smollm2_d
     assert config["eos_token"] == "<|im_end|>" and config["bos_token"] == "<|im_start|>"
     assert "<|im_start|>" in config["chat_template"]
     assert generation["eos_token_id"] == 2
+
+
+def test_cli_prepare_prints_the_directory_and_its_hash(smollm2_dir: Path) -> None:
+    from typer.testing import CliRunner
+
+    from replica.model.base_hash import base_model_hash
+    from replica.model.cli import app
+
+    result = CliRunner().invoke(app, ["prepare", "--out", str(smollm2_dir)])
+    assert result.exit_code == 0, result.output
+    assert f"model_dir: {smollm2_dir}" in result.stdout
+    assert f"base_model_hash: {base_model_hash(smollm2_dir)}" in result.stdout
