@@ -1,0 +1,273 @@
+"""AdapterCache: four tiers (GPU slots, host RAM, local disk, object store) behind one async interface.
+
+A miss promotes the adapter object store -> disk -> RAM -> GPU slot. Each step runs once however many
+callers want it (singleflight keyed by the step), in worker threads, so the event loop and the engine's
+decode steps keep running. The sha256 is checked when the file lands on disk and again when it leaves disk
+for RAM; shapes, rank, target modules and base hash are checked (replica.lora.weights) before a slot is
+written. Only idle adapters are evicted. Requests hold a pin from acquire() to release(); unload() waits
+for those pins to drain. Every load and eviction is reported to `on_event`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from replica.adapter_cache.disk import DiskTier
+from replica.adapter_cache.errors import AdapterNotRegisteredError, ChecksumMismatchError
+from replica.adapter_cache.gpu import GpuTier
+from replica.adapter_cache.host import HostAdapter, HostTier, pack
+from replica.adapter_cache.object_store import ObjectStore
+from replica.adapter_cache.record import AdapterRecord
+from replica.adapter_cache.tier import CacheEvent, RateWindow, Tier, satisfies
+from replica.errors import AdapterInUseError, NoFreeSlotError
+from replica.lora.slots import SlotRef
+from replica.lora.spec import AdapterSpec
+from replica.lora.weights import read_adapter
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Registry(Protocol):
+    async def get(self, adapter_id: str) -> AdapterRecord: ...
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A request's hold on an adapter in a GPU slot, and the tier it was found in when the request came."""
+
+    adapter_id: str
+    ref: SlotRef
+    found_in: Tier
+
+
+@dataclass(frozen=True)
+class CacheState:
+    gpu_adapters: list[str]
+    ram_adapters: list[str]
+    disk_adapters: list[str]
+    evictions_per_min: float
+    loads_per_min: float
+
+
+class AdapterCache:
+    """The replica's adapter cache; all methods are called from the server's event loop."""
+
+    def __init__(
+        self,
+        spec: AdapterSpec,
+        registry: Registry,
+        store: ObjectStore,
+        disk: DiskTier,
+        host: HostTier,
+        gpu: GpuTier,
+        on_event: Callable[[CacheEvent], None] = lambda _e: None,
+        slot_wait_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.spec, self.registry, self.store = spec, registry, store
+        self.disk, self.host, self.gpu = disk, host, gpu
+        self.on_event = on_event
+        self.slot_wait_s = slot_wait_s
+        self.records: dict[str, AdapterRecord] = {}
+        self.owned: set[str] = set()
+        self.gpu_evictions = RateWindow(clock=clock)
+        self.gpu_loads = RateWindow(clock=clock)
+        self._flights: dict[tuple[str, str], asyncio.Future[Any]] = {}
+        self._pin_host = gpu.device.type == "cuda"
+
+    # where adapters are
+
+    def tier_of(self, adapter_id: str) -> Tier:
+        if self.gpu.contains(adapter_id):
+            return "gpu"
+        if adapter_id in self.host:
+            return "ram"
+        record = self.records.get(adapter_id)
+        if record is not None and self.disk.find(record.digest) is not None:
+            return "disk"
+        return "remote"
+
+    def state(self) -> CacheState:
+        by_digest: dict[str, list[str]] = {}
+        for r in self.records.values():
+            by_digest.setdefault(r.digest, []).append(r.adapter_id)
+        on_disk = {name.split("_", 1)[0] for name in self.disk.names()}
+        disk_ids = sorted(i for d in on_disk for i in by_digest.get(d, []))
+        return CacheState(
+            self.gpu.adapter_ids(),
+            self.host.adapter_ids(),
+            disk_ids,
+            float(self.gpu_evictions.count()),
+            float(self.gpu_loads.count()),
+        )
+
+    # requests
+
+    async def acquire(self, adapter_id: str) -> Lease:
+        """Bring the adapter into a GPU slot and pin it for one request (release() when it ends)."""
+        found = self.tier_of(adapter_id)
+        deadline = time.monotonic() + self.slot_wait_s
+        while True:
+            ref = self.gpu.try_pin(adapter_id)
+            if ref is not None:
+                return Lease(adapter_id, ref, found)
+            try:
+                await self.ensure(adapter_id, "gpu")
+            except NoFreeSlotError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.02)  # every slot of its bucket is running: wait for one to drain
+
+    def release(self, lease: Lease) -> None:
+        self.gpu.release(lease.adapter_id)
+
+    # commands
+
+    async def own(self, adapter_id: str, target: Tier = "ram") -> Tier:
+        """This replica now owns the adapter: bring it to `target` (idempotent); return where it was."""
+        self.owned.add(adapter_id)
+        found = self.tier_of(adapter_id)
+        await self.ensure(adapter_id, target)
+        return found
+
+    async def unload(self, adapter_id: str, drain_timeout_s: float = 600.0) -> bool:
+        """No longer owned: once its requests drain, drop it from every tier (idempotent)."""
+        self.owned.discard(adapter_id)
+        for key in [k for k in self._flights if k[1] == adapter_id]:
+            await asyncio.gather(asyncio.shield(self._flights[key]), return_exceptions=True)
+        deadline = time.monotonic() + drain_timeout_s
+        while True:
+            try:
+                self.gpu.remove(adapter_id)
+                break
+            except AdapterInUseError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+        self.host.remove(adapter_id)
+        record = self.records.pop(adapter_id, None)
+        if record is not None and not any(r.digest == record.digest for r in self.records.values()):
+            name = self.disk.find(record.digest)
+            if name is not None:
+                await asyncio.to_thread(self.disk.remove, name)
+        return True
+
+    # promotion
+
+    async def ensure(self, adapter_id: str, target: Tier) -> None:
+        """Promote until the adapter is at least in `target` (each step singleflight)."""
+        if satisfies(self.tier_of(adapter_id), target):
+            return
+        if target == "gpu" and adapter_id in self.host:
+            await self._once("gpu", adapter_id, lambda: self._ram_to_gpu(adapter_id))
+            return
+        record = await self._once("record", adapter_id, lambda: self._record(adapter_id))
+        if target == "disk":
+            await self._disk_entry(record)
+            return
+        if adapter_id not in self.host:
+            await self._once("ram", adapter_id, lambda: self._to_ram(record))
+        if target == "gpu":
+            await self._once("gpu", adapter_id, lambda: self._ram_to_gpu(adapter_id))
+
+    async def _once(self, step: str, key: str, factory: Callable[[], Awaitable[T]]) -> T:
+        flight_key = (step, key)
+        fut = self._flights.get(flight_key)
+        if fut is None:
+            fut = asyncio.ensure_future(factory())
+            self._flights[flight_key] = fut
+            fut.add_done_callback(lambda _f: self._flights.pop(flight_key, None))
+        return await asyncio.shield(fut)
+
+    async def _record(self, adapter_id: str) -> AdapterRecord:
+        record = self.records.get(adapter_id)
+        if record is None:
+            record = await self.registry.get(adapter_id)
+            if record.adapter_id != adapter_id:
+                raise AdapterNotRegisteredError(f"registry answered for another adapter than {adapter_id!r}")
+            self.records[adapter_id] = record
+        return record
+
+    async def _disk_entry(self, record: AdapterRecord) -> str:
+        name = self.disk.find(record.digest)
+        if name is None:
+            name = await self._once("fetch", record.digest, lambda: self._fetch(record))
+        return name
+
+    async def _fetch(self, record: AdapterRecord) -> str:
+        start = time.perf_counter()
+        name, evicted, nbytes = await self.store.fetch(record, self.disk)
+        self._emit("load", record.adapter_id, "remote", "disk", time.perf_counter() - start, nbytes)
+        for victim in evicted:
+            for other in self._ids_with_digest(victim.split("_", 1)[0]):
+                self._emit("evict", other, "disk", None)
+        return name
+
+    async def _to_ram(self, record: AdapterRecord) -> None:
+        for attempt in (0, 1):
+            name = await self._disk_entry(record)
+            start = time.perf_counter()
+            try:
+                item, nbytes = await asyncio.to_thread(self._read_verified, name, record)
+                break
+            except ChecksumMismatchError:
+                if attempt == 1:
+                    raise
+                log.warning(
+                    "adapter %s: local copy failed verification, fetching it again", record.adapter_id
+                )
+        for victim in self.host.put(item):
+            self._emit("evict", victim, "ram", None)
+        self._emit("load", record.adapter_id, "disk", "ram", time.perf_counter() - start, nbytes)
+
+    def _read_verified(self, name: str, record: AdapterRecord) -> tuple[HostAdapter, int]:
+        """Worker thread: re-hash the disk entry, validate it against the served base, pack it for slots."""
+        if not self.disk.pin(name):
+            raise ChecksumMismatchError("the local copy was evicted before it was read")
+        try:
+            path = self.disk.verify(name)
+            weights = read_adapter(path, record.adapter_id, self.spec, record.base_model_hash)
+            nbytes = sum(p.stat().st_size for p in path.iterdir())
+        finally:
+            self.disk.unpin(name)
+        return pack(weights, record.digest, self.gpu.dtype, self._pin_host), nbytes
+
+    async def _ram_to_gpu(self, adapter_id: str) -> None:
+        item = self.host.get_pinned(adapter_id)
+        if item is None:
+            await self.ensure(adapter_id, "ram")
+            item = self.host.get_pinned(adapter_id)
+            assert item is not None
+        try:
+            start = time.perf_counter()
+            _ref, evicted = await asyncio.to_thread(self.gpu.load, item)
+        finally:
+            self.host.unpin(adapter_id)
+        if evicted is not None:
+            self.gpu_evictions.mark()
+            self._emit("evict", evicted, "gpu", "ram" if evicted in self.host else None)
+        self.gpu_loads.mark()
+        self._emit("load", adapter_id, "ram", "gpu", time.perf_counter() - start, item.nbytes)
+
+    def _ids_with_digest(self, digest: str) -> list[str]:
+        return [r.adapter_id for r in self.records.values() if r.digest == digest]
+
+    def _emit(
+        self,
+        kind: str,
+        adapter_id: str,
+        from_tier: Tier | None,
+        to_tier: Tier | None,
+        duration: float = 0.0,
+        nbytes: int = 0,
+    ) -> None:
+        try:
+            self.on_event(CacheEvent(kind, adapter_id, from_tier, to_tier, duration, nbytes))  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001 - reporting must never break a load
+            log.exception("cache event sink failed")

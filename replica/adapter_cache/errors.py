@@ -1,0 +1,51 @@
+"""Errors of the adapter cache: each failure to bring an adapter in has its own code and HTTP status."""
+
+from __future__ import annotations
+
+from replica.errors import ReplicaError
+
+
+class AdapterCacheError(ReplicaError):
+    """An adapter could not be brought into the cache."""
+
+    code = "adapter_loading_failed"
+    type = "server_error"
+    status = 503
+
+
+class AdapterNotRegisteredError(AdapterCacheError):
+    """The registry has no ready version under this adapter id."""
+
+    code = "adapter_not_found"
+    type = "invalid_request_error"
+    status = 404
+
+
+class ChecksumMismatchError(AdapterCacheError):
+    """The fetched bytes do not hash to the registered checksum; they never enter any tier."""
+
+    code = "adapter_invalid"
+    type = "invalid_request_error"
+    status = 424
+
+
+class ArtifactTooLargeError(AdapterCacheError):
+    """The object is larger than the cap on adapter bytes."""
+
+    code = "adapter_invalid"
+    type = "invalid_request_error"
+    status = 424
+
+
+class UnsupportedUriError(AdapterCacheError):
+    """weights_uri is not under an object-store prefix this replica may read."""
+
+    code = "adapter_invalid"
+    type = "invalid_request_error"
+    status = 424
+
+
+class TierFullError(AdapterCacheError):
+    """Every byte of a tier is held by adapters in use; nothing idle can be evicted to make room."""
+
+    code = "overloaded"

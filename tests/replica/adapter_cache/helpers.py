@@ -1,0 +1,147 @@
+"""Small real adapters, layers and a file:// object store for cache tests (no model, no network)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from replica.adapter_cache.cache import AdapterCache
+from replica.adapter_cache.disk import DiskTier
+from replica.adapter_cache.errors import AdapterNotRegisteredError
+from replica.adapter_cache.gpu import GpuTier
+from replica.adapter_cache.host import HostTier
+from replica.adapter_cache.object_store import ObjectStore
+from replica.adapter_cache.record import AdapterRecord
+from replica.adapter_cache.tier import CacheEvent
+from replica.lora.layers import LoraLinear
+from replica.lora.spec import MODULE_PARENTS, AdapterSpec
+
+BASE_HASH = "sha256:" + "b" * 64
+SPEC = AdapterSpec(
+    num_layers=2, shapes={"q_proj": (16, 16), "v_proj": (16, 8)}, max_rank=8, base_model_hash=BASE_HASH
+)
+
+
+def make_layers(capacities: dict[int, int]) -> dict[tuple[int, str], LoraLinear]:
+    torch.manual_seed(0)
+    return {
+        (layer, name): LoraLinear(nn.Linear(i, o, bias=False), capacities)
+        for layer in range(SPEC.num_layers)
+        for name, (i, o) in SPEC.shapes.items()
+    }
+
+
+def write_peft(
+    out: Path, seed: int, rank: int = 4, alpha: float = 8.0, nan: bool = False
+) -> dict[str, torch.Tensor]:
+    """A PEFT folder (adapter_config.json + adapter_model.safetensors) with random weights."""
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(SPEC.num_layers):
+        for name, (i, o) in SPEC.shapes.items():
+            prefix = f"base_model.model.model.layers.{layer}.{MODULE_PARENTS[name]}.{name}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, i, generator=g)
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(o, rank, generator=g)
+    if nan:
+        next(iter(tensors.values()))[0, 0] = float("nan")
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": list(SPEC.shapes)}
+    (out / "adapter_config.json").write_text(json.dumps(config))
+    return tensors
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256((path / "adapter_model.safetensors").read_bytes()).hexdigest()
+
+
+@dataclass
+class DictRegistry:
+    """The registry's answers held in a dict (the HTTP client is tested against the real gateway)."""
+
+    records: dict[str, AdapterRecord] = field(default_factory=dict)
+    calls: int = 0
+
+    async def get(self, adapter_id: str) -> AdapterRecord:
+        self.calls += 1
+        if adapter_id not in self.records:
+            raise AdapterNotRegisteredError(f"adapter {adapter_id!r} is not registered")
+        return self.records[adapter_id]
+
+
+@dataclass
+class Env:
+    cache: AdapterCache
+    registry: DictRegistry
+    store_root: Path
+    layers: dict[tuple[int, str], LoraLinear]
+    events: list[CacheEvent]
+
+    def add(self, adapter_id: str, seed: int, rank: int = 4, **kw: object) -> dict[str, torch.Tensor]:
+        folder = self.store_root / adapter_id
+        tensors = write_peft(folder, seed, rank, nan=bool(kw.pop("nan", False)))
+        record = AdapterRecord(
+            adapter_id,
+            f"file://{folder}",
+            str(kw.pop("digest", digest(folder))),
+            str(kw.pop("base_model_hash", BASE_HASH)),
+            rank,
+            tuple(SPEC.shapes),
+        )
+        self.registry.records[adapter_id] = record
+        return tensors
+
+    def loads(self, from_tier: str, adapter_id: str | None = None) -> list[CacheEvent]:
+        return [
+            e
+            for e in self.events
+            if e.kind == "load" and e.from_tier == from_tier and adapter_id in (None, e.adapter_id)
+        ]
+
+    def evictions(self, tier: str) -> list[CacheEvent]:
+        return [e for e in self.events if e.kind == "evict" and e.from_tier == tier]
+
+
+def make_env(
+    tmp: Path,
+    capacities: dict[int, int] | None = None,
+    disk_bytes: int = 1 << 30,
+    ram_bytes: int = 1 << 30,
+    slot_wait_s: float = 0.2,
+) -> Env:
+    store_root = tmp / "store"
+    store_root.mkdir()
+    layers = make_layers(capacities or {8: 4})
+    events: list[CacheEvent] = []
+    registry = DictRegistry()
+    cache = AdapterCache(
+        SPEC,
+        registry,
+        ObjectStore(None, file_roots=[store_root]),
+        DiskTier(tmp / "disk", disk_bytes),
+        HostTier(ram_bytes),
+        GpuTier(layers, capacities or {8: 4}),
+        on_event=events.append,
+        slot_wait_s=slot_wait_s,
+    )
+    return Env(cache, registry, store_root, layers, events)
+
+
+def slot_holds(layers: dict[tuple[int, str], LoraLinear], ref, tensors: dict[str, torch.Tensor]) -> bool:
+    """True when every adapted layer's slot holds exactly this adapter's A and B."""
+    for (layer, name), lin in layers.items():
+        prefix = f"base_model.model.model.layers.{layer}.{MODULE_PARENTS[name]}.{name}"
+        a, b = tensors[f"{prefix}.lora_A.weight"], tensors[f"{prefix}.lora_B.weight"]
+        pool = lin.pools[ref.bucket]
+        r = a.shape[0]
+        if not (torch.equal(pool.a[ref.index, :r], a) and torch.equal(pool.b[ref.index, :, :r], b)):
+            return False
+        if pool.a[ref.index, r:].abs().sum() != 0 or pool.b[ref.index, :, r:].abs().sum() != 0:
+            return False
+    return True

@@ -1,0 +1,137 @@
+"""The four-tier cache on real files, real safetensors and real LoRA layers (CPU)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from replica.adapter_cache.errors import ChecksumMismatchError
+from replica.errors import AdapterBaseMismatchError, AdapterNonFiniteError, NoFreeSlotError
+from tests.replica.adapter_cache.helpers import make_env, slot_holds
+
+
+async def test_a_miss_promotes_through_every_tier_and_reports_where_it_was_found(tmp_path: Path) -> None:
+    env = make_env(tmp_path)
+    tensors = env.add("acme-1", seed=1)
+    lease = await env.cache.acquire("acme-1")
+    assert lease.found_in == "remote"
+    assert [(e.from_tier, e.to_tier) for e in env.events if e.kind == "load"] == [
+        ("remote", "disk"),
+        ("disk", "ram"),
+        ("ram", "gpu"),
+    ]
+    assert all(e.bytes > 0 for e in env.events)
+    assert slot_holds(env.layers, lease.ref, tensors)
+    env.cache.release(lease)
+    again = await env.cache.acquire("acme-1")
+    assert again.found_in == "gpu" and again.ref == lease.ref
+    env.cache.release(again)
+    state = env.cache.state()
+    assert state.gpu_adapters == ["acme-1"] and state.ram_adapters == ["acme-1"]
+    assert state.disk_adapters == ["acme-1"] and state.loads_per_min == 1.0
+
+
+async def test_concurrent_requests_for_one_missing_adapter_trigger_a_single_load(tmp_path: Path) -> None:
+    env = make_env(tmp_path)
+    env.add("acme-1", seed=1)
+    leases = await asyncio.gather(*(env.cache.acquire("acme-1") for _ in range(8)))
+    assert len({lease.ref for lease in leases}) == 1
+    assert len(env.loads("remote")) == 1 and len(env.loads("disk")) == 1 and len(env.loads("ram")) == 1
+    assert env.registry.calls == 1
+    assert env.cache.gpu.ref_count("acme-1") == 8
+    for lease in leases:
+        env.cache.release(lease)
+    assert env.cache.gpu.ref_count("acme-1") == 0
+
+
+async def test_a_bad_checksum_never_reaches_any_tier(tmp_path: Path) -> None:
+    env = make_env(tmp_path)
+    env.add("acme-bad", seed=1, digest="0" * 64)
+    with pytest.raises(ChecksumMismatchError):
+        await env.cache.acquire("acme-bad")
+    assert env.cache.disk.names() == [] and env.cache.host.adapter_ids() == []
+    assert env.cache.gpu.adapter_ids() == []
+    assert list((tmp_path / "disk" / ".partial").iterdir()) == []  # no half-written download left behind
+
+
+async def test_a_file_corrupted_on_disk_after_verification_is_caught_at_promotion_and_fetched_again(
+    tmp_path: Path,
+) -> None:
+    env = make_env(tmp_path)
+    tensors = env.add("acme-1", seed=1)
+    assert await env.cache.own("acme-1", "disk") == "remote"
+    (name,) = env.cache.disk.names()
+    weights = tmp_path / "disk" / name / "adapter_model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[-3] ^= 0xFF  # one flipped bit in the tensor data: still parses, wrong numbers
+    weights.write_bytes(bytes(raw))
+    lease = await env.cache.acquire("acme-1")
+    assert lease.found_in == "disk"
+    assert len(env.loads("remote")) == 2
+    assert slot_holds(env.layers, lease.ref, tensors)
+
+
+async def test_an_adapter_for_another_base_or_with_nan_never_takes_a_slot(tmp_path: Path) -> None:
+    env = make_env(tmp_path)
+    env.add("other-base", seed=1, base_model_hash="sha256:" + "c" * 64)
+    env.add("nan", seed=2, nan=True)
+    with pytest.raises(AdapterBaseMismatchError):
+        await env.cache.acquire("other-base")
+    with pytest.raises(AdapterNonFiniteError):
+        await env.cache.acquire("nan")
+    assert env.cache.gpu.adapter_ids() == [] and env.cache.host.adapter_ids() == []
+
+
+async def test_more_active_adapters_than_slots_evicts_only_idle_ones_and_counts_evictions(
+    tmp_path: Path,
+) -> None:
+    env = make_env(tmp_path, capacities={8: 2}, slot_wait_s=0.1)
+    tensors = {f"a{i}": env.add(f"a{i}", seed=i) for i in range(5)}
+    held = [await env.cache.acquire("a0"), await env.cache.acquire("a1")]
+    with pytest.raises(NoFreeSlotError):  # both slots run requests: the third waits, then gives up
+        await env.cache.acquire("a2")
+    assert sorted(env.cache.gpu.adapter_ids()) == ["a0", "a1"]
+    env.cache.release(held[1])
+    lease = await env.cache.acquire("a2")  # evicts a1 (idle), never a0 (running)
+    assert sorted(env.cache.gpu.adapter_ids()) == ["a0", "a2"]
+    assert slot_holds(env.layers, held[0].ref, tensors["a0"]) and slot_holds(
+        env.layers, lease.ref, tensors["a2"]
+    )
+    env.cache.release(lease)
+    for name in ("a3", "a4", "a1"):
+        env.cache.release(await env.cache.acquire(name))
+        assert "a0" in env.cache.gpu.adapter_ids()
+    assert slot_holds(env.layers, held[0].ref, tensors["a0"])
+    assert [e.adapter_id for e in env.evictions("gpu")] == ["a1", "a2", "a3", "a4"]
+    assert env.cache.state().evictions_per_min == 4.0
+    env.cache.release(held[0])
+
+
+async def test_unload_of_an_adapter_with_running_requests_waits_for_them_to_drain(tmp_path: Path) -> None:
+    env = make_env(tmp_path)
+    env.add("acme-1", seed=1)
+    lease = await env.cache.own("acme-1", "gpu") and await env.cache.acquire("acme-1")
+    unload = asyncio.create_task(env.cache.unload("acme-1"))
+    await asyncio.sleep(0.2)
+    assert not unload.done() and env.cache.gpu.contains("acme-1")
+    env.cache.release(lease)
+    await asyncio.wait_for(unload, 5)
+    assert env.cache.tier_of("acme-1") == "remote"
+    assert env.cache.disk.names() == [] and env.cache.host.adapter_ids() == []
+    assert await env.cache.unload("acme-1")  # a redelivered command changes nothing
+
+
+async def test_ram_budget_keeps_the_most_recent_adapters(tmp_path: Path) -> None:
+    env = make_env(tmp_path)
+    env.add("a0", seed=0)
+    await env.cache.own("a0", "ram")
+    one = env.cache.host.used_bytes
+    env.cache.host.lru.budget = 2 * one
+    for name, seed in (("a1", 1), ("a2", 2)):
+        env.add(name, seed=seed)
+        await env.cache.own(name, "ram")
+    assert env.cache.host.adapter_ids() == ["a1", "a2"]
+    assert [e.adapter_id for e in env.evictions("ram")] == ["a0"]
+    assert env.cache.tier_of("a0") == "disk"
