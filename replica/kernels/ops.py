@@ -4,8 +4,9 @@ Semantics (every implementation equals replica.kernels.reference):
     lora_shrink: t[i] = a_stack[s_i] @ x[i]                      (zeros where s_i == -1)
     lora_expand: out[i] += scale[s_i] * (b_stack[s_i] @ t[i])    (untouched where s_i == -1)
 
-On CUDA, with replica.kernels.triton_ops importable, the Triton kernels run. Elsewhere the torch
-reference runs in row chunks, so a long prefill never gathers more than CHUNK_BYTES of adapter weights.
+On CUDA, with replica.kernels.triton_ops importable, the Triton kernels run. Elsewhere a torch path
+runs: when rows outnumber the distinct slots in use by DENSE_ROWS_PER_SLOT (prefill), one matmul against
+just those slots; otherwise (decode) the reference's per-row gather, in row chunks of at most CHUNK_BYTES.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from replica.kernels.segments import Segments
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 64 << 20
+DENSE_ROWS_PER_SLOT = 4  # prefill-like batches: multiply by the used slots instead of gathering per row
 
 
 def _rows_per_chunk(stack: torch.Tensor) -> int:
@@ -30,17 +32,28 @@ def _rows_per_chunk(stack: torch.Tensor) -> int:
     return max(1, CHUNK_BYTES // per_row)
 
 
+def _dense_over_used_slots(n: int, slot_of_row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """When many rows share few slots (prefill), return (used slots, row -> index in used); else None."""
+    used, inverse = torch.unique(slot_of_row, return_inverse=True)  # [num_used], [num_tokens]
+    if n < DENSE_ROWS_PER_SLOT * used.numel():
+        return None
+    return used.clamp(min=0).long(), inverse
+
+
 def _torch_shrink(
     x: torch.Tensor, a_stack: torch.Tensor, slot_of_row: torch.Tensor, segments: Segments | None = None
 ) -> torch.Tensor:
     # x [num_tokens, hidden_in]; a_stack [num_slots, rank, hidden_in] -> t [num_tokens, rank]
+    n, rank = x.shape[0], a_stack.shape[1]
+    dense = _dense_over_used_slots(n, slot_of_row)
+    if dense is not None:  # one matmul against the few slots in use, no per-row gather of A
+        used, inverse = dense
+        a_used = a_stack[used].float().reshape(-1, a_stack.shape[2])  # [num_used * rank, hidden_in]
+        t_all = (x.float() @ a_used.T).view(n, used.numel(), rank)  # [num_tokens, num_used, rank]
+        t = t_all.gather(1, inverse.view(n, 1, 1).expand(n, 1, rank)).squeeze(1)  # [num_tokens, rank]
+        return (t * (slot_of_row >= 0).unsqueeze(-1)).to(x.dtype)
     step = _rows_per_chunk(a_stack)
-    if x.shape[0] <= step:
-        return lora_shrink_ref(x, a_stack, slot_of_row)
-    parts = [
-        lora_shrink_ref(x[i : i + step], a_stack, slot_of_row[i : i + step])
-        for i in range(0, x.shape[0], step)
-    ]
+    parts = [lora_shrink_ref(x[i : i + step], a_stack, slot_of_row[i : i + step]) for i in range(0, n, step)]
     return torch.cat(parts)
 
 
@@ -53,8 +66,21 @@ def _torch_expand(
     segments: Segments | None = None,
 ) -> None:
     # out [num_tokens, hidden_out] (in place); t [num_tokens, rank]; b_stack [num_slots, hidden_out, rank]
+    n, rank = out.shape[0], b_stack.shape[2]
+    dense = _dense_over_used_slots(n, slot_of_row)
+    if dense is not None:
+        used, inverse = dense
+        valid = slot_of_row >= 0
+        row_scale = scale[slot_of_row.clamp(min=0).long()].float() * valid  # [num_tokens]
+        t_full = torch.zeros(n, used.numel(), rank, dtype=torch.float32, device=out.device)
+        t_full[torch.arange(n, device=out.device), inverse] = t.float() * row_scale.unsqueeze(-1)
+        b_used = (
+            b_stack[used].float().permute(1, 0, 2).reshape(b_stack.shape[1], -1)
+        )  # [hidden_out, used*rank]
+        out.add_((t_full.view(n, -1) @ b_used.T).to(out.dtype))
+        return
     step = _rows_per_chunk(b_stack)
-    for i in range(0, out.shape[0], step):
+    for i in range(0, n, step):
         lora_expand_ref(out[i : i + step], t[i : i + step], b_stack, scale, slot_of_row[i : i + step])
 
 

@@ -9,11 +9,13 @@ from replica.kernels import ops
 from replica.kernels.reference import lora_loop_ref
 
 
-@pytest.mark.parametrize("chunk_bytes", [ops.CHUNK_BYTES, 4096])
-def test_torch_path_equals_loop(chunk_bytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("n", "chunk_bytes"), [(37, ops.CHUNK_BYTES), (37, 4096), (300, ops.CHUNK_BYTES), (6, 4096)]
+)  # 300 rows over 6 slot values takes the dense path, the others the chunked gather
+def test_torch_path_equals_loop(n: int, chunk_bytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ops, "CHUNK_BYTES", chunk_bytes)
     gen = torch.Generator().manual_seed(0)
-    n, k, d, r, s = 37, 48, 40, 16, 5
+    k, d, r, s = 48, 40, 16, 5
     x = torch.randn(n, k, generator=gen)
     a, b = torch.randn(s, r, k, generator=gen), torch.randn(s, d, r, generator=gen)
     scale = torch.rand(s, generator=gen)

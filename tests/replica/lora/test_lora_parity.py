@@ -9,6 +9,7 @@ import torch
 
 from replica.engine.model_runner import ModelRunner, StepInput
 from replica.lora.merge import merge_adapter
+from replica.lora.spec import MODULE_PARENTS
 from replica.lora.weights import read_adapter
 from replica.model.loader import load_model
 from tests.replica.peft_util import AdapterRecipe, build_lora_model, make_peft_adapters
@@ -20,6 +21,11 @@ RECIPES = [
     AdapterRecipe("r32", 32, 32, targets=("k_proj", "o_proj", "gate_proj", "up_proj"), seed=4),
 ]
 CAPACITIES = {8: 2, 16: 2, 32: 2}
+
+
+def _module_path(key: tuple[int, str]) -> str:
+    layer, name = key
+    return f"model.layers.{layer}.{MODULE_PARENTS[name]}.{name}"
 
 
 def _check_parity(base_dir: Path, tmp_path: Path, ids: list[list[int]], atol: float) -> None:
@@ -35,6 +41,7 @@ def _check_parity(base_dir: Path, tmp_path: Path, ids: list[list[int]], atol: fl
         for i, n in enumerate(names)
     ]
     ours = runner.run(steps, all_logits=True)  # [num_tokens, vocab]
+    merged = load_model(base_dir, "float32", "cpu")  # one copy, restored after each adapter is folded in
     offset = 0
     for i, name in enumerate(names):
         n = len(ids[i])
@@ -52,10 +59,14 @@ def _check_parity(base_dir: Path, tmp_path: Path, ids: list[list[int]], atol: fl
             with peft_model.disable_adapter(), torch.no_grad():
                 base = peft_model(torch.tensor([ids[i]])).logits[0]
             assert (base - ref).abs().max() > 100 * atol
-            merged = load_model(base_dir, "float32", "cpu")
-            merge_adapter(merged, read_adapter(dirs[name], name, spec))
+            weights = read_adapter(dirs[name], name, spec)
+            touched = [merged.get_submodule(_module_path(key)).weight for key in weights.modules]
+            original = [w.clone() for w in touched]
+            merge_adapter(merged, weights)
             with torch.no_grad():
                 m = merged.compute_logits(merged(torch.tensor(ids[i]), torch.arange(n)))
+                for w, orig in zip(touched, original, strict=True):
+                    w.copy_(orig)
             torch.testing.assert_close(
                 m, ours[offset : offset + n], atol=atol, rtol=1e-4, msg=f"merged {name}"
             )
