@@ -45,7 +45,7 @@ class ByteLru(Generic[K]):
         self._sizes.move_to_end(key)
 
     def plan(self, size: int) -> list[K]:
-        """The idle keys, LRU first, that must go for `size` more bytes to fit (TierFullError if impossible)."""
+        """The idle keys, LRU first, that must go for `size` more bytes to fit (else TierFullError)."""
         if size > self.budget:
             raise TierFullError(f"{size} bytes exceed the whole {self.name} budget of {self.budget}")
         need = self.used + size - self.budget

@@ -1,0 +1,52 @@
+"""The replica's control loop: consume commands, publish state every second and cache events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from lorafleet.config import PlatformSettings
+from lorafleet.kafka import make_consumer, make_producer
+from replica.adapter_cache.cache import AdapterCache
+from replica.control.commands import CommandHandler, consume_commands
+from replica.control.events import EventPublisher
+from replica.control.state_publisher import publish_state
+from schemas.events import ReplicaState
+from schemas.topics import REPLICA_COMMANDS
+
+log = logging.getLogger(__name__)
+
+
+async def run_control(
+    platform: PlatformSettings,
+    replica_id: str,
+    cache: AdapterCache,
+    events: EventPublisher,
+    make_state: Callable[[], ReplicaState],
+    stop: asyncio.Event,
+    state_interval_s: float = 1.0,
+) -> None:
+    """Run until stop; each replica reads every command partition in a group of its own and filters by id."""
+    producer = make_producer(platform)
+    consumer = make_consumer(platform, REPLICA_COMMANDS.name, group_id=f"replica-{replica_id}")
+    await producer.start()
+    await consumer.start()
+    handler = CommandHandler(cache, replica_id)
+    tasks = [
+        asyncio.create_task(consume_commands(consumer, handler, stop), name="replica-commands"),
+        asyncio.create_task(
+            publish_state(producer, make_state, stop, state_interval_s), name="replica-state"
+        ),
+        asyncio.create_task(events.run(producer, stop), name="replica-events"),
+    ]
+    try:
+        await stop.wait()
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await consumer.stop()
+        with contextlib.suppress(Exception):
+            await producer.stop()
