@@ -143,3 +143,15 @@ def test_bad_requests_are_refused(tiny_model_dir: Path, adapters: dict[str, Path
     engine.add_request("x", PROMPT, greedy(3), "not-loaded")
     outs = run_all(engine)["x"]
     assert outs[-1].finished and outs[-1].finish_reason == "error" and "not-loaded" in outs[-1].error
+
+
+def test_step_refuses_a_row_whose_slot_holds_another_adapter(
+    tiny_model_dir: Path, adapters: dict[str, Path]
+) -> None:
+    engine, manager = make_engine(tiny_model_dir, adapters, {8: 2})
+    engine.add_request("x", PROMPT, greedy(5), "ad1")
+    engine.step()
+    ref = manager.table.lookup("ad1").ref
+    manager.table._by_slot[ref] = "ad2"  # simulate a slot-table bug: the slot now claims another adapter
+    with pytest.raises(AssertionError):
+        engine.step()
