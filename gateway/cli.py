@@ -143,3 +143,83 @@ def list_aliases(tenant: str | None = typer.Option(None, "--tenant")) -> None:
         typer.echo(
             f"{a['alias']:<40} -> {a['adapter_id']:<36} prev {a['previous_adapter_id']} rev {a['revision']}"
         )
+
+
+tenants_app = typer.Typer(no_args_is_help=True, help="Create and list tenants (with their rate limits).")
+keys_app = typer.Typer(no_args_is_help=True, help="Issue, list and revoke tenants' API keys.")
+
+
+async def _with_pool(fn, *args):
+    import asyncpg
+
+    pool = await asyncpg.create_pool(GatewayConfig.from_env().platform.database_url, min_size=1, max_size=2)
+    try:
+        return await fn(pool, *args)
+    finally:
+        await pool.close()
+
+
+@tenants_app.command("create")
+def create_tenant(
+    tenant_id: str,
+    requests_per_s: float | None = typer.Option(None, "--requests-per-s", min=0.001),
+    tokens_per_min: int | None = typer.Option(None, "--tokens-per-min", min=1),
+) -> None:
+    """Create TENANT_ID (or change its limits when it exists)."""
+    from gateway.tenants import create_tenant as create
+    from schemas.ids import TENANT_ID_RE
+
+    if not TENANT_ID_RE.fullmatch(tenant_id):
+        typer.echo(f"invalid tenant id {tenant_id!r}: lowercase letters, digits and '-'", err=True)
+        raise typer.Exit(1)
+    created = asyncio.run(_with_pool(create, tenant_id, requests_per_s, tokens_per_min))
+    typer.echo(f"tenant {tenant_id} {'created' if created else 'updated'}")
+
+
+@tenants_app.command("list")
+def list_tenants() -> None:
+    """List tenants with their limits."""
+
+    async def fetch(pool):
+        return await pool.fetch("SELECT tenant_id, requests_per_s, tokens_per_min FROM tenants ORDER BY 1")
+
+    for r in asyncio.run(_with_pool(fetch)):
+        typer.echo(
+            f"{r['tenant_id']:<24} {r['requests_per_s']:>8g} req/s {r['tokens_per_min']:>10} tokens/min"
+        )
+
+
+@keys_app.command("create")
+def create_key(tenant_id: str = typer.Option(..., "--tenant")) -> None:
+    """Issue an API key for a tenant. The secret is printed once and stored only as a hash."""
+    import asyncpg
+
+    from gateway.tenants import create_key as issue
+
+    try:
+        key = asyncio.run(_with_pool(issue, tenant_id))
+    except asyncpg.ForeignKeyViolationError as exc:
+        typer.echo(f"no tenant {tenant_id!r}; create it with `lorafleet tenants create`", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(f"key id: {key.key_id}\nsecret: {key.secret}\n(the secret is shown once; store it now)")
+
+
+@keys_app.command("revoke")
+def revoke_key(key_id: str) -> None:
+    """Revoke a key by its id; it stops working within seconds."""
+    from gateway.tenants import revoke_key as revoke
+
+    if not asyncio.run(_with_pool(revoke, key_id)):
+        typer.echo(f"no live key {key_id!r}", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"revoked {key_id}")
+
+
+@keys_app.command("list")
+def list_keys(tenant_id: str | None = typer.Option(None, "--tenant")) -> None:
+    """List keys (id, tenant, prefix, revoked) — never the secrets."""
+    from gateway.tenants import list_keys as fetch
+
+    for k in asyncio.run(_with_pool(fetch, tenant_id)):
+        state = f"revoked {k['revoked_at']:%Y-%m-%d %H:%M}" if k["revoked_at"] else "live"
+        typer.echo(f"{k['key_id']:<22} {k['tenant_id']:<20} {k['prefix']}…  {state}")

@@ -37,8 +37,29 @@ class GatewaySettings(BaseSettings):
     max_tensors: int = Field(default=4096, ge=1)
     validator_group: str = "registry-validator"
 
+    # The public OpenAI-compatible API (a listener of its own; tenants never see /internal).
+    public_host: str = "127.0.0.1"
+    public_port: int = 18080
+    public_url: str | None = None
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    default_max_tokens: int = Field(default=256, ge=1)
+    key_cache_ttl_s: float = Field(default=5.0, ge=0)
+    alias_cache_ttl_s: float = Field(default=10.0, ge=0)
+    # Router: affinity | random (the A/B baseline); owners per adapter; spill when owners are this busy.
+    routing_mode: str = "affinity"
+    owners_k: int = Field(default=2, ge=1)
+    spill_threshold_tokens: int = Field(default=4096, ge=0)
+    replica_stale_s: float = Field(default=3.0, gt=0)
+    # The replicas' service token (their LORAFLEET_REPLICA_SERVICE_TOKEN).
+    replica_service_token: SecretStr = SecretStr("dev-service-token")
+    replica_connect_timeout_s: float = Field(default=2.0, gt=0)
+    replica_read_timeout_s: float = Field(default=60.0, gt=0)
+
     def internal_base_url(self) -> str:
         return self.internal_url or f"http://{self.internal_host}:{self.internal_port}"
+
+    def public_base_url(self) -> str:
+        return self.public_url or f"http://{self.public_host}:{self.public_port}"
 
 
 class GatewayConfig:

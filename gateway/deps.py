@@ -11,6 +11,7 @@ from fastapi import Depends, Header, Request
 
 from gateway.errors import GatewayError, Unauthorized
 from gateway.registration_rules import RegistryRules
+from gateway.tenants import Caller
 from schemas.ids import ALIAS_RE
 
 
@@ -43,7 +44,13 @@ def valid_alias(alias: str) -> str:
     return alias
 
 
+async def public_caller(request: Request, authorization: str | None = Header(default=None)) -> Caller:
+    """The tenant behind the bearer API key (401 invalid_api_key for missing, unknown or revoked)."""
+    return await request.app.state.online.auth.authenticate(authorization)
+
+
 ServiceAuth = Annotated[None, Depends(require_service_token)]
 Pool = Annotated[asyncpg.Pool, Depends(get_pool)]
 Rules = Annotated[RegistryRules, Depends(get_rules)]
 AliasPath = Annotated[str, Depends(valid_alias)]
+PublicCaller = Annotated[Caller, Depends(public_caller)]

@@ -22,11 +22,14 @@ class GatewayError(Exception):
     status = 400
     type = "invalid_request_error"
 
-    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+    def __init__(
+        self, code: str, message: str, param: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.param = param
+        self.headers = headers
 
     def body(self) -> dict:
         detail = ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
@@ -57,6 +60,24 @@ class ServiceUnavailable(GatewayError):
     type = "server_error"
 
 
+class BadRequest(GatewayError):
+    """The public API's 400: a body that does not parse or a parameter we refuse."""
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+
+
+class RateLimited(GatewayError):
+    """A tenant limit; type names it (requests | tokens), as OpenAI does; Retry-After in headers."""
+
+    status = 429
+
+    def __init__(self, limit_type: str, message: str, headers: dict[str, str]) -> None:
+        super().__init__("rate_limit_exceeded", message, None, headers)
+        self.type = limit_type
+
+
 def _render(status: int, body: dict, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -66,7 +87,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_gateway_error(_req: Request, exc: GatewayError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
-        return _render(exc.status, exc.body(), headers)
+        return _render(exc.status, exc.body(), exc.headers or headers)
 
     async def on_validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}

@@ -1,0 +1,54 @@
+"""API-key authentication for the public API: bearer key -> tenant, with a short cache.
+
+The secret is hashed (sha256) before anything else; the stored hash is compared in constant time. Misses
+are cached too, briefly, so a flood of bad keys does not reach PostgreSQL for each try. A revoked key stops
+working within cache_ttl_s.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+
+import asyncpg
+
+from gateway.errors import Unauthorized
+from gateway.tenants import Caller, find_caller, key_hash
+
+INVALID_KEY = "Incorrect API key provided. You can find your API key in your lorafleet tenant settings."
+
+
+class KeyAuthenticator:
+    """Authenticate `Authorization: Bearer <key>` headers against api_keys."""
+
+    def __init__(self, pool: asyncpg.Pool, cache_ttl_s: float = 5.0, max_entries: int = 10_000) -> None:
+        self.pool = pool
+        self.cache_ttl_s = cache_ttl_s
+        self.max_entries = max_entries
+        self._cache: dict[str, tuple[float, Caller | None]] = {}
+
+    async def authenticate(self, authorization: str | None) -> Caller:
+        scheme, _, secret = (authorization or "").partition(" ")
+        secret = secret.strip()
+        if scheme.lower() != "bearer" or not secret or len(secret) > 256:
+            raise Unauthorized("invalid_api_key", INVALID_KEY)
+        digest = key_hash(secret)
+        now = time.monotonic()
+        cached = self._cache.get(digest)
+        if cached is not None and cached[0] > now:
+            caller = cached[1]
+        else:
+            caller = await self._lookup(digest)
+            if len(self._cache) >= self.max_entries:
+                self._cache.clear()
+            self._cache[digest] = (now + self.cache_ttl_s, caller)
+        if caller is None:
+            raise Unauthorized("invalid_api_key", INVALID_KEY)
+        return caller
+
+    async def _lookup(self, digest: str) -> Caller | None:
+        found = await find_caller(self.pool, digest)
+        if found is None:
+            return None
+        stored, caller = found
+        return caller if hmac.compare_digest(stored, digest) else None

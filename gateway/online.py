@@ -1,0 +1,155 @@
+"""The public gateway's per-process state and the steps every chat request goes through around the relay:
+admission (rate limit), upstream choice (router + replica client) and the one completion record."""
+
+from __future__ import annotations
+
+import logging
+import random
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from gateway.alias_cache import AliasCache
+from gateway.auth import KeyAuthenticator
+from gateway.completions import CompletionPublisher
+from gateway.config import GatewaySettings
+from gateway.metrics import GatewayMetrics
+from gateway.rate_limit import Decision, Limits, RateLimiter
+from gateway.replica_client import ReplicaClient, UpstreamStream
+from gateway.replica_view import ReplicaView
+from gateway.routing import ROUTING_MODES, RouterPolicy
+from gateway.tenants import Caller
+from schemas.events import RequestCompleted
+from schemas.openai import Usage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RequestRecord:
+    """Everything known about one request, filled in as it goes; finished exactly once."""
+
+    request_id: str
+    tenant_id: str
+    started: float
+    alias: str = ""
+    adapter_id: str | None = None
+    replica_id: str | None = None
+    tier: str | None = None
+    reserved_tokens: int = 0
+    max_tokens: int = 0
+    completion_tokens_seen: int = 0
+    ttft_s: float | None = None
+    usage: Usage | None = None
+    finished: bool = False
+    completion_id: str = field(default_factory=lambda: "chatcmpl-" + secrets.token_hex(12))
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def token_seen(self) -> None:
+        self.completion_tokens_seen += 1
+        if self.ttft_s is None:
+            self.ttft_s = time.perf_counter() - self.started
+
+
+class Online:
+    """One per public app: the caches, the limiter, the router's view and the clients."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        auth: KeyAuthenticator,
+        aliases: AliasCache,
+        view: ReplicaView,
+        replicas: ReplicaClient,
+        publisher: CompletionPublisher,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.settings = settings
+        self.auth = auth
+        self.aliases = aliases
+        self.view = view
+        self.replicas = replicas
+        self.publisher = publisher
+        self.metrics = metrics
+        self.limiter = RateLimiter()
+        self.route = ROUTING_MODES[settings.routing_mode]
+        self.policy = RouterPolicy(settings.owners_k, settings.spill_threshold_tokens)
+        self.rng = random.Random()
+
+    def admit(self, caller: Caller, rec: RequestRecord, tokens: int) -> Decision:
+        limits = Limits(caller.requests_per_s, caller.tokens_per_min)
+        decision = self.limiter.reserve(caller.tenant_id, limits, tokens, time.monotonic())
+        if decision.admitted:
+            rec.reserved_tokens = tokens
+            self.metrics.inflight_tokens.labels("default").inc(tokens)
+            self.metrics.inflight_requests.inc()
+        else:
+            self.metrics.rate_limited.labels(caller.tenant_id, decision.limit).inc()
+            self.metrics.requests.labels(caller.tenant_id, "429").inc()
+        return decision
+
+    async def open_upstream(self, rec: RequestRecord, body: dict) -> UpstreamStream:
+        assert rec.adapter_id is not None
+        plan = self.route(rec.adapter_id, self.view.live(), self.policy, self.rng)
+        upstream = await self.replicas.open(plan.replicas, body, self.view.mark_failed)
+        rec.replica_id = upstream.replica.replica_id
+        rec.tier = upstream.adapter_tier
+        self.view.add_inflight(rec.replica_id, rec.reserved_tokens)
+        return upstream
+
+    async def finish(self, rec: RequestRecord, status: str, error_code: str | None) -> None:
+        """Refund unused tokens, release the replica, count, log and publish requests.completed. Once."""
+        if rec.finished:
+            return
+        rec.finished = True
+        total = time.perf_counter() - rec.started
+        prompt = rec.usage.prompt_tokens if rec.usage else 0
+        completion = rec.usage.completion_tokens if rec.usage else rec.completion_tokens_seen
+        if rec.reserved_tokens:
+            # Keep what was really used (prompt + generated); estimate the prompt when the replica never said.
+            used = prompt + completion if rec.usage else min(rec.reserved_tokens, completion + 16)
+            self.limiter.refund(rec.tenant_id, rec.reserved_tokens - used, time.monotonic())
+            self.metrics.inflight_tokens.labels("default").dec(rec.reserved_tokens)
+            self.metrics.inflight_requests.dec()
+        if rec.replica_id is not None:
+            self.view.add_inflight(rec.replica_id, -rec.reserved_tokens)
+        http_status = {"ok": "200", "cancelled": "499"}.get(status, "error")
+        self.metrics.requests.labels(rec.tenant_id, http_status).inc()
+        self.metrics.duration.labels(rec.tenant_id).observe(total)
+        self.metrics.output_tokens.labels(rec.tenant_id).inc(completion)
+        if rec.ttft_s is not None:
+            self.metrics.ttft.labels(rec.tenant_id, rec.tier or "unknown").observe(rec.ttft_s)
+        log.info(
+            "request %s tenant=%s alias=%s adapter=%s replica=%s tier=%s status=%s code=%s "
+            "prompt=%d completion=%d ttft=%s total=%.3f",
+            rec.request_id,
+            rec.tenant_id,
+            rec.alias,
+            rec.adapter_id,
+            rec.replica_id,
+            rec.tier,
+            status,
+            error_code,
+            prompt,
+            completion,
+            f"{rec.ttft_s:.4f}" if rec.ttft_s is not None else None,
+            total,
+        )
+        if rec.adapter_id is None:
+            return
+        await self.publisher.publish(
+            RequestCompleted(
+                request_id=rec.request_id,
+                tenant_id=rec.tenant_id,
+                alias=rec.alias,
+                adapter_id=rec.adapter_id,
+                replica_id=rec.replica_id,
+                tier=rec.tier if rec.tier in ("gpu", "ram", "disk", "remote") else None,
+                status=status,
+                error_code=error_code,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                ttft_s=rec.ttft_s,
+                total_s=total,
+            )
+        )

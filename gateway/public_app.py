@@ -1,0 +1,125 @@
+"""Build the public OpenAI-compatible app (chat, models, health, metrics) and serve it with uvicorn.
+
+Its own listener, separate from /internal: tenants authenticate with API keys here, services with the
+service token there. Kafka feeds it replica.state (the router's view) and aliases.changed (the cache).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import asyncpg
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.alias_cache import AliasCache, consume_alias_changes
+from gateway.auth import KeyAuthenticator
+from gateway.completions import CompletionPublisher
+from gateway.config import GatewayConfig
+from gateway.errors import install_error_handlers
+from gateway.metrics import GatewayMetrics
+from gateway.online import Online
+from gateway.replica_client import ReplicaClient
+from gateway.replica_view import ReplicaView, consume_states
+from gateway.routes import chat, health, models
+
+log = logging.getLogger(__name__)
+
+
+class RequestIdMiddleware:
+    """Give every request an id (request.state.request_id) and answer it in x-request-id."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = "req_" + secrets.token_hex(12)
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
+                message["headers"] = [*headers, (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+async def _start_consumers(online: Online, config: GatewayConfig) -> list[asyncio.Task]:
+    """Follow replica.state and aliases.changed; wait (briefly) until both are positioned."""
+    ready_states, ready_aliases = asyncio.Event(), asyncio.Event()
+    tasks = [
+        asyncio.create_task(consume_states(config.platform, online.view, ready_states), name="replica-state"),
+        asyncio.create_task(
+            consume_alias_changes(config.platform, online.aliases, ready_aliases), name="aliases-changed"
+        ),
+    ]
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.gather(ready_states.wait(), ready_aliases.wait()), 20)
+    return tasks
+
+
+def build_public_app(config: GatewayConfig) -> FastAPI:
+    """The public app; its state is built in the lifespan (pool, caches, consumers, clients)."""
+    settings = config.gateway
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool = await asyncpg.create_pool(config.platform.database_url, min_size=1, max_size=10)
+        publisher = CompletionPublisher(config.platform)
+        await publisher.start()
+        online = Online(
+            settings=settings,
+            auth=KeyAuthenticator(pool, settings.key_cache_ttl_s),
+            aliases=AliasCache(pool, settings.alias_cache_ttl_s),
+            view=ReplicaView(settings.replica_stale_s),
+            replicas=ReplicaClient(
+                settings.replica_service_token.get_secret_value(),
+                settings.replica_connect_timeout_s,
+                settings.replica_read_timeout_s,
+            ),
+            publisher=publisher,
+            metrics=GatewayMetrics(),
+        )
+        app.state.online = online
+        tasks = await _start_consumers(online, config)
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await online.replicas.aclose()
+            await publisher.stop()
+            await pool.close()
+
+    app = FastAPI(title="lorafleet", lifespan=lifespan)
+    app.state.base_model_name = settings.served_model_dir.name
+    install_error_handlers(app)
+    app.include_router(chat.router)
+    app.include_router(models.router)
+    app.include_router(health.router)
+    app.add_middleware(RequestIdMiddleware)
+    return app
+
+
+def serve_public() -> None:
+    """Serve the public OpenAI-compatible API (chat completions, models) for tenants."""
+    import uvicorn
+
+    config = GatewayConfig.from_env()
+    uvicorn.run(
+        build_public_app(config),
+        host=config.gateway.public_host,
+        port=config.gateway.public_port,
+        log_level="warning",
+        access_log=False,
+    )

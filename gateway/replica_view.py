@@ -1,0 +1,106 @@
+"""The gateway's live replica table, fed by replica.state (every replica publishes once a second).
+
+A replica is live while its last state is fresher than stale_s and says ready, and it has not failed a
+connection since that state. Load is the larger of what it reported and the tokens this gateway has in
+flight on it now, so the router sees its own requests between two reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from aiokafka.structs import TopicPartition
+
+from gateway.routing import ReplicaLoad
+from lorafleet.config import PlatformSettings
+from lorafleet.kafka import make_consumer
+from schemas import topics
+from schemas.events import EventValidationError, ReplicaState, parse_event
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Entry:
+    state: ReplicaState
+    received: float
+    failed_at: float | None = None
+
+
+class ReplicaView:
+    """replica_id -> latest state; plus this gateway's own tokens in flight per replica."""
+
+    def __init__(self, stale_s: float = 3.0, clock=time.monotonic) -> None:
+        self.stale_s = stale_s
+        self.clock = clock
+        self._entries: dict[str, _Entry] = {}
+        self._inflight: dict[str, int] = {}
+
+    def apply(self, state: ReplicaState) -> None:
+        """Keep the newest state; its age counts from when the replica sent it, not when it arrived."""
+        age = max(0.0, time.time() - state.occurred_at.timestamp())
+        current = self._entries.get(state.replica_id)
+        if current is not None and current.state.occurred_at > state.occurred_at:
+            return
+        self._entries[state.replica_id] = _Entry(state, self.clock() - age)
+
+    def mark_failed(self, replica_id: str) -> None:
+        """A connection to it failed: not live until it reports again."""
+        entry = self._entries.get(replica_id)
+        if entry is not None:
+            entry.failed_at = self.clock()
+
+    def add_inflight(self, replica_id: str, tokens: int) -> None:
+        self._inflight[replica_id] = max(0, self._inflight.get(replica_id, 0) + tokens)
+
+    def inflight(self, replica_id: str) -> int:
+        return self._inflight.get(replica_id, 0)
+
+    def live(self) -> list[ReplicaLoad]:
+        now = self.clock()
+        out = []
+        for rid, e in self._entries.items():
+            if now - e.received > self.stale_s or e.state.status != "ready":
+                continue
+            if e.failed_at is not None and e.failed_at >= e.received:
+                continue
+            out.append(
+                ReplicaLoad(
+                    replica_id=rid,
+                    url=e.state.url,
+                    tokens_in_flight=max(e.state.tokens_in_flight, self.inflight(rid)),
+                    resident=frozenset(e.state.gpu_adapters) | frozenset(e.state.ram_adapters),
+                    gpu=frozenset(e.state.gpu_adapters),
+                )
+            )
+        return out
+
+
+async def consume_states(platform: PlatformSettings, view: ReplicaView, ready: asyncio.Event) -> None:
+    """Read replica.state from the newest offsets of every partition (no group: every gateway sees all)."""
+    consumer = make_consumer(platform, group_id=None, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = [TopicPartition(topics.REPLICA_STATE.name, p) for p in range(topics.REPLICA_STATE.partitions)]
+        consumer.assign(parts)
+        # States are per second: the last few seconds are enough to know the fleet at start-up.
+        since_ms = int((time.time() - view.stale_s) * 1000)
+        offsets = await consumer.offsets_for_times({p: since_ms for p in parts})
+        ends = await consumer.end_offsets(parts)
+        for p in parts:
+            found = offsets.get(p)
+            consumer.seek(p, found.offset if found is not None else ends[p])
+        ready.set()
+        async for msg in consumer:
+            try:
+                event = parse_event(msg.value, topics.REPLICA_STATE.name)
+            except EventValidationError as exc:
+                log.warning("ignoring a bad replica.state message: %s", exc)
+                continue
+            assert isinstance(event, ReplicaState)
+            view.apply(event)
+    finally:
+        await consumer.stop()

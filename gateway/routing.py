@@ -1,0 +1,81 @@
+"""Router policy, pure: which replicas to try for an adapter, in order.
+
+Affinity (the default): the adapter's owners are the top-k of schemas.rendezvous over the live replicas,
+the same function the placement worker uses; replicas that report the adapter resident (extra owners the
+placement worker added for a hot adapter, or spills) join them. The least-loaded of those goes first. When
+every one of them is over the spill threshold, the least-loaded live replica goes first instead. The rest
+follow in load order, so a connection failure before the first byte retries on the next one.
+Random: a uniformly random live replica first (the A/B baseline).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from schemas.rendezvous import owners
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """What the router knows of one live replica."""
+
+    replica_id: str
+    url: str
+    tokens_in_flight: int
+    resident: frozenset[str] = field(default_factory=frozenset)  # adapter ids in GPU or RAM
+    gpu: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    """Replicas to try in order, and why the first was chosen (owner | spill | random)."""
+
+    replicas: tuple[ReplicaLoad, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class RouterPolicy:
+    owners_k: int = 2
+    spill_threshold_tokens: int = 4096
+
+
+def _load_order(replicas: Sequence[ReplicaLoad]) -> list[ReplicaLoad]:
+    return sorted(replicas, key=lambda r: (r.tokens_in_flight, r.replica_id))
+
+
+def route_affinity(
+    adapter_id: str, live: Sequence[ReplicaLoad], policy: RouterPolicy, rng: random.Random
+) -> RoutePlan:
+    if not live:
+        return RoutePlan((), "none")
+    by_id = {r.replica_id: r for r in live}
+    owner_ids = set(owners(adapter_id, by_id, policy.owners_k))
+    owner_ids |= {r.replica_id for r in live if adapter_id in r.resident}
+    candidates = _load_order([by_id[i] for i in owner_ids])
+    rest = _load_order([r for r in live if r.replica_id not in owner_ids])
+    best = candidates[0]
+    if (
+        best.tokens_in_flight > policy.spill_threshold_tokens
+        and rest
+        and (rest[0].tokens_in_flight < best.tokens_in_flight)
+    ):
+        return RoutePlan((rest[0], *candidates, *rest[1:]), "spill")
+    return RoutePlan((*candidates, *rest), "owner")
+
+
+def route_random(
+    adapter_id: str, live: Sequence[ReplicaLoad], policy: RouterPolicy, rng: random.Random
+) -> RoutePlan:
+    if not live:
+        return RoutePlan((), "none")
+    first = rng.choice(list(live))
+    return RoutePlan((first, *_load_order([r for r in live if r is not first])), "random")
+
+
+ROUTING_MODES: dict[str, Callable[[str, Sequence[ReplicaLoad], RouterPolicy, random.Random], RoutePlan]] = {
+    "affinity": route_affinity,
+    "random": route_random,
+}

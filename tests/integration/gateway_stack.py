@@ -1,0 +1,213 @@
+"""A real online path for the gateway tests: a migrated database with two tenants, keys, ready adapters and
+aliases; two replica processes on SmolLM2 serving real PEFT adapters; a publisher of their replica.state
+(read from each replica's own /state, as the replica's Kafka loop does); the public gateway as a process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import asyncpg
+import httpx
+
+from gateway.tenants import create_key, create_tenant
+from lorafleet.config import PlatformSettings
+from lorafleet.db.migrate import migrate
+from lorafleet.kafka import make_producer
+from schemas.events import ReplicaState
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "gw-test-replica-token"
+ADAPTERS = {"acme-support-v1": "acme", "acme-support-v2": "acme", "globex-sales-v1": "globex"}
+ALIASES = {"acme/support:prod": "acme-support-v1", "globex/sales:prod": "globex-sales-v1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ReplicaProc:
+    replica_id: str
+    port: int
+    log: Path
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass
+class GatewayStack:
+    url: str
+    database_url: str
+    keys: dict[str, str]
+    replicas: dict[str, ReplicaProc]
+    env: dict[str, str]
+    gateway_log: Path
+    published: set[str] = field(default_factory=set)
+
+    async def state(self, replica_id: str) -> dict:
+        r = self.replicas[replica_id]
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+            resp = await c.get(f"{r.url}/internal/replicas/{replica_id}/state", timeout=5)
+            return resp.json()
+
+
+async def _seed(database_url: str, adapter_dirs: dict[str, Path], base_hash: str) -> dict[str, str]:
+    await migrate(database_url)
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    try:
+        await create_tenant(pool, "acme", 50, 200_000)
+        await create_tenant(pool, "globex", 2, 200_000)
+        for adapter_id, tenant in ADAPTERS.items():
+            await pool.execute(
+                """INSERT INTO adapters (adapter_id, tenant_id, version, base_model_hash, rank, alpha,
+                       target_modules, weights_uri, checksum, status)
+                   VALUES ($1, $2, $3, $4, 8, 16, '{q_proj,v_proj}', $5, $6, 'ready')""",
+                adapter_id,
+                tenant,
+                2 if adapter_id.endswith("v2") else 1,
+                base_hash,
+                f"s3://lorafleet-adapters/adapters/{tenant}/{adapter_id}",
+                "sha256:" + "0" * 64,
+            )
+        for alias, adapter_id in ALIASES.items():
+            await pool.execute(
+                "INSERT INTO aliases (alias, tenant_id, adapter_id) VALUES ($1, $2, $3)",
+                alias,
+                alias.split("/")[0],
+                adapter_id,
+            )
+        return {t: (await create_key(pool, t)).secret for t in ("acme", "globex")}
+    finally:
+        await pool.close()
+
+
+async def _publish_states(platform: PlatformSettings, stack: GatewayStack) -> None:
+    """Every 0.5 s, a replica.state per replica that answers its /state (a killed one goes stale)."""
+    producer = make_producer(platform)
+    await producer.start()
+    try:
+        while True:
+            for rid, r in stack.replicas.items():
+                try:
+                    st = await stack.state(rid)
+                except httpx.HTTPError:
+                    continue
+                event = ReplicaState(
+                    replica_id=rid,
+                    url=r.url,
+                    gpu_adapters=st["gpu_adapters"],
+                    ram_adapters=st["ram_adapters"],
+                    gpu_slots=st["gpu_slots"],
+                    queue_depth=st["queue_depth"],
+                    tokens_in_flight=st["tokens_in_flight"],
+                )
+                await producer.send(event.topic.name, event.to_bytes(), key=event.key().encode())
+                stack.published.add(rid)
+            await asyncio.sleep(0.5)
+    finally:
+        await producer.stop()
+
+
+def start_replica(r: ReplicaProc, env: dict[str, str]) -> None:
+    cmd = [sys.executable, "-m", "lorafleet.cli", "replica", "serve", "--replica-id", r.replica_id]
+    with open(r.log, "ab") as log:
+        r.proc = subprocess.Popen(
+            [*cmd, "--port", str(r.port)], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT
+        )
+
+
+async def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient() as c:
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"{url}: process exited with {proc.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if (await c.get(url, timeout=1)).status_code == 200:
+                    return
+            await asyncio.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@contextlib.asynccontextmanager
+async def gateway_stack(
+    platform: PlatformSettings, adapter_root: Path, base_hash: str, work: Path
+) -> AsyncIterator[GatewayStack]:
+    name = f"gw_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(platform.database_url)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await admin.close()
+    database_url = platform.database_url.rsplit("/", 1)[0] + f"/{name}"
+    keys = await _seed(database_url, {k: adapter_root / k for k in ADAPTERS}, base_hash)
+    env = {
+        **os.environ,
+        "LORAFLEET_KAFKA_BOOTSTRAP": platform.kafka_bootstrap,
+        "LORAFLEET_DATABASE_URL": database_url,
+        "LORAFLEET_REPLICA_SERVICE_TOKEN": TOKEN,
+        "LORAFLEET_REPLICA_ADAPTER_ROOT": str(adapter_root),
+        "LORAFLEET_REPLICA_MAX_NUM_SEQS": "8",
+        "LORAFLEET_REPLICA_BASE_MODEL_HASH": base_hash,
+        "LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN": TOKEN,
+        "LORAFLEET_GATEWAY_REPLICA_STALE_S": "1.5",
+        "LORAFLEET_GATEWAY_KEY_CACHE_TTL_S": "0.5",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    replicas = {rid: ReplicaProc(rid, free_port(), work / f"{rid}.log") for rid in ("gwt-a", "gwt-b")}
+    port = free_port()
+    env["LORAFLEET_GATEWAY_PUBLIC_PORT"] = str(port)
+    stack = GatewayStack(f"http://127.0.0.1:{port}", database_url, keys, replicas, env, work / "gateway.log")
+    for r in replicas.values():
+        start_replica(r, env)
+    with open(stack.gateway_log, "ab") as log:
+        gw = subprocess.Popen(
+            [sys.executable, "-m", "lorafleet.cli", "public-gateway"],
+            env=env,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    publisher = None
+    try:
+        for r in replicas.values():
+            await wait_http(f"{r.url}/health", 120, r.proc)
+        await wait_http(f"{stack.url}/health", 60, gw)
+        publisher = asyncio.create_task(_publish_states(platform, stack))
+        await wait_http(f"{stack.url}/ready", 30, gw)
+        yield stack
+    finally:
+        if publisher is not None:
+            publisher.cancel()
+            await asyncio.gather(publisher, return_exceptions=True)
+        stop(gw)
+        for r in replicas.values():
+            stop(r.proc)
+        admin = await asyncpg.connect(platform.database_url)
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()

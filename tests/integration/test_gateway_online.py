@@ -1,0 +1,291 @@
+"""The public gateway end to end: the official openai client, two real SmolLM2 replicas with real PEFT
+adapters, the real PostgreSQL and Kafka. Tests are ordered: the last ones kill replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+
+import asyncpg
+import httpx
+import openai
+import pytest
+
+from gateway import aliases
+from gateway.demo_adapters import make_peft_adapters
+from lorafleet.kafka import make_producer
+from replica.model.prepare import ensure_default_model
+from schemas.events import AliasChanged
+from tests.integration.gateway_stack import ADAPTERS, GatewayStack, gateway_stack, start_replica, wait_http
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CHAT = {"model": "acme/support:prod", "messages": [{"role": "user", "content": "Tell me a long story."}]}
+
+
+@pytest.fixture(scope="module")
+async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GatewayStack]:
+    from replica.model.base_hash import base_model_hash
+
+    model_dir = ensure_default_model()
+    base_hash = base_model_hash(model_dir)
+    root = tmp_path_factory.mktemp("adapters")
+    await asyncio.to_thread(make_peft_adapters, model_dir, root, list(ADAPTERS), base_hash)
+    async with gateway_stack(services.settings(), root, base_hash, tmp_path_factory.mktemp("gw")) as s:
+        deadline = time.monotonic() + 20
+        async with httpx.AsyncClient() as c:
+            while len((await c.get(f"{s.url}/ready")).json()["replicas"]) < 2:
+                assert time.monotonic() < deadline, "both replicas should become live"
+                await asyncio.sleep(0.3)
+        yield s
+
+
+def _auth(stack: GatewayStack, tenant: str = "acme") -> dict[str, str]:
+    return {"Authorization": f"Bearer {stack.keys[tenant]}"}
+
+
+async def _sse(resp: httpx.Response) -> AsyncIterator[tuple[str | None, str]]:
+    """(event, data) per SSE event; comments (pings) skipped."""
+    event, data = None, []
+    async for line in resp.aiter_lines():
+        if line == "":
+            if data:
+                yield event, "\n".join(data)
+            event, data = None, []
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].strip())
+
+
+async def _chunks(size: int, count: int) -> AsyncIterator[bytes]:
+    """A body with no Content-Length (chunked transfer)."""
+    for _ in range(count):
+        yield b"x" * size
+
+
+async def _busy_replica(stack: GatewayStack) -> str:
+    """The replica with a request in flight now."""
+    for _ in range(50):
+        for rid in stack.replicas:
+            try:
+                st = await stack.state(rid)
+            except httpx.HTTPError:
+                continue
+            if st["queue_depth"] or st["tokens_in_flight"]:
+                return rid
+        await asyncio.sleep(0.05)
+    raise AssertionError("no replica has the request in flight")
+
+
+async def test_openai_client_streams_chunks_usage_and_adapter_headers(stack: GatewayStack) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys["acme"], max_retries=0)
+    raw = await client.chat.completions.with_raw_response.create(
+        model="acme/support:prod",
+        messages=[{"role": "user", "content": "Say hello."}],
+        max_completion_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    assert raw.headers["x-adapter-id"] == "acme-support-v1"
+    assert raw.headers["x-adapter-tier"] in {"gpu", "ram", "disk", "remote"}
+    assert raw.headers["x-request-id"].startswith("req_")
+    chunks = [c async for c in raw.parse()]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+    assert chunks[-2].choices[0].finish_reason in {"stop", "length"}
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert len({c.id for c in chunks}) == 1
+
+
+async def test_openai_client_non_streaming_has_usage(stack: GatewayStack) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys["globex"], max_retries=0)
+    done = await client.chat.completions.create(
+        model="globex/sales:prod", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, seed=1
+    )
+    assert done.object == "chat.completion" and done.choices[0].finish_reason in {"stop", "length"}
+    assert done.usage.prompt_tokens > 0 and 1 <= done.usage.completion_tokens <= 4
+    models = await client.models.list()
+    assert [m.id for m in models.data] == ["globex/sales:prod"]
+
+
+async def test_bad_keys_are_401_with_one_body(stack: GatewayStack) -> None:
+    pool = await asyncpg.create_pool(stack.database_url, min_size=1, max_size=1)
+    from gateway.tenants import create_key, revoke_key
+
+    revoked = await create_key(pool, "acme")
+    await revoke_key(pool, revoked.key_id)
+    await pool.close()
+    bodies = set()
+    async with httpx.AsyncClient(base_url=stack.url) as c:
+        for headers in (
+            {},
+            {"Authorization": "Bearer lf-nope"},
+            {"Authorization": f"Bearer {revoked.secret}"},
+        ):
+            resp = await c.post("/v1/chat/completions", json=CHAT, headers=headers)
+            assert resp.status_code == 401
+            assert resp.json()["error"]["code"] == "invalid_api_key"
+            bodies.add(resp.content)
+    assert len(bodies) == 1
+
+
+async def test_other_tenants_alias_is_the_same_404_as_an_unknown_one(stack: GatewayStack) -> None:
+    async with httpx.AsyncClient(base_url=stack.url, headers=_auth(stack)) as c:
+        theirs = await c.post("/v1/chat/completions", json={**CHAT, "model": "globex/sales:prod"})
+        unknown = await c.post("/v1/chat/completions", json={**CHAT, "model": "globex/nothing:prod"})
+        garbage = await c.post("/v1/chat/completions", json={**CHAT, "model": "no such model"})
+    assert theirs.status_code == unknown.status_code == garbage.status_code == 404
+    assert theirs.content == unknown.content == garbage.content
+    assert theirs.json()["error"] == {
+        "message": "The model does not exist or you do not have access to it.",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
+
+
+@pytest.mark.parametrize(
+    "change, code, param",
+    [
+        ({"n": 2}, "invalid_parameter", "n"),
+        ({"temperature": 5}, "invalid_parameter", "temperature"),
+        ({"messages": []}, "invalid_parameter", "messages"),
+        ({"max_tokens": -1}, "invalid_parameter", "max_tokens"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "invalid_parameter", "stop"),
+        ({"messages": [{"role": "user", "content": "word " * 5000}]}, "context_length_exceeded", "messages"),
+    ],
+)
+async def test_bad_parameters_are_400(stack: GatewayStack, change: dict, code: str, param: str) -> None:
+    async with httpx.AsyncClient(base_url=stack.url, headers=_auth(stack)) as c:
+        resp = await c.post("/v1/chat/completions", json={**CHAT, **change, "max_tokens": 4} | change)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["code"] == code and resp.json()["error"]["param"] == param
+
+
+async def test_invalid_json_is_400_and_oversized_body_is_413(stack: GatewayStack) -> None:
+    async with httpx.AsyncClient(base_url=stack.url, headers=_auth(stack)) as c:
+        bad = await c.post(
+            "/v1/chat/completions", content=b'{"model": ', headers={"content-type": "application/json"}
+        )
+        huge = await c.post("/v1/chat/completions", content=b"x" * (2 << 20))
+        chunked = await c.post("/v1/chat/completions", content=_chunks(65536, 40))
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+    assert huge.status_code == 413 and chunked.status_code == 413
+    assert huge.json()["error"]["code"] == "request_too_large"
+
+
+async def test_burst_over_the_limit_gets_429_and_other_tenant_is_unaffected(stack: GatewayStack) -> None:
+    await asyncio.sleep(1.1)  # globex's 2 requests/s bucket refills
+    body = {"model": "globex/sales:prod", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    acme = {**CHAT, "max_tokens": 1}
+    async with httpx.AsyncClient(base_url=stack.url, timeout=60) as c:
+        burst = [c.post("/v1/chat/completions", json=body, headers=_auth(stack, "globex")) for _ in range(8)]
+        others = [c.post("/v1/chat/completions", json=acme, headers=_auth(stack)) for _ in range(3)]
+        results = await asyncio.gather(*burst, *others)
+    statuses = sorted(r.status_code for r in results[:8])
+    assert statuses == [200, 200] + [429] * 6
+    limited = next(r for r in results[:8] if r.status_code == 429)
+    assert int(limited.headers["retry-after"]) >= 1
+    assert limited.json()["error"]["code"] == "rate_limit_exceeded"
+    assert [r.status_code for r in results[8:]] == [200, 200, 200]
+
+
+async def test_client_disconnect_frees_the_replica_within_a_second(stack: GatewayStack) -> None:
+    async with httpx.AsyncClient(base_url=stack.url, headers=_auth(stack), timeout=60) as c:
+        async with c.stream(
+            "POST", "/v1/chat/completions", json={**CHAT, "max_tokens": 400, "stream": True}
+        ) as r:
+            seen = 0
+            async for _event, _data in _sse(r):
+                seen += 1
+                if seen == 3:
+                    busy = await _busy_replica(stack)
+                    break
+    closed = time.monotonic()
+    while (await stack.state(busy))["tokens_in_flight"] or (await stack.state(busy))["queue_depth"]:
+        assert time.monotonic() - closed < 1.5, "the replica should abort the generation"
+        await asyncio.sleep(0.05)
+
+
+async def test_alias_flip_sends_new_requests_to_the_new_version_while_running_ones_finish(
+    stack: GatewayStack, services
+) -> None:
+    pool = await asyncpg.create_pool(stack.database_url, min_size=1, max_size=2)
+    producer = make_producer(services.settings())
+    await producer.start()
+    try:
+        async with httpx.AsyncClient(base_url=stack.url, headers=_auth(stack), timeout=60) as c:
+            body = {**CHAT, "max_tokens": 40, "stream": True}
+            async with c.stream("POST", "/v1/chat/completions", json=body) as running:
+                assert running.headers["x-adapter-id"] == "acme-support-v1"
+                view, changed = await aliases.set_alias(pool, "acme/support:prod", "acme-support-v2")
+                assert changed
+                event = AliasChanged(
+                    alias=view.alias, tenant_id="acme", adapter_id=view.adapter_id, revision=view.revision
+                )
+                await producer.send_and_wait(event.topic.name, event.to_bytes(), key=event.key().encode())
+                deadline = time.monotonic() + 5
+                while True:
+                    fresh = await c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 1})
+                    if fresh.headers["x-adapter-id"] == "acme-support-v2":
+                        break
+                    assert time.monotonic() < deadline, "new requests should reach the new version"
+                    await asyncio.sleep(0.1)
+                events = [(e, d) async for e, d in _sse(running)]
+            assert events[-1] == (None, "[DONE]")
+    finally:
+        await aliases.set_alias(pool, "acme/support:prod", "acme-support-v1")
+        event = AliasChanged(
+            alias="acme/support:prod", tenant_id="acme", adapter_id="acme-support-v1", revision=3
+        )
+        await producer.send_and_wait(event.topic.name, event.to_bytes(), key=event.key().encode())
+        await producer.stop()
+        await pool.close()
+
+
+async def test_killing_the_owner_mid_stream_ends_with_an_error_event_and_next_goes_elsewhere(
+    stack: GatewayStack,
+) -> None:
+    async with httpx.AsyncClient(base_url=stack.url, headers=_auth(stack), timeout=60) as c:
+        body = {**CHAT, "max_tokens": 400, "stream": True}
+        async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+            events = []
+            async for event, data in _sse(r):
+                events.append((event, data))
+                if len(events) == 3:
+                    victim = await _busy_replica(stack)
+                    os.kill(stack.replicas[victim].proc.pid, signal.SIGKILL)
+        assert events[-1][0] == "error" and json.loads(events[-1][1])["error"]["code"] == "replica_lost"
+        assert all(d != "[DONE]" for _, d in events)
+        survivor = next(rid for rid in stack.replicas if rid != victim)
+        nxt = await c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2})
+        assert nxt.status_code == 200, nxt.text
+        client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys["acme"], max_retries=0)
+        stream = await client.chat.completions.create(**CHAT, max_tokens=30, stream=True)
+        async for _chunk in stream:
+            assert (await _busy_replica(stack)) == survivor
+            break
+        await stream.close()
+    stack.replicas[victim].proc.wait(5)
+    start_replica(stack.replicas[victim], stack.env)
+    await wait_http(f"{stack.replicas[victim].url}/health", 120, stack.replicas[victim].proc)
+
+
+async def test_no_live_replica_is_503_with_retry_after(stack: GatewayStack) -> None:
+    for r in stack.replicas.values():
+        r.proc.send_signal(signal.SIGSTOP)  # the state publisher gets no answer; states go stale
+    try:
+        await asyncio.sleep(2.5)
+        async with httpx.AsyncClient(base_url=stack.url, headers=_auth(stack), timeout=10) as c:
+            resp = await c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 1})
+        assert resp.status_code == 503 and int(resp.headers["retry-after"]) >= 1
+        assert resp.json()["error"]["code"] == "no_replica_available"
+    finally:
+        for r in stack.replicas.values():
+            r.proc.send_signal(signal.SIGCONT)
