@@ -22,12 +22,16 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("bench.cli", "app", "Benchmarks that print JSON."),
     "adapters": ("gateway.cli", "adapters_app", "Register and list adapter versions."),
     "alias": ("gateway.cli", "alias_app", "Deploy, roll back and list aliases."),
+    "tenants": ("gateway.cli", "tenants_app", "Create and list tenants (with their rate limits)."),
+    "keys": ("gateway.cli", "keys_app", "Issue, list and revoke tenants' API keys."),
 }
 
 # Single commands that are a whole process each.
 COMMANDS: dict[str, tuple[str, str]] = {
     "relay": ("lorafleet.outbox.relay_cli", "relay"),
     "gateway": ("gateway.main", "serve"),
+    "public-gateway": ("gateway.public_app", "serve_public"),
+    "demo": ("gateway.demo", "demo"),
     "registry-validator": ("gateway.validator_main", "registry_validator"),
     "placement-worker": ("placement_worker.main", "placement_worker"),
     "stats-stream": ("stats_stream.cli", "stats_stream"),
