@@ -41,9 +41,14 @@ async def run_control(
         ),
         asyncio.create_task(events.run(producer, stop), name="replica-events"),
     ]
+    waiter = asyncio.create_task(stop.wait())
     try:
-        await stop.wait()
+        done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        for task in done - {waiter}:
+            if task.exception() is not None:  # a loop died: stop the rest rather than serve half a replica
+                log.error("control loop %s failed: %r", task.get_name(), task.exception())
     finally:
+        waiter.cancel()
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         with contextlib.suppress(Exception):
