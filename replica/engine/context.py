@@ -21,9 +21,13 @@ class Context:
     # decode sequences (one new token each), attended together
     decode_token_idx: torch.Tensor  # [num_decodes] long: index of the token in the packed batch
     decode_rows: torch.Tensor  # [num_decodes] long: KV-cache row
-    decode_context_lens: torch.Tensor  # [num_decodes] long: tokens in cache including the new one
+    # decode attention runs over the cache rows 0..decode_span-1 as a view (no copy of the cache);
+    # decode_mask [decode_span, 1, 1, max_decode_context_len] keeps each decoding row's own positions
+    # (rows that are not decoding keep position 0 only, so their unused output stays finite)
+    decode_mask: torch.Tensor
     max_decode_context_len: int
     lora: LoraBatchMeta | None = None
+    decode_span: int = 0
 
 
 _CONTEXT: Context | None = None

@@ -51,6 +51,7 @@ class ModelRunner:
             else:
                 prefills.append((s.row, offset, n, s.start_pos + n))
             offset += n
+        span = max(dec_rows, default=-1) + 1
         segmented = dev.type == "cuda" and offset > len(steps)
         lora = build_batch_meta([(s.slot, len(s.token_ids)) for s in steps], dev, segmented)
         return Context(
@@ -58,10 +59,19 @@ class ModelRunner:
             prefills=prefills,
             decode_token_idx=torch.tensor(dec_idx, dtype=torch.long, device=dev),
             decode_rows=torch.tensor(dec_rows, dtype=torch.long, device=dev),
-            decode_context_lens=torch.tensor(dec_lens, dtype=torch.long, device=dev),
+            decode_span=span,
+            decode_mask=self._decode_mask(dec_rows, dec_lens, span),
             max_decode_context_len=max(dec_lens, default=0),
             lora=lora,
         )
+
+    def _decode_mask(self, rows: list[int], lens: list[int], span: int) -> torch.Tensor:
+        """[span, 1, 1, width] bool: row r sees its first lens positions; rows not decoding see position 0."""
+        width = max(lens, default=0)
+        row_len = torch.ones(span, dtype=torch.long)
+        row_len[torch.tensor(rows, dtype=torch.long)] = torch.tensor(lens, dtype=torch.long)
+        keep = torch.arange(width)[None, :] < row_len[:, None]  # [span, width]
+        return keep[:, None, None, :].to(self.device)
 
     @torch.inference_mode()
     def run(self, steps: list[StepInput], all_logits: bool = False) -> torch.Tensor:

@@ -212,15 +212,18 @@ class LlamaAttention(nn.Module):
             )
             out[start : start + length] = o.transpose(0, 1)
         if ctx.decode_token_idx.numel():
-            width = ctx.max_decode_context_len
-            qd = q[ctx.decode_token_idx].unsqueeze(2)  # [num_decodes, heads, 1, head_dim]
-            kd = kc[ctx.decode_rows, :, :width]  # [num_decodes, kv_heads, width, head_dim]
-            vd = vc[ctx.decode_rows, :, :width]
-            keep = torch.arange(width, device=q.device)[None, :] < ctx.decode_context_lens[:, None]
+            span, width = ctx.decode_span, ctx.max_decode_context_len
+            qd = q.new_zeros(span, self.num_heads, 1, self.head_dim)  # [span, heads, 1, head_dim]
+            qd[ctx.decode_rows] = q[ctx.decode_token_idx].unsqueeze(2)
             o = F.scaled_dot_product_attention(
-                qd, kd, vd, attn_mask=keep[:, None, None, :], scale=self.scale, enable_gqa=True
-            )  # [num_decodes, heads, 1, head_dim]
-            out[ctx.decode_token_idx] = o.squeeze(2)
+                qd,
+                kc[:span, :, :width],
+                vc[:span, :, :width],
+                attn_mask=ctx.decode_mask,
+                scale=self.scale,
+                enable_gqa=True,
+            )  # [span, heads, 1, head_dim]
+            out[ctx.decode_token_idx] = o[ctx.decode_rows].squeeze(2)
         return out
 
 
