@@ -1,0 +1,171 @@
+"""`lorafleet demo`: seed the local stack with two tenants, their keys, three real PEFT adapters and aliases,
+idempotently, then print a working curl command and an openai-client snippet.
+
+Adapters are made with peft on the served base under .data/demo/adapters, uploaded to the object store and
+registered through the internal API (the registry validator marks them ready); aliases then point at them.
+Demo keys are kept in .data/demo/keys.json (mode 600) so a rerun prints the same working key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import httpx
+import typer
+
+from gateway.config import GatewayConfig
+from gateway.demo_adapters import make_peft_adapters
+
+TENANTS = {"acme": (20.0, 200_000), "globex": (5.0, 100_000)}
+ADAPTERS = {"acme-support-v1": ("acme", 1), "acme-support-v2": ("acme", 2), "globex-sales-v1": ("globex", 1)}
+ALIASES = {
+    "acme/support:prod": "acme-support-v1",
+    "acme/support:next": "acme-support-v2",
+    "globex/sales:prod": "globex-sales-v1",
+}
+
+
+def demo_dir(config: GatewayConfig) -> Path:
+    return config.platform.data_path / "demo"
+
+
+def prepare_adapters(config: GatewayConfig) -> dict[str, Path]:
+    """The demo's PEFT folders (made once)."""
+    from replica.model.base_hash import base_model_hash
+    from replica.model.prepare import ensure_default_model
+
+    model_dir = ensure_default_model()
+    return make_peft_adapters(
+        model_dir, demo_dir(config) / "adapters", list(ADAPTERS), base_model_hash(model_dir)
+    )
+
+
+async def _keys(config: GatewayConfig) -> dict[str, str]:
+    """Tenants with their limits, and one live key each (reused from keys.json while it still works)."""
+    import asyncpg
+
+    from gateway.tenants import create_key, create_tenant, find_caller, key_hash
+
+    path = demo_dir(config) / "keys.json"
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    pool = await asyncpg.create_pool(config.platform.database_url, min_size=1, max_size=2)
+    try:
+        keys = {}
+        for tenant, (rps, tpm) in TENANTS.items():
+            await create_tenant(pool, tenant, rps, tpm)
+            secret = saved.get(tenant)
+            if secret is None or await find_caller(pool, key_hash(secret)) is None:
+                secret = (await create_key(pool, tenant)).secret
+            keys[tenant] = secret
+    finally:
+        await pool.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(keys))
+    os.chmod(path, 0o600)
+    return keys
+
+
+def _register(config: GatewayConfig, client: httpx.Client, dirs: dict[str, Path]) -> None:
+    import asyncio
+
+    from gateway.cli import _upload, describe_peft_dir
+    from gateway.served_base import served_base_hash
+    from gateway.weights_uri import parse_s3_uri
+
+    for adapter_id, (tenant, version) in ADAPTERS.items():
+        existing = client.get(f"/internal/adapters/{adapter_id}")
+        if existing.status_code == 200:
+            continue
+        location = parse_s3_uri(f"s3://{config.platform.s3_bucket}/adapters/{tenant}/{adapter_id}")
+        checksum = asyncio.run(_upload(config, dirs[adapter_id], location))
+        body = {
+            "adapter_id": adapter_id,
+            "tenant_id": tenant,
+            "version": version,
+            "base_model_hash": served_base_hash(config.gateway),
+            "weights_uri": location.uri(),
+            "checksum": checksum,
+            **describe_peft_dir(dirs[adapter_id]),
+        }
+        client.post("/internal/adapters", json=body).raise_for_status()
+
+
+def _wait_ready(client: httpx.Client, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for adapter_id in ADAPTERS:
+        while (status := client.get(f"/internal/adapters/{adapter_id}").json()["status"]) == "pending":
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{adapter_id} is still pending; is the registry validator running?")
+            time.sleep(0.5)
+        if status != "ready":
+            raise RuntimeError(
+                f"{adapter_id} was {status}: {client.get(f'/internal/adapters/{adapter_id}').text}"
+            )
+
+
+def snippet(public_url: str, key: str, alias: str) -> str:
+    body = json.dumps(
+        {
+            "model": alias,
+            "messages": [{"role": "user", "content": "Hello!"}],
+            "max_tokens": 32,
+            "stream": True,
+        }
+    )
+    return f"""curl -N -i {public_url}/v1/chat/completions \\
+  -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
+  -d '{body}'
+
+python - <<'EOF'
+from openai import OpenAI
+client = OpenAI(base_url="{public_url}/v1", api_key="{key}")
+for chunk in client.chat.completions.create(
+    model="{alias}", messages=[{{"role": "user", "content": "Hello!"}}], max_tokens=32, stream=True
+):
+    print(chunk.choices[0].delta.content or "" if chunk.choices else "", end="", flush=True)
+print()
+EOF"""
+
+
+def demo(
+    prepare_only: bool = typer.Option(False, "--prepare-only", help="only make the adapter files"),
+    wait_s: float = typer.Option(180.0, help="how long to wait for validation and live replicas"),
+) -> None:
+    """Seed two demo tenants, keys, adapters and aliases (idempotent); print a curl and an openai snippet."""
+    import asyncio
+    import logging
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    config = GatewayConfig.from_env()
+    dirs = prepare_adapters(config)
+    if prepare_only:
+        typer.echo(f"demo adapters in {demo_dir(config) / 'adapters'}")
+        return
+    keys = asyncio.run(_keys(config))
+    token = config.gateway.service_token.get_secret_value()
+    with httpx.Client(
+        base_url=config.gateway.internal_base_url(), headers={"Authorization": f"Bearer {token}"}, timeout=30
+    ) as client:
+        _register(config, client, dirs)
+        _wait_ready(client, wait_s)
+        for alias, adapter_id in ALIASES.items():
+            client.put(f"/internal/aliases/{alias}", json={"adapter_id": adapter_id}).raise_for_status()
+    public = config.gateway.public_base_url()
+    deadline = time.monotonic() + wait_s
+    live: list[str] = []
+    while time.monotonic() < deadline:
+        try:
+            live = httpx.get(f"{public}/ready", timeout=2).json().get("replicas", [])
+        except (httpx.HTTPError, ValueError):
+            live = []
+        if live:
+            break
+        time.sleep(1)
+    typer.echo(
+        f"tenants: {', '.join(TENANTS)}; aliases: {', '.join(ALIASES)}; live replicas: {live or 'none yet'}"
+    )
+    typer.echo(f"keys are in {demo_dir(config) / 'keys.json'}\n")
+    typer.echo(snippet(public, keys["acme"], "acme/support:prod"))
