@@ -40,6 +40,9 @@ APP_PROCESSES: dict[str, list[str]] = {
     "gateway": ["gateway"],
     "registry-validator": ["registry-validator"],
     "placement-worker": ["placement-worker"],
+    "public-gateway": ["public-gateway"],
+    "replica-0": ["replica", "serve", "--replica-id", "replica-0", "--port", "18100"],
+    "replica-1": ["replica", "serve", "--replica-id", "replica-1", "--port", "18101"],
 }
 
 
