@@ -9,8 +9,10 @@ deps:
 
 ## Bring up the whole local stack: Kafka, PostgreSQL, S3, migrations, topics, and the project's processes.
 up: deps
-	@$(LF) services up
+	@$(LF) demo --prepare-only
+	@LORAFLEET_REPLICA_ADAPTER_ROOT=$(CURDIR)/.data/demo/adapters $(LF) services up
 	@$(LF) services status
+	@$(LF) demo
 
 ## Run every test against real local services (started here if they are not running).
 test: deps
