@@ -79,6 +79,7 @@ def environment(device: torch.device, dtype: str) -> dict[str, Any]:
         "cpu_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
+        "load_average_1m": round(os.getloadavg()[0], 2),  # other work on the machine skews CPU timings
     }
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)

@@ -55,7 +55,7 @@ def lora(
 def engine(
     new_tokens: int = typer.Option(32, help="tokens generated per request (decode steps + 1)"),
     batch: int = typer.Option(32, help="concurrent requests"),
-    rounds: int = typer.Option(3, help="interleaved rounds over all variants (medians reported)"),
+    rounds: int = typer.Option(2, help="interleaved rounds over all variants (medians reported)"),
     distinct: str = typer.Option("0,1,8,32", help="distinct adapters among the requests (0 = base)"),
     rank: int = typer.Option(16),
     device: str = typer.Option("auto", help="auto | cpu | cuda"),

@@ -52,7 +52,7 @@ class EngineBenchConfig:
     """Sizes of the run; the defaults finish in a few minutes on 2 CPU cores."""
 
     new_tokens: int = 32
-    rounds: int = 3
+    rounds: int = 2
     batch: int = 32
     rank: int = 16
     distinct: tuple[int, ...] = (0, 1, 8, 32)
@@ -87,7 +87,12 @@ def chat_prompts(tokenizer: Tokenizer, batch: int) -> list[list[int]]:
 
 
 def build_engine(
-    model_dir: Path, adapters: dict[str, Path], cfg: EngineBenchConfig, tokenizer: Tokenizer, base_hash: str
+    model_dir: Path,
+    adapters: dict[str, Path],
+    cfg: EngineBenchConfig,
+    tokenizer: Tokenizer,
+    base_hash: str,
+    max_prompt: int,
 ) -> LLMEngine:
     """Our engine with one rank pool holding every adapter in a slot (loaded before timing)."""
     model = load_model(model_dir, cfg.dtype, cfg.device)
@@ -96,7 +101,7 @@ def build_engine(
     spec = AdapterSpec.for_model(model.config, ALL_TARGETS, cfg.rank, base_hash)
     for name, path in adapters.items():
         manager.load(read_adapter(path, name, spec))
-    runner = ModelRunner(model, max_num_seqs=cfg.batch, max_model_len=512 + cfg.new_tokens)
+    runner = ModelRunner(model, max_num_seqs=cfg.batch, max_model_len=max_prompt + cfg.new_tokens + 1)
     return LLMEngine(
         runner,
         manager,
@@ -168,30 +173,29 @@ def run_engine_bench(cfg: EngineBenchConfig) -> tuple[dict[str, Any], dict[str, 
             load_hf_model(model_dir, cfg.dtype, device), Path(tmp), max(max_d, 1), cfg.rank, base_hash
         )
         adapters = {f"a{i}": adapter_dir(Path(tmp), f"a{i}") for i in range(max(max_d, 1))}
-        engine = build_engine(model_dir, adapters, cfg, tokenizer, base_hash)
+        engine = build_engine(model_dir, adapters, cfg, tokenizer, base_hash, max(len(p) for p in prompts))
         hf = load_hf_model(model_dir, cfg.dtype, device)
     rss_after_load = peak_rss_mib()
 
-    variants: dict[str, Callable[[int], Any]] = {
-        **{
-            f"ours_{d}_adapters": (
-                lambda n, d=d: run_engine(
-                    engine, prompts, [None if d == 0 else f"a{i % d}" for i in range(cfg.batch)], n
-                )
-            )
-            for d in cfg.distinct
-        },
-        "transformers_generate": lambda n: timed_generate(hf, prompts, n, pad_id, device),
-        "peft_mixed_generate": lambda n: timed_generate(peft_model, prompts, n, pad_id, device, names),
+    def ours(d: int) -> Callable[[int, int], Any]:
+        ids = [None if d == 0 else f"a{i % d}" for i in range(cfg.batch)]
+        return lambda rows, n: run_engine(engine, prompts[:rows], ids[:rows], n)
+
+    variants: dict[str, Callable[[int, int], Any]] = {
+        **{f"ours_{d}_adapters": ours(d) for d in cfg.distinct},
+        "transformers_generate": lambda rows, n: timed_generate(hf, prompts[:rows], n, pad_id, device),
+        "peft_mixed_generate": lambda rows, n: timed_generate(
+            peft_model, prompts[:rows], n, pad_id, device, names[:rows]
+        ),
     }
-    for name, fn in variants.items():  # warm-up: first calls allocate and pick kernels
+    for name, fn in variants.items():  # warm-up on two rows: first calls allocate and pick kernels
         log.info("warm-up %s", name)
-        fn(2)
+        fn(2, 2)
     runs: dict[str, list[Any]] = {name: [] for name in variants}
     cuda_extra: dict[str, float | None] = {}
     for r in range(cfg.rounds):
         for name, fn in variants.items():
-            run, cuda_extra[name] = _cuda_peak_during(device, lambda fn=fn: fn(cfg.new_tokens))
+            run, cuda_extra[name] = _cuda_peak_during(device, lambda fn=fn: fn(cfg.batch, cfg.new_tokens))
             runs[name].append(run)
             log.info("round %d %s: %.1f decode tok/s", r, name, run.decode_tokens_per_s)
 
@@ -250,10 +254,13 @@ def calibration(
     cfg: EngineBenchConfig, device: torch.device, ours: dict[int, list[EngineRun]]
 ) -> dict[str, Any]:
     """Decode step times and prefill throughput of our engine, for the fleet simulator's timing model."""
+    mean_prompt = next(iter(ours.values()))[0].prefill_tokens / cfg.batch
     return {
         "model": "smollm2-135m-instruct",
         "environment": environment(device, cfg.dtype),
         "batch": cfg.batch,
+        "new_tokens": cfg.new_tokens,
+        "prompt_tokens_mean": mean_prompt,
         "decode_step_s": {
             str(d): {
                 "median": median([s for r in rs for s in r.decode_step_s]),

@@ -66,20 +66,19 @@ def make_peft_adapters(
 
     config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=ALL_TARGETS, lora_dropout=0.0)
     peft_model = None
-    gen = torch.Generator().manual_seed(seed)
     for i in range(count):
-        name = f"a{i}"
         if peft_model is None:
-            peft_model = get_peft_model(model, config, adapter_name=name)
+            peft_model = get_peft_model(model, config, adapter_name=f"a{i}")
         else:
-            peft_model.add_adapter(name, config)
-        with torch.no_grad():
-            for pname, p in peft_model.named_parameters():
-                if f".lora_A.{name}." in pname:
-                    p.copy_(torch.randn(p.shape, generator=gen) * p.shape[1] ** -0.5)
-                elif f".lora_B.{name}." in pname:
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.01)
+            peft_model.add_adapter(f"a{i}", config)
     assert peft_model is not None
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # one pass over the parameters; B non-zero so every adapter changes the output
+        for pname, p in peft_model.named_parameters():
+            if ".lora_A." in pname:
+                p.copy_(torch.randn(p.shape, generator=gen) * p.shape[1] ** -0.5)
+            elif ".lora_B." in pname:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.01)
     for i in range(count):
         name = f"a{i}"
         peft_model.save_pretrained(str(out_dir), selected_adapters=[name])
