@@ -88,3 +88,29 @@ def engine(
     if calibration_out is not None:
         calibration_out.write_text(json.dumps(calibration, indent=2) + "\n")
     emit(result, out)
+
+
+@app.command("load")
+def load_cmd(
+    model: str = typer.Option("smollm2-135m", help="adapter shapes: smollm2-135m | llama-7b"),
+    rank: int = typer.Option(16),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    dtype: str | None = typer.Option(None, help="float32 | bfloat16 | float16"),
+    repeats: int = typer.Option(7, help="timed repeats per tier (medians reported)"),
+    s3: bool = typer.Option(True, help="include the object-store tier (needs the local S3)"),
+    out: Path | None = typer.Option(None, help="also write the JSON here"),
+    calibration_out: Path | None = typer.Option(None, help="write per-tier load times for the simulator"),
+) -> None:
+    """Time bringing one adapter to a GPU slot from RAM, disk and the object store, beside each floor."""
+    from bench.load import load
+
+    load(model, rank, device, dtype, repeats, s3, out, calibration_out)
+
+
+def _gateway_command() -> None:
+    from bench.gateway import gateway
+
+    app.command("gateway")(gateway)
+
+
+_gateway_command()
