@@ -4,7 +4,8 @@ The generate stream is NDJSON (application/x-ndjson): one JSON object per line, 
     {"type": "token", "token_id": 123, "text": "Hel"}                      (text may be "")
     {"type": "done", "finish_reason": "stop"|"length", "text": "...", "usage": {...}}
 or, if the request fails after the stream started, a last line {"type": "error", "error": {...}}.
-Responses carry x-adapter-id and x-adapter-tier (gpu | ram | disk) for adapter requests.
+Responses carry x-adapter-id and x-adapter-tier (gpu | ram | disk | remote: where the adapter was when the
+request arrived) for adapter requests.
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ class StateResponse(BaseModel):
     merged_adapter_id: str | None
     gpu_adapters: list[str]
     ram_adapters: list[str]
+    disk_adapters: list[str]
     gpu_slots: int
     queue_depth: int
     tokens_in_flight: int
     evictions_per_min: float
+    loads_per_min: float

@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from lorafleet.config import PlatformSettings
+
 DEFAULT_MODEL_DIR = Path(".data/models/smollm2-135m-instruct")
 
 
@@ -35,10 +37,32 @@ class ReplicaSettings(BaseSettings):
     lora_target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
-    host_cache_adapters: int = 256  # adapters kept in host RAM (validated, ready to copy into a slot)
 
-    # adapter_id -> local PEFT directory; requests name adapters by id, never by path
+    # The adapter cache: the registry (the gateway's internal API) says where a ready adapter's bytes
+    # live; None serves only the local adapter directories below.
+    registry_url: str | None = "http://127.0.0.1:18081"
+    registry_token: str = "dev-service-token"  # the gateway's LORAFLEET_GATEWAY_SERVICE_TOKEN
+    cache_dir: Path | None = None  # local-disk tier; default .data/adapter-cache/<replica_id>
+    disk_budget_bytes: int = Field(default=16 << 30, gt=0)
+    ram_budget_bytes: int = Field(default=4 << 30, gt=0)  # validated adapters, packed for slot copies
+
+    # Kafka control loop: replica.commands in, replica.state every state_interval_s and replica.events out
+    control_enabled: bool = True
+    state_interval_s: float = Field(default=1.0, gt=0)
+    advertise_url: str | None = None  # the URL published in replica.state; default http://host:port
+
+    # adapter_id -> local PEFT directory (served as file:// records, read only under these folders);
+    # requests name adapters by id, never by path
     adapter_dirs: dict[str, Path] = Field(default_factory=dict)
     adapter_root: Path | None = None  # every subdirectory with adapter_config.json is registered by name
 
     merged_adapter_id: str | None = None  # dedicated replica: fold this adapter into W, serve only it
+
+    # Kafka and the object store (LORAFLEET_ settings shared by every process)
+    platform: PlatformSettings = Field(default_factory=PlatformSettings)
+
+    def cache_path(self) -> Path:
+        return self.cache_dir or (self.platform.data_dir / "adapter-cache" / self.replica_id)
+
+    def url(self) -> str:
+        return self.advertise_url or f"http://{self.host}:{self.port}"

@@ -1,18 +1,26 @@
-"""Replica: one base model, its adapters and its engine, assembled from ReplicaSettings."""
+"""Replica: one base model, its adapter cache and its engine, assembled from ReplicaSettings."""
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from replica.adapter_cache.cache import AdapterCache, Lease
+from replica.adapter_cache.disk import DiskTier
+from replica.adapter_cache.gpu import GpuTier
+from replica.adapter_cache.host import HostTier
+from replica.adapter_cache.local_source import FirstFound, LocalRecords, RecordSource
+from replica.adapter_cache.object_store import ObjectStore
+from replica.adapter_cache.registry_client import RegistryClient
 from replica.config import ReplicaSettings
+from replica.control.state_publisher import Load, build_state
 from replica.engine.async_engine import AsyncEngine
 from replica.engine.engine import LLMEngine
 from replica.engine.model_runner import ModelRunner
-from replica.errors import AdapterNotFoundError, AdapterNotServedError, InvalidRequestError
-from replica.lora.manager import LoraManager
+from replica.errors import AdapterBaseMismatchError, AdapterNotServedError, InvalidRequestError
 from replica.lora.merge import merge_adapter
 from replica.lora.registry import AdapterRegistry
 from replica.lora.replace import apply_lora
@@ -21,21 +29,27 @@ from replica.model.base_hash import base_model_hash
 from replica.model.llama import LlamaForCausalLM
 from replica.model.loader import load_model
 from replica.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from schemas.events import ReplicaState
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass
 class AdapterUse:
-    """How a request will run: the engine's adapter id (None for base or merged) and the header values."""
+    """How a request runs: the engine's adapter id (None for base or merged), the headers, and its lease."""
 
     engine_adapter_id: str | None
     header_adapter_id: str | None
     tier: str | None
+    lease: Lease | None = field(default=None, repr=False)
 
 
 class Replica:
-    """Everything one replica process serves; the HTTP layer calls only these methods."""
+    """Everything one replica process serves; the HTTP layer calls only these methods.
+
+    start() (from the event loop) starts the engine thread and opens the adapter cache: the object-store
+    client, the registry client and the tiers; stop() closes them.
+    """
 
     def __init__(
         self, settings: ReplicaSettings, model: LlamaForCausalLM, tokenizer: Tokenizer | None
@@ -46,40 +60,87 @@ class Replica:
         self.spec = AdapterSpec.for_model(
             model.config, settings.lora_target_modules, settings.max_lora_rank, self.base_model_hash
         )
-        self.registry = AdapterRegistry(self.spec, settings.adapter_dirs, settings.adapter_root)
+        self.local = AdapterRegistry(self.spec, settings.adapter_dirs, settings.adapter_root)
         self.merged_adapter_id = settings.merged_adapter_id
-        self.lora: LoraManager | None = None
+        self.gpu: GpuTier | None = None
         if self.merged_adapter_id is not None:
-            merge_adapter(model, self.registry.read(self.merged_adapter_id))
+            merge_adapter(model, self.local.read(self.merged_adapter_id))
             log.info("merged adapter %s into the base weights", self.merged_adapter_id)
         else:
             layers = apply_lora(model, settings.lora_target_modules, settings.lora_slots)
-            self.lora = LoraManager(layers, settings.lora_slots, settings.host_cache_adapters)
+            self.gpu = GpuTier(layers, settings.lora_slots)
         runner = ModelRunner(model, settings.max_num_seqs, settings.max_model_len)
         eos = tokenizer.stop_token_ids if tokenizer is not None else set()
         factory = (lambda: IncrementalDetokenizer(tokenizer)) if tokenizer is not None else None
-        self.engine = AsyncEngine(LLMEngine(runner, self.lora, eos, settings.max_num_batched_tokens, factory))
+        # GpuTier is the engine's AdapterPins: acquire/release per row and adapter_in_slot for the check
+        core = LLMEngine(runner, self.gpu, eos, settings.max_num_batched_tokens, factory)  # type: ignore[arg-type]
+        self.engine = AsyncEngine(core)
+        self.cache: AdapterCache | None = None
+        self._resources: AsyncExitStack | None = None
 
     @property
     def gpu_slots(self) -> int:
-        return sum(self.settings.lora_slots.values()) if self.lora is not None else 0
+        return sum(self.settings.lora_slots.values()) if self.gpu is not None else 0
 
-    def load_adapter(self, adapter_id: str, trained_on_hash: str | None = None) -> tuple[int, float]:
-        """Read, validate and put an adapter in a GPU slot; return (rank bucket, milliseconds). Blocking."""
-        if self.lora is None:
+    # lifecycle
+
+    async def start(self) -> None:
+        """Start the engine thread and open the adapter cache (idempotent)."""
+        self.engine.start()
+        if self.gpu is None or self._resources is not None:
+            return
+        from lorafleet.s3 import async_client
+
+        resources = AsyncExitStack()
+        s3 = await resources.enter_async_context(async_client(self.settings.platform))
+        local = LocalRecords(self.local.dirs)
+        sources: list[RecordSource] = [local]
+        if self.settings.registry_url is not None:
+            registry = RegistryClient.connect(self.settings.registry_url, self.settings.registry_token)
+            resources.push_async_callback(registry.close)
+            sources.append(registry)
+        self.cache = AdapterCache(
+            self.spec,
+            FirstFound(sources),
+            ObjectStore(s3, local.roots),
+            DiskTier(self.settings.cache_path(), self.settings.disk_budget_bytes),
+            HostTier(self.settings.ram_budget_bytes),
+            self.gpu,
+        )
+        self._resources = resources
+
+    async def stop(self) -> None:
+        self.engine.stop()
+        if self._resources is not None:
+            await self._resources.aclose()
+            self._resources = None
+
+    # adapters
+
+    def _cache(self) -> AdapterCache:
+        if self.cache is None:
             raise AdapterNotServedError(f"merged replica serves only {self.merged_adapter_id!r}")
+        return self.cache
+
+    async def load_adapter(self, adapter_id: str, trained_on_hash: str | None = None) -> tuple[int, float]:
+        """Own the adapter and bring it into a GPU slot; return (rank bucket, milliseconds)."""
+        cache = self._cache()
+        if trained_on_hash is not None and trained_on_hash != self.base_model_hash:
+            raise AdapterBaseMismatchError(
+                f"adapter trained on base {trained_on_hash}, this replica serves {self.base_model_hash}"
+            )
         start = time.perf_counter()
-        weights = self.registry.read(adapter_id, trained_on_hash)
-        ref = self.lora.load(weights)
-        return ref.bucket, (time.perf_counter() - start) * 1000
+        await cache.own(adapter_id, "gpu")
+        entry = cache.gpu.table.lookup(adapter_id)
+        bucket = entry.ref.bucket if entry is not None else 0
+        return bucket, (time.perf_counter() - start) * 1000
 
-    def unload_adapter(self, adapter_id: str) -> None:
-        if self.lora is None:
-            raise AdapterNotServedError(f"merged replica serves only {self.merged_adapter_id!r}")
-        self.lora.unload(adapter_id)
+    async def unload_adapter(self, adapter_id: str) -> None:
+        """Drop the adapter from every tier once its requests drain."""
+        await self._cache().unload(adapter_id)
 
-    def prepare_adapter(self, adapter_id: str | None) -> AdapterUse:
-        """Make sure the request's adapter is at least in host RAM (read from disk if needed). Blocking."""
+    async def acquire(self, adapter_id: str | None) -> AdapterUse:
+        """Bring the request's adapter into a GPU slot and hold it there until release()."""
         if self.merged_adapter_id is not None:
             if adapter_id != self.merged_adapter_id:
                 raise AdapterNotServedError(
@@ -89,16 +150,16 @@ class Replica:
             return AdapterUse(None, adapter_id, "gpu")
         if adapter_id is None:
             return AdapterUse(None, None, None)
-        assert self.lora is not None
-        tier = self.lora.tier(adapter_id)
-        if tier is None:
-            if adapter_id not in self.registry:
-                raise AdapterNotFoundError(
-                    f"adapter {adapter_id!r} is not available on this replica", "adapter_id"
-                )
-            self.lora.add_to_host(self.registry.read(adapter_id))
-            tier = "disk"
-        return AdapterUse(adapter_id, adapter_id, tier)
+        lease = await self._cache().acquire(adapter_id)
+        return AdapterUse(adapter_id, adapter_id, lease.found_in, lease)
+
+    def release(self, use: AdapterUse) -> None:
+        """End a request's hold on its adapter (idempotent)."""
+        lease, use.lease = use.lease, None
+        if lease is not None and self.cache is not None:
+            self.cache.release(lease)
+
+    # requests and state
 
     def prompt_ids(self, messages: list[dict[str, str]] | None, token_ids: list[int] | None) -> list[int]:
         """Exactly one of chat messages or token ids."""
@@ -112,18 +173,40 @@ class Replica:
             )
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
-    def state(self) -> dict[str, object]:
+    def load(self) -> Load:
         core = self.engine.engine
+        return Load(core.queue_depth(), core.tokens_in_flight())
+
+    def replica_state(self) -> ReplicaState:
+        """This replica's replica.state event (tiers, load); a merged replica reports its one adapter."""
+        s = self.settings
+        if self.cache is not None:
+            return build_state(s.replica_id, s.url(), "ready", self.cache, self.gpu_slots, self.load())
+        load = self.load()
+        gpu = [self.merged_adapter_id] if self.merged_adapter_id is not None else []
+        return ReplicaState(
+            replica_id=s.replica_id,
+            url=s.url(),
+            gpu_adapters=gpu,
+            queue_depth=load.queue_depth,
+            tokens_in_flight=load.tokens_in_flight,
+        )
+
+    def state(self) -> dict[str, object]:
+        """The body of GET /state: the replica.state fields plus the base model and merged mode."""
+        event = self.replica_state()
         return {
-            "replica_id": self.settings.replica_id,
+            "replica_id": event.replica_id,
             "base_model_hash": self.base_model_hash,
             "merged_adapter_id": self.merged_adapter_id,
-            "gpu_adapters": self.lora.gpu_adapters() if self.lora else [self.merged_adapter_id],
-            "ram_adapters": self.lora.ram_adapters() if self.lora else [],
-            "gpu_slots": self.gpu_slots,
-            "queue_depth": core.queue_depth(),
-            "tokens_in_flight": core.tokens_in_flight(),
-            "evictions_per_min": self.lora.evictions_per_min() if self.lora else 0.0,
+            "gpu_adapters": event.gpu_adapters,
+            "ram_adapters": event.ram_adapters,
+            "disk_adapters": event.disk_adapters,
+            "gpu_slots": event.gpu_slots,
+            "queue_depth": event.queue_depth,
+            "tokens_in_flight": event.tokens_in_flight,
+            "evictions_per_min": event.evictions_per_min,
+            "loads_per_min": event.loads_per_min,
         }
 
 

@@ -7,16 +7,18 @@ import contextlib
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
 
 from replica.api import GenerateRequest, LoadRequest, LoadResponse, StateResponse, UnloadResponse
+from replica.control.supervisor import supervise_control
 from replica.engine.sampler import SamplingParams
 from replica.errors import InvalidRequestError, ReplicaError, UnauthorizedError, WrongReplicaError
 from replica.runtime import AdapterUse, Replica
@@ -45,11 +47,29 @@ def create_app(replica: Replica) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        replica.engine.start()
+        await replica.start()
+        settings = replica.settings
+        shutdown = asyncio.Event()
+        control = None
+        if settings.control_enabled and replica.cache is not None:
+            control = asyncio.create_task(
+                supervise_control(
+                    settings.platform,
+                    settings.replica_id,
+                    replica.cache,
+                    replica.replica_state,
+                    shutdown,
+                    settings.state_interval_s,
+                ),
+                name="replica-control",
+            )
         try:
             yield
         finally:
-            replica.engine.stop()
+            shutdown.set()
+            if control is not None:
+                await asyncio.gather(control, return_exceptions=True)
+            await replica.stop()
 
     app = FastAPI(title="lorafleet replica", lifespan=lifespan)
     app.state.replica = replica
@@ -95,11 +115,11 @@ def create_app(replica: Replica) -> FastAPI:
             ignore_eos=body.ignore_eos,
         )
         replica.engine.engine.check_request(prompt, params)
-        use = await asyncio.to_thread(replica.prepare_adapter, body.adapter_id)
+        use = await replica.acquire(body.adapter_id)
         request_id = body.request_id or replica.engine.next_request_id()
         headers = {"x-request-id": request_id}
         if use.header_adapter_id is not None:
-            headers |= {"x-adapter-id": use.header_adapter_id, "x-adapter-tier": use.tier or "ram"}
+            headers |= {"x-adapter-id": use.header_adapter_id, "x-adapter-tier": use.tier or "gpu"}
         log.info(
             "request %s adapter=%s tier=%s prompt=%d",
             request_id,
@@ -107,8 +127,9 @@ def create_app(replica: Replica) -> FastAPI:
             use.tier,
             len(prompt),
         )
-        return StreamingResponse(
+        return LeasedStream(
             _stream(replica, prompt, params, use, request_id),
+            lambda: replica.release(use),
             media_type="application/x-ndjson",
             headers=headers,
         )
@@ -118,12 +139,12 @@ def create_app(replica: Replica) -> FastAPI:
         replica_id: str, adapter_id: AdapterId, _: Authorized, body: LoadRequest | None = None
     ) -> LoadResponse:
         trained_on = body.base_model_hash if body is not None else None
-        bucket, ms = await asyncio.to_thread(replica.load_adapter, adapter_id, trained_on)
+        bucket, ms = await replica.load_adapter(adapter_id, trained_on)
         return LoadResponse(adapter_id=adapter_id, tier="gpu", rank_bucket=bucket, load_ms=round(ms, 3))
 
     @app.post("/internal/replicas/{replica_id}/adapters/{adapter_id}/unload")
     async def unload(replica_id: str, adapter_id: AdapterId, _: Authorized) -> UnloadResponse:
-        await asyncio.to_thread(replica.unload_adapter, adapter_id)
+        await replica.unload_adapter(adapter_id)
         return UnloadResponse(adapter_id=adapter_id, unloaded=True)
 
     @app.get("/internal/replicas/{replica_id}/state")
@@ -131,6 +152,20 @@ def create_app(replica: Replica) -> FastAPI:
         return StateResponse(**replica.state())
 
     return app
+
+
+class LeasedStream(StreamingResponse):
+    """A streamed response that ends its request's adapter hold however the response ends."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
 
 
 async def _stream(

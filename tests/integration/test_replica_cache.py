@@ -1,17 +1,25 @@
 """The replica's adapter cache on the real services: a registered adapter is pulled through the tiers on a
-`load` command and replica.state shows it; bytes changed in the object store never reach any tier."""
+`load` command and replica.state shows it; bytes changed in the object store never reach any tier; a real
+replica process heartbeats on replica.state and serves an adapter it pulled after a load command."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
 
 import asyncpg
+import httpx
 import pytest
+import uvicorn
 from torch import nn
 
+from gateway.main import build_internal_app
 from gateway.upload import upload_peft_dir
 from gateway.validator_main import run_validator
 from gateway.weights_uri import ObjectLocation
@@ -39,7 +47,8 @@ from tests.gateway.adapter_files import (
     make_peft_adapter,
     write_base_config,
 )
-from tests.gateway.internal_app import gateway_config, internal_client
+from tests.gateway.internal_app import TOKEN, gateway_config, internal_client
+from tests.integration.gateway_stack import free_port, stop, wait_http
 from tests.integration.kafka_helpers import collect
 
 pytestmark = pytest.mark.integration
@@ -204,3 +213,89 @@ async def test_bytes_changed_in_the_object_store_after_registration_never_reach_
             await cache.own(adapter_id, "gpu")
         assert cache.disk.names() == [] and cache.host.adapter_ids() == [] and cache.gpu.adapter_ids() == []
         assert list((tmp_path / "disk" / ".partial").iterdir()) == []
+
+
+def _tiny_base(path: Path) -> Path:
+    """A random base with the registry's tiny config (its base hash is given to the replica)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    LlamaForCausalLM(LlamaConfig(**TINY_CONFIG)).save_pretrained(path, safe_serialization=True)
+    return path
+
+
+async def test_a_replica_process_heartbeats_and_serves_an_adapter_it_pulled_on_a_load_command(
+    services, ready_adapter, tmp_path: Path
+) -> None:
+    config, adapter_id, _ = ready_adapter
+    platform = config.platform
+    replica_id, port, gw_port = f"rp-{uuid.uuid4().hex[:10]}", free_port(), free_port()
+    gateway = uvicorn.Server(
+        uvicorn.Config(build_internal_app(config), host="127.0.0.1", port=gw_port, log_level="warning")
+    )
+    serving = asyncio.create_task(gateway.serve())
+    env = {
+        **os.environ,
+        **services.env(),
+        "LORAFLEET_REPLICA_REGISTRY_URL": f"http://127.0.0.1:{gw_port}",
+        "LORAFLEET_REPLICA_REGISTRY_TOKEN": TOKEN,
+        "LORAFLEET_REPLICA_SERVICE_TOKEN": "rp-token",
+        "LORAFLEET_REPLICA_BASE_MODEL_HASH": TINY_BASE_HASH,
+        "LORAFLEET_REPLICA_CACHE_DIR": str(tmp_path / "cache"),
+        "LORAFLEET_REPLICA_LORA_SLOTS": json.dumps({"8": 2}),
+        "LORAFLEET_REPLICA_MAX_NUM_SEQS": "2",
+        "LORAFLEET_REPLICA_MAX_MODEL_LEN": "64",
+        "LORAFLEET_REPLICA_STATE_INTERVAL_S": "0.3",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    cmd = [sys.executable, "-m", "lorafleet.cli", "replica", "serve", "--replica-id", replica_id]
+    cmd += ["--port", str(port), "--model-dir", str(await asyncio.to_thread(_tiny_base, tmp_path / "base"))]
+    url = f"http://127.0.0.1:{port}"
+    with open(tmp_path / "replica.log", "wb") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        await wait_http(f"{url}/health", 120, proc)
+
+        def mine(r) -> bool:  # noqa: ANN001
+            return r.key == replica_id.encode()
+
+        def states(records: list) -> list:
+            return [parse_event(r.value, "replica.state") for r in records]
+
+        beats = await collect(platform.kafka_bootstrap, "replica.state", lambda rs: len(rs) >= 2, 30, mine)
+        assert len(beats) >= 2 and all(s.url == url and s.status == "ready" for s in states(beats))
+
+        producer = make_producer(platform)
+        await producer.start()
+        try:
+            cmd_ = ReplicaCommand(replica_id=replica_id, command="load", adapter_id=adapter_id)  # to RAM
+            await producer.send_and_wait(cmd_.topic.name, cmd_.to_bytes(), key=replica_id.encode())
+        finally:
+            await producer.stop()
+
+        def holds_it(records: list) -> bool:
+            return any(
+                adapter_id in s.ram_adapters and adapter_id in s.disk_adapters for s in states(records)
+            )
+
+        assert holds_it(await collect(platform.kafka_bootstrap, "replica.state", holds_it, 60, mine))
+
+        body = {"prompt_token_ids": [1, 2, 3], "adapter_id": adapter_id, "max_tokens": 4, "ignore_eos": True}
+        async with httpx.AsyncClient(base_url=url, headers={"Authorization": "Bearer rp-token"}) as client:
+            resp = await client.post(f"/internal/replicas/{replica_id}/generate", json=body, timeout=60)
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["x-adapter-id"] == adapter_id and resp.headers["x-adapter-tier"] == "ram"
+        lines = [json.loads(line) for line in resp.text.splitlines() if line]
+        assert [e["type"] for e in lines] == ["token"] * 4 + ["done"]
+
+        loads = await collect(platform.kafka_bootstrap, "replica.events", lambda rs: len(rs) >= 3, 30, mine)
+        got = [parse_event(r.value, "replica.events") for r in loads]
+        assert [(e.from_tier, e.to_tier) for e in got] == [
+            ("remote", "disk"),
+            ("disk", "ram"),
+            ("ram", "gpu"),
+        ]
+    finally:
+        stop(proc)
+        gateway.should_exit = True
+        await asyncio.wait_for(serving, 30)

@@ -1,4 +1,4 @@
-"""A merged replica gives the same greedy tokens as an unmerged one serving the same adapter."""
+"""The assembled replica: merged equals unmerged, and a request pulls its adapter through the cache tiers."""
 
 from __future__ import annotations
 
@@ -14,11 +14,13 @@ from tests.replica.peft_util import TEST_BASE_HASH, AdapterRecipe, make_peft_ada
 
 
 async def _tokens(replica: Replica, adapter_id: str | None) -> list[int]:
-    use = replica.prepare_adapter(adapter_id)
+    use = await replica.acquire(adapter_id)
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
-    return [
-        o.token_id async for o in replica.engine.generate([3, 1, 4, 1, 5, 9], params, use.engine_adapter_id)
-    ]
+    try:
+        gen = replica.engine.generate([3, 1, 4, 1, 5, 9], params, use.engine_adapter_id)
+        return [o.token_id async for o in gen]
+    finally:
+        replica.release(use)
 
 
 async def test_merged_replica_equals_unmerged(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -31,17 +33,55 @@ async def test_merged_replica_equals_unmerged(tiny_model_dir: Path, tmp_path: Pa
         max_model_len=64,
         adapter_dirs={"heavy": dirs["heavy"]},
         lora_slots={16: 1},
+        registry_url=None,
+        control_enabled=False,
     )
-    unmerged = build_replica(ReplicaSettings(**common))
+    unmerged = build_replica(ReplicaSettings(**common, cache_dir=tmp_path / "cache"))
     merged = build_replica(ReplicaSettings(**common, merged_adapter_id="heavy"))
     for r in (unmerged, merged):
-        r.engine.start()
+        await r.start()
     try:
         base = await _tokens(unmerged, None)
         assert await _tokens(merged, "heavy") == await _tokens(unmerged, "heavy") != base
         with pytest.raises(AdapterNotServedError):
-            merged.prepare_adapter(None)
+            await merged.acquire(None)
         assert merged.state()["gpu_adapters"] == ["heavy"]
     finally:
         for r in (unmerged, merged):
-            r.engine.stop()
+            await r.stop()
+
+
+async def test_a_request_pulls_its_adapter_through_the_tiers_and_holds_it_until_released(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    _, dirs = make_peft_adapters(tiny_model_dir, tmp_path, [AdapterRecipe("a1", 8, 16, seed=2)])
+    settings = ReplicaSettings(
+        model_dir=tiny_model_dir,
+        device="cpu",
+        base_model_hash=TEST_BASE_HASH,
+        max_num_seqs=2,
+        max_model_len=64,
+        adapter_dirs={"a1": dirs["a1"]},
+        lora_slots={8: 1},
+        registry_url=None,
+        control_enabled=False,
+        cache_dir=tmp_path / "cache",
+    )
+    replica = build_replica(settings)
+    await replica.start()
+    try:
+        use = await replica.acquire("a1")
+        assert use.tier == "remote" and replica.cache is not None
+        assert replica.cache.gpu.ref_count("a1") == 1
+        state = replica.state()
+        assert (
+            "a1" in state["gpu_adapters"] and "a1" in state["ram_adapters"] and "a1" in state["disk_adapters"]
+        )
+        replica.release(use)
+        replica.release(use)  # idempotent: a second release must not unpin another request's hold
+        assert replica.cache.gpu.ref_count("a1") == 0
+        again = await replica.acquire("a1")
+        assert again.tier == "gpu"
+        replica.release(again)
+    finally:
+        await replica.stop()
