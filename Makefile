@@ -10,7 +10,7 @@ deps:
 ## Bring up the whole local stack: Kafka, PostgreSQL, S3, migrations, topics, and the project's processes.
 up: deps
 	@$(LF) demo --prepare-only
-	@LORAFLEET_REPLICA_ADAPTER_ROOT=$(CURDIR)/.data/demo/adapters $(LF) services up
+	@$(LF) services up
 	@$(LF) services status
 	@$(LF) demo
 
