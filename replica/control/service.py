@@ -31,18 +31,19 @@ async def run_control(
     """Run until stop; each replica reads every command partition in a group of its own and filters by id."""
     producer = make_producer(platform)
     consumer = make_consumer(platform, REPLICA_COMMANDS.name, group_id=f"replica-{replica_id}")
-    await producer.start()
-    await consumer.start()
     handler = CommandHandler(cache, replica_id)
-    tasks = [
-        asyncio.create_task(consume_commands(consumer, handler, stop), name="replica-commands"),
-        asyncio.create_task(
-            publish_state(producer, make_state, stop, state_interval_s), name="replica-state"
-        ),
-        asyncio.create_task(events.run(producer, stop), name="replica-events"),
-    ]
+    tasks: list[asyncio.Task[None]] = []
     waiter = asyncio.create_task(stop.wait())
     try:
+        await producer.start()  # inside the try: a broker that is down still gets both clients closed
+        await consumer.start()
+        tasks = [
+            asyncio.create_task(consume_commands(consumer, handler, stop), name="replica-commands"),
+            asyncio.create_task(
+                publish_state(producer, make_state, stop, state_interval_s), name="replica-state"
+            ),
+            asyncio.create_task(events.run(producer, stop), name="replica-events"),
+        ]
         done, _ = await asyncio.wait([waiter, *tasks], return_when=asyncio.FIRST_COMPLETED)
         for task in done - {waiter}:
             if task.exception() is not None:  # a loop died: stop the rest rather than serve half a replica
