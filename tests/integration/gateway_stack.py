@@ -1,6 +1,6 @@
 """A real online path for the gateway tests: a migrated database with two tenants, keys, ready adapters and
-aliases; two replica processes on SmolLM2 serving real PEFT adapters; a publisher of their replica.state
-(read from each replica's own /state, as the replica's Kafka loop does); the public gateway as a process."""
+aliases; two replica processes on SmolLM2 serving real PEFT adapters from local folders and publishing their
+own replica.state; the public gateway as a process."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
@@ -23,8 +23,6 @@ import httpx
 from gateway.tenants import create_key, create_tenant
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
-from lorafleet.kafka import make_producer
-from schemas.events import ReplicaState
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "gw-test-replica-token"
@@ -58,7 +56,6 @@ class GatewayStack:
     replicas: dict[str, ReplicaProc]
     env: dict[str, str]
     gateway_log: Path
-    published: set[str] = field(default_factory=set)
 
     async def state(self, replica_id: str) -> dict:
         r = self.replicas[replica_id]
@@ -95,33 +92,6 @@ async def _seed(database_url: str, adapter_dirs: dict[str, Path], base_hash: str
         return {t: (await create_key(pool, t)).secret for t in ("acme", "globex")}
     finally:
         await pool.close()
-
-
-async def _publish_states(platform: PlatformSettings, stack: GatewayStack) -> None:
-    """Every 0.5 s, a replica.state per replica that answers its /state (a killed one goes stale)."""
-    producer = make_producer(platform)
-    await producer.start()
-    try:
-        while True:
-            for rid, r in stack.replicas.items():
-                try:
-                    st = await stack.state(rid)
-                except httpx.HTTPError:
-                    continue
-                event = ReplicaState(
-                    replica_id=rid,
-                    url=r.url,
-                    gpu_adapters=st["gpu_adapters"],
-                    ram_adapters=st["ram_adapters"],
-                    gpu_slots=st["gpu_slots"],
-                    queue_depth=st["queue_depth"],
-                    tokens_in_flight=st["tokens_in_flight"],
-                )
-                await producer.send(event.topic.name, event.to_bytes(), key=event.key().encode())
-                stack.published.add(rid)
-            await asyncio.sleep(0.5)
-    finally:
-        await producer.stop()
 
 
 def start_replica(r: ReplicaProc, env: dict[str, str]) -> None:
@@ -173,6 +143,7 @@ async def gateway_stack(
         "LORAFLEET_REPLICA_ADAPTER_ROOT": str(adapter_root),
         "LORAFLEET_REPLICA_MAX_NUM_SEQS": "8",
         "LORAFLEET_REPLICA_BASE_MODEL_HASH": base_hash,
+        "LORAFLEET_REPLICA_STATE_INTERVAL_S": "0.5",  # well inside the gateway's staleness below
         "LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN": TOKEN,
         "LORAFLEET_GATEWAY_REPLICA_STALE_S": "1.5",
         "LORAFLEET_GATEWAY_KEY_CACHE_TTL_S": "0.5",
@@ -193,18 +164,13 @@ async def gateway_stack(
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    publisher = None
     try:
         for r in replicas.values():
             await wait_http(f"{r.url}/health", 120, r.proc)
         await wait_http(f"{stack.url}/health", 60, gw)
-        publisher = asyncio.create_task(_publish_states(platform, stack))
         await wait_http(f"{stack.url}/ready", 30, gw)
         yield stack
     finally:
-        if publisher is not None:
-            publisher.cancel()
-            await asyncio.gather(publisher, return_exceptions=True)
         stop(gw)
         for r in replicas.values():
             stop(r.proc)
