@@ -50,6 +50,8 @@ class GatewaySettings(BaseSettings):
     owners_k: int = Field(default=2, ge=1)
     spill_threshold_tokens: int = Field(default=4096, ge=0)
     replica_stale_s: float = Field(default=3.0, gt=0)
+    # Route only to replicas whose id starts with this (the placement worker's replica_id_prefix).
+    replica_id_prefix: str = ""
     # The replicas' service token (their LORAFLEET_REPLICA_SERVICE_TOKEN).
     replica_service_token: SecretStr = SecretStr("dev-service-token")
     replica_connect_timeout_s: float = Field(default=2.0, gt=0)

@@ -80,7 +80,7 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
             settings=settings,
             auth=KeyAuthenticator(pool, settings.key_cache_ttl_s),
             aliases=AliasCache(pool, settings.alias_cache_ttl_s),
-            view=ReplicaView(settings.replica_stale_s),
+            view=ReplicaView(settings.replica_stale_s, replica_id_prefix=settings.replica_id_prefix),
             replicas=ReplicaClient(
                 settings.replica_service_token.get_secret_value(),
                 settings.replica_connect_timeout_s,

@@ -33,14 +33,18 @@ class _Entry:
 class ReplicaView:
     """replica_id -> latest state; plus this gateway's own tokens in flight per replica."""
 
-    def __init__(self, stale_s: float = 3.0, clock=time.monotonic) -> None:
+    def __init__(self, stale_s: float = 3.0, clock=time.monotonic, replica_id_prefix: str = "") -> None:
         self.stale_s = stale_s
         self.clock = clock
+        # Only this fleet's replicas: replica.state is shared by every stack on one Kafka.
+        self.replica_id_prefix = replica_id_prefix
         self._entries: dict[str, _Entry] = {}
         self._inflight: dict[str, int] = {}
 
     def apply(self, state: ReplicaState) -> None:
         """Keep the newest state; its age counts from when the replica sent it, not when it arrived."""
+        if not state.replica_id.startswith(self.replica_id_prefix):
+            return
         age = max(0.0, time.time() - state.occurred_at.timestamp())
         current = self._entries.get(state.replica_id)
         if current is not None and current.state.occurred_at > state.occurred_at:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +47,14 @@ APP_PROCESSES: dict[str, list[str]] = {
 }
 
 
+# The local fleet's replica ids start with this; the router and the placement worker ignore replicas of
+# any other stack that shares the same Kafka (a test run, a second checkout).
+FLEET_ENV: dict[str, str] = {
+    "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": "replica-",
+    "LORAFLEET_PLACEMENT_REPLICA_ID_PREFIX": "replica-",
+}
+
+
 def app_process(settings: PlatformSettings, name: str) -> ManagedProcess:
     return ManagedProcess(name, run_dir(settings), log_dir(settings))
 
@@ -65,7 +74,8 @@ def apps_up(settings: PlatformSettings, report: Callable[[str], None]) -> None:
         if proc.pid() is not None:
             report(f"{name}: already running (pid {proc.pid()})")
             continue
-        pid = proc.start([sys.executable, "-m", "lorafleet.cli", *args], cwd=REPO_ROOT)
+        env = {k: v for k, v in FLEET_ENV.items() if k not in os.environ}
+        pid = proc.start([sys.executable, "-m", "lorafleet.cli", *args], env=env, cwd=REPO_ROOT)
         report(f"{name}: started (pid {pid}, log {proc.log_file})")
 
 

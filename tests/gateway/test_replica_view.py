@@ -1,0 +1,45 @@
+"""The gateway's live replica table: newest state wins, stale replicas drop out, other fleets are ignored."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from gateway.replica_view import ReplicaView
+from schemas.events import ReplicaState
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def state(replica_id: str, tokens: int = 0, age_s: float = 0.0) -> ReplicaState:
+    return ReplicaState(
+        replica_id=replica_id,
+        url=f"http://127.0.0.1/{replica_id}",
+        tokens_in_flight=tokens,
+        occurred_at=datetime.now(UTC) - timedelta(seconds=age_s),
+    )
+
+
+def test_stale_replicas_drop_out_and_an_older_state_never_replaces_a_newer_one() -> None:
+    clock = Clock()
+    view = ReplicaView(stale_s=3.0, clock=clock)
+    view.apply(state("replica-0", tokens=5))
+    view.apply(state("replica-1", tokens=1))
+    view.apply(state("replica-0", tokens=99, age_s=10))  # a late, older state
+    assert sorted(r.replica_id for r in view.live()) == ["replica-0", "replica-1"]
+    assert next(r for r in view.live() if r.replica_id == "replica-0").tokens_in_flight == 5
+    clock.now += 5
+    view.apply(state("replica-1", tokens=2))
+    assert [r.replica_id for r in view.live()] == ["replica-1"]
+
+
+def test_replicas_of_another_fleet_are_never_routed_to() -> None:
+    view = ReplicaView(stale_s=3.0, clock=Clock(), replica_id_prefix="replica-")
+    view.apply(state("replica-0"))
+    view.apply(state("gwt-a"))
+    assert [r.replica_id for r in view.live()] == ["replica-0"]
