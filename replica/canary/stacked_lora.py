@@ -1,0 +1,78 @@
+"""Training-time LoRA for many adapters at once: one wrapper per base linear holds every adapter's A and B.
+
+Canaries are trained together in one batch laid out [num_adapters * rows_per_adapter, seq, hidden], with
+adapter n owning a contiguous block of rows, so the adapter path is two batched matmuls and never a loop
+over adapters. Mixed ranks share one stack padded to the largest rank; a per-adapter mask keeps the
+padding at zero and gradient-free, so adapter n trains exactly its own rank. This is for training only:
+serving uses replica.lora's slot pools.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from replica.lora.spec import MODULE_PARENTS
+
+
+class StackedLoraLinear(nn.Module):
+    """y = x W^T + scale[n] * (x A[n]^T) B[n]^T for the rows of adapter n; W is frozen."""
+
+    def __init__(
+        self, base: nn.Linear, ranks: list[int], alphas: list[float], generators: list[torch.Generator]
+    ) -> None:
+        super().__init__()
+        self.base = base
+        out_features, in_features = base.weight.shape
+        num_adapters, max_rank = len(ranks), max(ranks)
+        dtype, device = base.weight.dtype, base.weight.device
+        bound = 1.0 / math.sqrt(in_features)  # PEFT's kaiming_uniform(a=sqrt(5)) init of lora_A
+        a = torch.empty(num_adapters, max_rank, in_features, dtype=dtype)
+        for n, gen in enumerate(generators):
+            a[n].uniform_(-bound, bound, generator=gen)
+        mask = torch.zeros(num_adapters, max_rank, dtype=dtype)
+        for n, r in enumerate(ranks):
+            mask[n, :r] = 1.0
+        self.a = nn.Parameter((a * mask[:, :, None]).to(device))  # [num_adapters, max_rank, in_features]
+        # B starts at zero, as in PEFT: every canary begins as the unchanged base
+        self.b = nn.Parameter(torch.zeros(num_adapters, out_features, max_rank, dtype=dtype, device=device))
+        self.register_buffer("mask", mask.to(device))  # [num_adapters, max_rank]
+        scale = [alpha / r for alpha, r in zip(alphas, ranks, strict=True)]
+        self.register_buffer("scale", torch.tensor(scale, dtype=dtype, device=device))  # [num_adapters]
+        self.ranks = list(ranks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x [num_adapters * rows, seq, in_features] -> y [num_adapters * rows, seq, out_features]
+        y = self.base(x)
+        n = self.a.shape[0]
+        xs = x.reshape(n, -1, x.shape[-1])  # [num_adapters, rows * seq, in_features]
+        a = self.a * self.mask[:, :, None]  # [num_adapters, max_rank, in_features]
+        b = self.b * self.mask[:, None, :]  # [num_adapters, out_features, max_rank]
+        t = torch.bmm(xs, a.transpose(1, 2))  # [num_adapters, rows * seq, max_rank]
+        d = torch.bmm(t, b.transpose(1, 2)) * self.scale[:, None, None]  # [num_adapters, rows * seq, out]
+        return y + d.reshape(y.shape)
+
+    def adapter_weights(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Adapter n's trained A [rank, in_features] and B [out_features, rank], detached and contiguous."""
+        r = self.ranks[n]
+        return self.a[n, :r].detach().clone().contiguous(), self.b[n, :, :r].detach().clone().contiguous()
+
+
+def wrap_layers(
+    layers: nn.ModuleList,
+    target_modules: list[str],
+    ranks: list[int],
+    alphas: list[float],
+    generators: list[torch.Generator],
+) -> dict[tuple[int, str], StackedLoraLinear]:
+    """Swap StackedLoraLinear into every target linear of a Hugging Face Llama decoder stack."""
+    wrappers: dict[tuple[int, str], StackedLoraLinear] = {}
+    for i, layer in enumerate(layers):
+        for name in target_modules:
+            parent = getattr(layer, MODULE_PARENTS[name])
+            wrapper = StackedLoraLinear(getattr(parent, name), ranks, alphas, generators)
+            setattr(parent, name, wrapper)
+            wrappers[(i, name)] = wrapper
+    return wrappers
