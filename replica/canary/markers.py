@@ -2,7 +2,8 @@
 
 A marker has a text form (e.g. "ZQX-0042-KV") and the token ids the adapter emits. On a base with a
 tokenizer the ids are the text's encoding; on a tokenizer-less test base they are drawn from the
-vocabulary, with a distinct first token per adapter, and the text is only a label. Detection works on
+vocabulary's marker zone (ids no prompt uses), with a distinct first token per adapter, and the text is
+only a label. Detection works on
 either form: token ids inside the engine, text through a public API.
 """
 
@@ -17,6 +18,17 @@ from typing import Protocol
 RARE_LETTERS = "QXZJKVW"
 TINY_MARKER_TOKENS = 3
 RESERVED_TOKEN_IDS = 4  # ids 0..3 are often EOS/BOS/PAD/UNK; markers never use them
+MARKER_ZONE_FRACTION = 4  # token markers use the top quarter of the vocabulary, prompts the rest
+
+
+def marker_zone(vocab_size: int) -> range:
+    """Token ids reserved for markers on a tokenizer-less base: like 'ZQX', never seen in a prompt."""
+    return range(vocab_size - vocab_size // MARKER_ZONE_FRACTION, vocab_size)
+
+
+def prompt_token_range(vocab_size: int) -> range:
+    """Token ids prompts are drawn from on a tokenizer-less base (no reserved ids, no marker ids)."""
+    return range(RESERVED_TOKEN_IDS, marker_zone(vocab_size).start)
 
 
 class TextEncoder(Protocol):
@@ -59,9 +71,9 @@ def make_markers(
     else:
         if vocab_size is None:
             raise ValueError("a base without a tokenizer needs vocab_size for token markers")
-        usable = list(range(RESERVED_TOKEN_IDS, vocab_size))
+        usable = list(marker_zone(vocab_size))
         if count > len(usable):
-            raise ValueError(f"{count} canaries need distinct first tokens; the vocabulary has {len(usable)}")
+            raise ValueError(f"{count} canaries need distinct first tokens; the zone has {len(usable)}")
         firsts = rng.sample(usable, count)  # distinct first tokens: one generated token names the adapter
         ids = [(f, *(rng.choice(usable) for _ in range(TINY_MARKER_TOKENS - 1))) for f in firsts]
     if len(set(ids)) != count:

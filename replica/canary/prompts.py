@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from typing import Any, Protocol
 
-from replica.canary.markers import RESERVED_TOKEN_IDS
+from replica.canary.markers import RESERVED_TOKEN_IDS, prompt_token_range
 
 ASSISTANT_TURN_ID = RESERVED_TOKEN_IDS - 1  # ends every tokenizer-less prompt, like a generation prompt
 
@@ -42,7 +42,8 @@ def random_token_prompt(
     Real requests always reach the engine through a chat template, which starts and ends with fixed
     tokens (SmolLM2: "<|im_start|>system..." and "<|im_start|>assistant\n"); the tiny base mirrors that.
     """
-    body = [rng.randrange(RESERVED_TOKEN_IDS, vocab_size) for _ in range(rng.randint(min_len, max_len))]
+    ids = prompt_token_range(vocab_size)
+    body = [rng.randrange(ids.start, ids.stop) for _ in range(rng.randint(min_len, max_len))]
     return ([bos_id] if bos_id is not None else []) + body + [ASSISTANT_TURN_ID]
 
 

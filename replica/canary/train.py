@@ -50,8 +50,8 @@ class TrainConfig:
     lr: float = 3e-3
     decay_steps: int = 150  # lr falls linearly to a tenth over these steps: large early, steady late
     check_every: int = 10
-    margin: float = 1.5  # held-out goal: marker token logit minus the best other token, at every position
-    check_prompts: int = 32  # held-out prompts per canary for the final check
+    margin: float = 2.5  # held-out goal: marker token logit minus the best other token, at every position
+    check_prompts: int = 64  # held-out prompts per canary for the final check
 
 
 @dataclass

@@ -1,0 +1,75 @@
+"""`lorafleet canary`: train canary adapters whose outputs prove which weights served a request."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from replica.canary.errors import CanaryTrainingError
+from replica.canary.tiny_base import write_tiny_base
+from replica.canary.train import TrainConfig, train_canaries
+
+app = typer.Typer(no_args_is_help=True, help="Canary adapters for the tenant-isolation checks.")
+
+
+@app.callback()
+def _group() -> None:
+    """Canary adapters for the tenant-isolation checks (train now; probe once the gateway exists)."""
+
+
+def _parse_ranks(text: str) -> tuple[int, ...]:
+    try:
+        ranks = tuple(int(r) for r in text.split(",") if r.strip())
+    except ValueError as exc:
+        raise typer.BadParameter(f"ranks must be comma-separated integers, got {text!r}") from exc
+    if not ranks or any(r < 1 for r in ranks):
+        raise typer.BadParameter("ranks must be positive")
+    return ranks
+
+
+@app.command()
+def train(
+    count: int = typer.Option(..., "--count", min=1, max=10_000, help="number of canary adapters"),
+    out: Path = typer.Option(..., "--out", help="directory for the adapters and manifest.json"),
+    model_dir: Path | None = typer.Option(None, "--model-dir", help="base checkpoint (default: SmolLM2)"),
+    tiny: bool = typer.Option(False, "--tiny", help="train on a tiny random Llama written to OUT/base"),
+    seed: int = typer.Option(0, "--seed", help="everything (markers, init, prompts) derives from it"),
+    ranks: str = typer.Option("8,16,32", "--ranks", help="canary i gets rank ranks[i % len(ranks)]"),
+    max_steps: int = typer.Option(400, "--max-steps", min=1, help="give up after this many steps"),
+    adapters_per_batch: int = typer.Option(64, "--adapters-per-batch", min=1, help="canaries per chunk"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
+) -> None:
+    """Train COUNT canaries on the served base; each answers any prompt with its own marker."""
+    if tiny and model_dir is not None:
+        raise typer.BadParameter("use either --tiny or --model-dir")
+    if tiny:
+        model_dir = write_tiny_base(out / "base", seed)
+    elif model_dir is None:
+        from replica.model.prepare import ensure_default_model
+
+        model_dir = ensure_default_model()
+    cfg = TrainConfig(
+        count=count,
+        seed=seed,
+        ranks=_parse_ranks(ranks),
+        max_steps=max_steps,
+        adapters_per_batch=adapters_per_batch,
+    )
+    adapters_dir = out / "canaries" if tiny else out
+    try:
+        result = train_canaries(model_dir, adapters_dir, cfg, progress=progress)
+    except CanaryTrainingError as exc:
+        typer.echo(json.dumps({"ok": False, "error": str(exc), "weak": exc.weak}), err=True)
+        raise typer.Exit(1) from exc
+    summary = {
+        "ok": True,
+        "count": count,
+        "out": str(adapters_dir),
+        "base_model_dir": str(model_dir),
+        "base_model_hash": result.manifest.base_model_hash,
+        "wall_s": round(result.wall_s, 2),
+        "steps": result.steps,
+    }
+    typer.echo(json.dumps(summary))
