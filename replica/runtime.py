@@ -25,6 +25,7 @@ from replica.lora.merge import merge_adapter
 from replica.lora.registry import AdapterRegistry
 from replica.lora.replace import apply_lora
 from replica.lora.spec import AdapterSpec
+from replica.metrics import EngineLoad, ReplicaMetrics, engine_load
 from replica.model.base_hash import base_model_hash
 from replica.model.llama import LlamaForCausalLM
 from replica.model.loader import load_model
@@ -75,6 +76,8 @@ class Replica:
         # GpuTier is the engine's AdapterPins: acquire/release per row and adapter_in_slot for the check
         core = LLMEngine(runner, self.gpu, eos, settings.max_num_batched_tokens, factory)  # type: ignore[arg-type]
         self.engine = AsyncEngine(core)
+        self.metrics = ReplicaMetrics(Path(settings.model_dir).name)
+        self.metrics.watch_engine(self.gpu_slots, self.engine_load)
         self.cache: AdapterCache | None = None
         self._resources: AsyncExitStack | None = None
 
@@ -106,6 +109,7 @@ class Replica:
             DiskTier(self.settings.cache_path(), self.settings.disk_budget_bytes),
             HostTier(self.settings.ram_budget_bytes),
             self.gpu,
+            on_event=self.metrics.cache_event,
         )
         self._resources = resources
 
@@ -172,6 +176,19 @@ class Replica:
                 "this replica has no tokenizer; send prompt_token_ids", param="messages"
             )
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+    def engine_load(self) -> EngineLoad:
+        """The engine's running and waiting requests, copied while the engine thread may be stepping."""
+        sched, s = self.engine.engine.scheduler, self.settings
+        for _ in range(10):
+            try:
+                running, waiting = list(sched.running), list(sched.waiting)
+                break
+            except RuntimeError:  # the engine thread changed the deque mid-copy: copy again
+                continue
+        else:
+            running, waiting = [], []
+        return engine_load(running, waiting, s.max_num_seqs * s.max_model_len)
 
     def load(self) -> Load:
         core = self.engine.engine

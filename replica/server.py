@@ -13,7 +13,8 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
@@ -21,6 +22,7 @@ from replica.api import GenerateRequest, LoadRequest, LoadResponse, StateRespons
 from replica.control.supervisor import supervise_control
 from replica.engine.sampler import SamplingParams
 from replica.errors import InvalidRequestError, ReplicaError, UnauthorizedError, WrongReplicaError
+from replica.metrics import RequestTimer
 from replica.runtime import AdapterUse, Replica
 from schemas.ids import AdapterId
 
@@ -101,6 +103,11 @@ def create_app(replica: Replica) -> FastAPI:
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        # no token: Prometheus scrapes it like vLLM's; it shows load and adapter ids, never prompts
+        return Response(generate_latest(replica.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
     @app.post("/internal/replicas/{replica_id}/generate")
     async def generate(replica_id: str, body: GenerateRequest, _: Authorized) -> StreamingResponse:
         messages = [m.model_dump() for m in body.messages] if body.messages is not None else None
@@ -115,7 +122,10 @@ def create_app(replica: Replica) -> FastAPI:
             ignore_eos=body.ignore_eos,
         )
         replica.engine.engine.check_request(prompt, params)
+        timer = replica.metrics.request()
         use = await replica.acquire(body.adapter_id)
+        if use.header_adapter_id is not None:
+            replica.metrics.hit(use.tier or "gpu")
         request_id = body.request_id or replica.engine.next_request_id()
         headers = {"x-request-id": request_id}
         if use.header_adapter_id is not None:
@@ -128,7 +138,7 @@ def create_app(replica: Replica) -> FastAPI:
             len(prompt),
         )
         return LeasedStream(
-            _stream(replica, prompt, params, use, request_id),
+            _stream(replica, prompt, params, use, request_id, timer),
             lambda: replica.release(use),
             media_type="application/x-ndjson",
             headers=headers,
@@ -169,7 +179,12 @@ class LeasedStream(StreamingResponse):
 
 
 async def _stream(
-    replica: Replica, prompt: list[int], params: SamplingParams, use: AdapterUse, request_id: str
+    replica: Replica,
+    prompt: list[int],
+    params: SamplingParams,
+    use: AdapterUse,
+    request_id: str,
+    timer: RequestTimer,
 ) -> AsyncIterator[bytes]:
     """NDJSON lines for one request; if the client goes away, closing this generator aborts the request."""
     gen = replica.engine.generate(prompt, params, use.engine_adapter_id, request_id)
@@ -184,6 +199,8 @@ async def _stream(
                 }
                 yield _line({"type": "error", "error": err})
                 return
+            if out.token_id is not None:
+                timer.token()
             if not out.finished:
                 yield _line({"type": "token", "token_id": out.token_id, "text": out.text})
                 continue
@@ -192,6 +209,7 @@ async def _stream(
                 out_text = ""
             else:
                 out_text = out.text
+            timer.finished(out.finish_reason, out.prompt_tokens, out.completion_tokens)
             usage = {
                 "prompt_tokens": out.prompt_tokens,
                 "completion_tokens": out.completion_tokens,

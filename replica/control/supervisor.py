@@ -31,7 +31,8 @@ async def supervise_control(
 ) -> None:
     """Run the control loop until shutdown, restarting it retry_s after each failure."""
     events = EventPublisher(replica_id)
-    cache.on_event = events
+    local = cache.on_event  # the replica's metrics keep counting next to the published events
+    cache.on_event = lambda e: (local(e), events(e))
     while not shutdown.is_set():
         stop = asyncio.Event()  # run_control sets its stop event when it ends, so one per attempt
         forward = asyncio.create_task(_set_when(shutdown, stop))

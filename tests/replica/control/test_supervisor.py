@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 
 from lorafleet.config import PlatformSettings
-from replica.control.events import EventPublisher
+from replica.adapter_cache.tier import CacheEvent
 from replica.control.state_publisher import Load, build_state
 from replica.control.supervisor import supervise_control
 from tests.replica.adapter_cache.helpers import make_env
@@ -32,6 +32,9 @@ async def test_kafka_down_is_retried_without_ending_and_shutdown_stops_it(tmp_pa
     )
     await asyncio.sleep(0.5)  # several failed attempts
     assert not task.done(), "a broker that is down must not end the control loop for good"
-    assert isinstance(env.cache.on_event, EventPublisher)  # loads and evictions go to replica.events
+    # loads and evictions go to replica.events and still reach the sink the cache had (the metrics)
+    event = CacheEvent("load", "a", "disk", "ram", 0.1, 10)
+    env.cache.on_event(event)
+    assert env.events[-1] == event
     shutdown.set()
     await asyncio.wait_for(task, 5)

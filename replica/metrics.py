@@ -1,0 +1,174 @@
+"""Replica Prometheus metrics: vLLM's names (so routers, KEDA and dashboards read us unchanged) and ours.
+
+Gauges are read from the engine at scrape time by a collector; counters and histograms are updated where
+tokens are streamed and where the adapter cache reports loads and evictions. Each app has its own
+registry, so several replicas can live in one test process. Adapters never become a label except inside
+vllm:lora_requests_info, whose comma-separated label values are the GIE protocol (ecosystem.md 3.2).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from replica.adapter_cache.tier import CacheEvent
+from replica.engine.sequence import Sequence
+
+# vLLM's TTFT buckets, extended for a CPU replica
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """What the engine holds right now."""
+
+    running: int
+    waiting: int
+    kv_usage: float  # KV positions held by running sequences / positions the cache has, 0-1
+    tokens_in_flight: int
+    running_adapters: tuple[str, ...]
+    waiting_adapters: tuple[str, ...]
+
+
+def engine_load(running: Iterable[Sequence], waiting: Iterable[Sequence], kv_positions: int) -> EngineLoad:
+    """Summarise the scheduler's running and waiting sequences (copies taken by the caller)."""
+    run, wait = list(running), list(waiting)
+    held = sum(s.num_tokens for s in run)
+    return EngineLoad(
+        running=len(run),
+        waiting=len(wait),
+        kv_usage=min(1.0, held / kv_positions) if kv_positions else 0.0,
+        tokens_in_flight=held + sum(len(s.prompt_token_ids) for s in wait),
+        running_adapters=tuple(sorted({s.adapter_id for s in run if s.adapter_id is not None})),
+        waiting_adapters=tuple(sorted({s.adapter_id for s in wait if s.adapter_id is not None})),
+    )
+
+
+class EngineGauges(Collector):
+    """vllm:num_requests_*, vllm:kv_cache_usage_perc, vllm:lora_requests_info and tokens in flight."""
+
+    def __init__(
+        self,
+        model_name: str,
+        max_lora: int,
+        read: Callable[[], EngineLoad],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.model_name, self.max_lora, self.read, self.clock = model_name, max_lora, read, clock
+
+    def collect(self) -> Iterator[Metric]:
+        load = self.read()
+        m = [self.model_name]
+        for name, doc, value in (
+            ("vllm:num_requests_running", "Requests in the running batch.", load.running),
+            ("vllm:num_requests_waiting", "Requests waiting to be scheduled.", load.waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage, 0-1.", load.kv_usage),
+            (
+                "lorafleet_replica_tokens_in_flight",
+                "Prompt and generated tokens of running requests plus prompts of waiting ones.",
+                load.tokens_in_flight,
+            ),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g.add_metric(m, value)
+            yield g
+        info = GaugeMetricFamily(
+            "vllm:lora_requests_info",
+            "Running and waiting LoRA adapters (comma-separated); the value is the update time.",
+            labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+        )
+        running, waiting = ",".join(load.running_adapters), ",".join(load.waiting_adapters)
+        info.add_metric([str(self.max_lora), running, waiting], self.clock())
+        yield info
+
+
+class ReplicaMetrics:
+    """One set per app, in its own registry."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry()
+        r, m = self.registry, ["model_name"]
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time from request arrival to its first token.",
+            m,
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds",
+            "Time between output tokens.",
+            m,
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", m, registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", m, registry=r)
+        self.request_success = Counter(
+            "vllm:request_success", "Finished requests by reason.", m + ["finished_reason"], registry=r
+        )
+        self.hits = Counter(
+            "lorafleet_replica_adapter_hits",
+            "Requests by the tier their adapter was found in on arrival.",
+            ["tier"],
+            registry=r,
+        )
+        self.loads = Counter(
+            "lorafleet_replica_adapter_loads",
+            "Adapter copies between tiers (to_tier=gpu: into a GPU slot).",
+            ["from_tier", "to_tier"],
+            registry=r,
+        )
+        self.evictions = Counter(
+            "lorafleet_replica_adapter_evictions", "Adapter evictions by tier.", ["tier"], registry=r
+        )
+
+    def watch_engine(self, max_lora: int, read: Callable[[], EngineLoad]) -> None:
+        """Register the scrape-time engine gauges."""
+        self.registry.register(EngineGauges(self.model_name, max_lora, read))
+
+    def cache_event(self, e: CacheEvent) -> None:
+        """The adapter cache's event sink."""
+        if e.kind == "load":
+            self.loads.labels(e.from_tier or "none", e.to_tier or "none").inc()
+        else:
+            self.evictions.labels(e.from_tier or "none").inc()
+
+    def request(self) -> RequestTimer:
+        """Start timing a request that arrived now (before its adapter is brought in)."""
+        return RequestTimer(self)
+
+    def hit(self, tier: str) -> None:
+        """A request's adapter was found in `tier` on arrival."""
+        self.hits.labels(tier).inc()
+
+
+class RequestTimer:
+    """Observes TTFT and inter-token latency as one request's tokens are streamed."""
+
+    def __init__(self, metrics: ReplicaMetrics, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.metrics, self.clock = metrics, clock
+        self.arrived = clock()
+        self.last: float | None = None
+
+    def token(self) -> None:
+        now = self.clock()
+        name = self.metrics.model_name
+        if self.last is None:
+            self.metrics.ttft.labels(name).observe(now - self.arrived)
+        else:
+            self.metrics.itl.labels(name).observe(now - self.last)
+        self.last = now
+
+    def finished(self, reason: str | None, prompt_tokens: int, completion_tokens: int) -> None:
+        name = self.metrics.model_name
+        self.metrics.prompt_tokens.labels(name).inc(prompt_tokens)
+        self.metrics.generation_tokens.labels(name).inc(completion_tokens)
+        self.metrics.request_success.labels(name, reason or "unknown").inc()

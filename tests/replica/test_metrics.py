@@ -1,0 +1,132 @@
+"""GET /metrics on a tiny replica: vLLM's names and labels, and our adapter counters move with requests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from replica.adapter_cache.tier import CacheEvent
+from replica.config import ReplicaSettings
+from replica.engine.sampler import SamplingParams
+from replica.engine.sequence import Sequence
+from replica.metrics import ReplicaMetrics, engine_load
+from replica.model.base_hash import base_model_hash
+from replica.runtime import Replica, build_replica
+from replica.server import create_app
+from tests.replica.peft_util import AdapterRecipe, make_peft_adapters
+
+TOKEN = "test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+BASE = "/internal/replicas/r1"
+
+
+@pytest.fixture(scope="module")
+async def replica(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Replica]:
+    out = tmp_path_factory.mktemp("metrics-adapters")
+    recipes = [AdapterRecipe("tiny-a", 8, 16, targets=("q_proj", "v_proj"), seed=1)]
+    _, dirs = make_peft_adapters(tiny_model_dir, out, recipes, base_hash=base_model_hash(tiny_model_dir))
+    settings = ReplicaSettings(
+        replica_id="r1",
+        service_token=TOKEN,
+        model_dir=tiny_model_dir,
+        device="cpu",
+        max_num_seqs=4,
+        max_model_len=128,
+        lora_slots={8: 2},
+        adapter_dirs={"tiny-a": dirs["tiny-a"]},
+        registry_url=None,
+        control_enabled=False,
+        cache_dir=out / "cache",
+    )
+    rep = build_replica(settings)
+    await rep.start()
+    yield rep
+    await rep.stop()
+
+
+@pytest.fixture
+async def client(replica: Replica) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=create_app(replica))
+    async with httpx.AsyncClient(transport=transport, base_url="http://replica") as c:
+        yield c
+
+
+async def _scrape(client: httpx.AsyncClient) -> dict[str, list]:
+    resp = await client.get("/metrics")  # no service token: Prometheus scrapes it as it scrapes vLLM
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
+    return {f.name: f.samples for f in text_string_to_metric_families(resp.text)}
+
+
+def _value(samples: list, name: str, **labels: str) -> float:
+    return sum(s.value for s in samples if s.name == name and labels.items() <= s.labels.items())
+
+
+async def test_a_generation_moves_the_vllm_and_lorafleet_metrics(
+    client: httpx.AsyncClient, tiny_model_dir: Path
+) -> None:
+    before = await _scrape(client)
+    body = {"prompt_token_ids": [1, 2, 3, 4, 5], "max_tokens": 6, "ignore_eos": True, "adapter_id": "tiny-a"}
+    resp = await client.post(f"{BASE}/generate", json=body, headers=AUTH)
+    assert resp.status_code == 200 and resp.headers["x-adapter-tier"] == "remote"
+    after = await _scrape(client)
+
+    ttft = "vllm:time_to_first_token_seconds"
+    itl = "vllm:inter_token_latency_seconds"
+    count = lambda fams, fam, name: _value(fams.get(fam, []), name)  # noqa: E731
+    assert count(after, ttft, ttft + "_count") == count(before, ttft, ttft + "_count") + 1
+    assert count(after, itl, itl + "_count") == count(before, itl, itl + "_count") + 5  # 6 tokens, 5 gaps
+    gen = "vllm:generation_tokens"
+    assert count(after, gen, gen + "_total") - count(before, gen, gen + "_total") == 6
+    hits = after["lorafleet_replica_adapter_hits"]
+    assert _value(hits, "lorafleet_replica_adapter_hits_total", tier="remote") >= 1
+    loads = after["lorafleet_replica_adapter_loads"]
+    assert _value(loads, "lorafleet_replica_adapter_loads_total", from_tier="ram", to_tier="gpu") >= 1
+    assert {s.labels["model_name"] for s in after[ttft]} == {tiny_model_dir.name}
+
+
+async def test_engine_gauges_have_the_vllm_names_and_lora_info_labels(client: httpx.AsyncClient) -> None:
+    fams = await _scrape(client)
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "lorafleet_replica_tokens_in_flight",
+    ):
+        (sample,) = fams[name]
+        assert sample.value == 0 and "model_name" in sample.labels  # idle between requests
+    (info,) = fams["vllm:lora_requests_info"]
+    assert info.labels == {"max_lora": "2", "running_lora_adapters": "", "waiting_lora_adapters": ""}
+    assert info.value > 1e9  # the update time, as vLLM sets it
+
+
+def test_engine_load_lists_running_and_waiting_adapters_and_kv_usage() -> None:
+    params = SamplingParams(max_tokens=4)
+    run = [Sequence("a", [1, 2, 3], params, "x"), Sequence("b", [1] * 5, params, None)]
+    run[0].output_token_ids = [7, 8]
+    wait = [Sequence("c", [1] * 4, params, "y"), Sequence("d", [1], params, "x")]
+    load = engine_load(run, wait, kv_positions=20)
+    assert (load.running, load.waiting) == (2, 2)
+    assert load.kv_usage == pytest.approx(10 / 20)
+    assert load.tokens_in_flight == 10 + 5
+    assert load.running_adapters == ("x",) and load.waiting_adapters == ("x", "y")
+
+
+def test_cache_events_count_loads_by_tiers_and_evictions_by_tier() -> None:
+    m = ReplicaMetrics("base")
+    m.cache_event(CacheEvent("load", "a", "disk", "ram", 0.1, 10))
+    m.cache_event(CacheEvent("evict", "b", "gpu", "ram", 0.0, 0))
+    m.cache_event(CacheEvent("evict", "c", "gpu", None, 0.0, 0))
+    get = m.registry.get_sample_value
+    assert get("lorafleet_replica_adapter_loads_total", {"from_tier": "disk", "to_tier": "ram"}) == 1
+    assert get("lorafleet_replica_adapter_evictions_total", {"tier": "gpu"}) == 2
+
+
+def test_two_replicas_metrics_do_not_collide() -> None:
+    a, b = ReplicaMetrics("m"), ReplicaMetrics("m")
+    a.hit("gpu")
+    assert a.registry.get_sample_value("lorafleet_replica_adapter_hits_total", {"tier": "gpu"}) == 1
+    assert b.registry.get_sample_value("lorafleet_replica_adapter_hits_total", {"tier": "gpu"}) is None
