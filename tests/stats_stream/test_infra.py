@@ -8,6 +8,8 @@ import yaml
 from prometheus_client import REGISTRY
 
 import stats_stream.metrics  # noqa: F401 - registers the stream's metrics
+from gateway.metrics import GatewayMetrics
+from replica.metrics import EngineLoad, ReplicaMetrics
 from stats_stream.config import StatsStreamSettings
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
@@ -31,6 +33,35 @@ def test_every_stream_metric_the_rules_and_dashboard_use_is_exposed() -> None:
     used |= _stream_names_in((INFRA / "grafana/lorafleet.json").read_text())
     assert used, "the rules and dashboard read some stream metric"
     assert used <= _exposed(), used - _exposed()
+
+
+def _process_names_in(text: str) -> set[str]:
+    """Names the replicas and the gateway own: vllm:*, lorafleet_replica_* (not the stream's), gateway_*."""
+    names = set(re.findall(r"\b(?:vllm:[a-z_]+|lorafleet_replica_[a-z_]+|gateway_[a-z_]+)", text))
+    return {n for n in names if not n.endswith("_per_minute")}
+
+
+def _process_exposed() -> set[str]:
+    replica = ReplicaMetrics("base")
+    replica.watch_engine(4, lambda: EngineLoad(0, 0, 0.0, 0, (), ()))
+    out: set[str] = set()
+    for registry in (replica.registry, GatewayMetrics().registry):
+        for family in registry.collect():
+            out |= {family.name + suffix for suffix in ("", "_total", "_bucket", "_count", "_sum")}
+    return out
+
+
+def test_every_replica_and_gateway_metric_the_infra_reads_is_exposed() -> None:
+    used: set[str] = set()
+    for f in ("prometheus/alerts.yml", "grafana/lorafleet.json", "k8s/keda-scaledobject.yaml"):
+        used |= _process_names_in((INFRA / f).read_text())
+    assert {"vllm:num_requests_waiting", "lorafleet_replica_tokens_in_flight"} <= used
+    assert used <= _process_exposed(), used - _process_exposed()
+
+
+def test_the_metrics_readme_lists_only_exposed_replica_and_gateway_names() -> None:
+    listed = _process_names_in((INFRA / "prometheus/README.md").read_text())
+    assert listed <= _process_exposed(), listed - _process_exposed()
 
 
 def test_alert_rules_have_the_documented_shape() -> None:
