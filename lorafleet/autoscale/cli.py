@@ -1,0 +1,36 @@
+"""`lorafleet autoscale --local`: follow autoscale.signals by starting and stopping local replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import typer
+
+from lorafleet.autoscale.config import AutoscaleSettings
+from lorafleet.config import get_settings
+
+log = logging.getLogger(__name__)
+
+
+def autoscale(
+    local: bool = typer.Option(False, "--local", help="Start and stop replica processes on this machine."),
+) -> None:
+    """Act on the stats stream's desired replica count (in Kubernetes, KEDA does this: infra/k8s)."""
+    if not local:
+        raise typer.BadParameter(
+            "only --local is implemented; in Kubernetes use infra/k8s/keda-scaledobject.yaml"
+        )
+    from lorafleet.autoscale.local import run
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = AutoscaleSettings()
+    log.info(
+        "autoscale --local: fleet %s, %d..%d replicas",
+        settings.fleet,
+        settings.min_replicas,
+        settings.max_replicas,
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run(get_settings(), settings))
