@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "placement-worker": ("placement_worker.main", "placement_worker"),
     "stats-stream": ("stats_stream.cli", "stats_stream"),
     "stats": ("stats_stream.cli", "stats"),
+    "autoscale": ("lorafleet.autoscale.cli", "autoscale"),
 }
 
 
