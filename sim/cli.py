@@ -1,0 +1,133 @@
+"""`lorafleet simulate`: the fleet simulator from the command line (one run, a routing A/B, or a search for
+the smallest fleet that holds a p95 TTFT target)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from sim import report
+from sim.replica import CacheSizes
+from sim.simulator import SimConfig, simulate
+from sim.timing import TimingModel, load_timing
+from sim.workload import Request, WorkloadConfig, generate, load, save
+
+log = logging.getLogger(__name__)
+
+
+def _run(cfg: SimConfig, timing: TimingModel, trace: list[Request], gpu_hour_usd: float) -> dict[str, Any]:
+    start = time.perf_counter()
+    result = report.build(simulate(cfg, timing, trace), gpu_hour_usd)
+    result["wall_s"] = round(time.perf_counter() - start, 2)
+    return result
+
+
+def find_replicas(
+    cfg: SimConfig, timing: TimingModel, trace: list[Request], slo_p95_s: float, gpu_hour_usd: float
+) -> dict[str, Any]:
+    """Smallest fleet whose p95 TTFT is within slo_p95_s (binary search; doubles the top until it holds)."""
+    tried: dict[int, dict[str, Any]] = {}
+
+    def ok(n: int) -> bool:
+        if n not in tried:
+            tried[n] = _run(replace(cfg, replicas=n), timing, trace, gpu_hour_usd)
+            log.info("replicas=%d p95=%s", n, tried[n]["ttft"]["p95_s"])
+        p95 = tried[n]["ttft"]["p95_s"]
+        return p95 is not None and p95 <= slo_p95_s
+
+    hi = max(cfg.replicas, 1)
+    while not ok(hi):
+        if hi >= 1024:
+            raise typer.BadParameter(f"no fleet up to {hi} replicas holds p95 TTFT <= {slo_p95_s} s")
+        hi *= 2
+    lo = 0  # 0 replicas never holds
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return {
+        "slo_p95_ttft_s": slo_p95_s,
+        "replicas": hi,
+        "tried": {
+            n: {"p95_ttft_s": r["ttft"]["p95_s"], "gpu_hit_rate": r["gpu_hit_rate"]}
+            for n, r in sorted(tried.items())
+        },
+        "report": tried[hi],
+    }
+
+
+def simulate_cmd(
+    replicas: Annotated[int, typer.Option(help="Replicas (GPUs) in the fleet.")] = 26,
+    adapters: Annotated[int, typer.Option(help="Adapters in the Zipf mix.")] = 5000,
+    rate: Annotated[float, typer.Option(help="Requests per second (Poisson).")] = 40.0,
+    zipf: Annotated[float, typer.Option(help="Zipf exponent s of adapter popularity.")] = 1.0,
+    routing: Annotated[str, typer.Option(help="affinity | random")] = "affinity",
+    duration: Annotated[float, typer.Option(help="Simulated seconds of arrivals.")] = 3600.0,
+    warmup: Annotated[float, typer.Option(help="Seconds of arrivals left out of the report.")] = 60.0,
+    seed: Annotated[int, typer.Option()] = 0,
+    gpu_slots: Annotated[int, typer.Option(help="GPU adapter slots per replica.")] = 250,
+    ram_gb: Annotated[float, typer.Option(help="Host RAM for adapters per replica, GB.")] = 40.0,
+    adapter_mb: Annotated[float, typer.Option(help="Adapter size, MB.")] = 80.0,
+    owners: Annotated[int, typer.Option(help="Default owners per adapter.")] = 2,
+    spill_threshold: Annotated[int, typer.Option(help="Router spill threshold, tokens in flight.")] = 32_000,
+    gpu_hour_usd: Annotated[float, typer.Option(help="Price of one GPU-hour.")] = 2.5,
+    calibration: Annotated[
+        list[Path] | None, typer.Option(help="bench engine / bench load calibration JSON (repeatable).")
+    ] = None,
+    trace_in: Annotated[
+        Path | None, typer.Option(help="Replay this JSONL trace instead of generating.")
+    ] = None,
+    trace_out: Annotated[Path | None, typer.Option(help="Save the trace as JSONL.")] = None,
+    ab: Annotated[bool, typer.Option("--ab", help="Run affinity and random on the same trace.")] = False,
+    find: Annotated[bool, typer.Option("--find-replicas", help="Smallest fleet that holds the SLO.")] = False,
+    slo_p95_ttft: Annotated[float, typer.Option(help="p95 TTFT target for --find-replicas, s.")] = 1.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the whole report as JSON.")] = False,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON here.")] = None,
+) -> None:
+    """Simulate the fleet at scale with the real router, placement and cache code."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    workload = WorkloadConfig(adapters=adapters, rate=rate, zipf_s=zipf, duration_s=duration, seed=seed)
+    trace = load(trace_in) if trace_in is not None else generate(workload)
+    if trace_out is not None:
+        save(trace, trace_out)
+    timing = load_timing(calibration or [])
+    sizes = CacheSizes(gpu_slots=gpu_slots, adapter_bytes=int(adapter_mb * 1e6), ram_bytes=int(ram_gb * 1e9))
+    cfg = SimConfig(
+        replicas=replicas,
+        routing=routing,
+        owners_k=owners,
+        spill_threshold_tokens=spill_threshold,
+        sizes=sizes,
+        warmup_s=warmup,
+        seed=seed,
+    )
+    result: dict[str, Any]
+    if find:
+        result = find_replicas(cfg, timing, trace, slo_p95_ttft, gpu_hour_usd)
+    elif ab:
+        runs = {
+            mode: _run(replace(cfg, routing=mode), timing, trace, gpu_hour_usd)
+            for mode in ("affinity", "random")
+        }
+        result = {"comparison": report.compare(runs["affinity"], runs["random"]), "runs": runs}
+    else:
+        result = _run(cfg, timing, trace, gpu_hour_usd)
+    text = json.dumps(result, indent=2)
+    if out is not None:
+        out.write_text(text + "\n")
+    if as_json:
+        typer.echo(text)
+    else:
+        brief = result.get("comparison") or {
+            k: result.get(k)
+            for k in ("replicas", "ttft", "gpu_hit_rate", "ram_hit_rate", "gpus_needed", "cost")
+        }
+        typer.echo(json.dumps(brief, indent=2))

@@ -1,0 +1,223 @@
+"""One simulated replica: the real cache bookkeeping (SlotTable for GPU slots with refcounts, ByteLru for
+host RAM and local disk) and continuous batching driven by the timing model.
+
+A request holds a pin on its adapter's slot from the moment the adapter is ready until it finishes, and a
+load holds one while it writes the slot, so only idle adapters are evicted (the SlotTable enforces it).
+Step k runs between boundaries k and k+1; a request admitted at boundary k has its prompt prefilled in
+step k, emits its first token at boundary k+1 and its last at boundary k + output_tokens.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from replica.adapter_cache.lru import ByteLru
+from replica.errors import NoFreeSlotError
+from replica.lora.slots import SlotTable
+from sim.timing import TimingModel
+from sim.workload import Request
+
+
+@dataclass(slots=True)
+class SimRequest:
+    """A request's journey through the fleet; times are simulated seconds."""
+
+    req: Request
+    replica_id: str = ""
+    route_reason: str = ""
+    found_in: str = ""
+    first_token_s: float = -1.0
+    finish_s: float = -1.0
+    finish_step: int = 0
+
+
+@dataclass(frozen=True)
+class CacheSizes:
+    gpu_slots: int = 250
+    rank: int = 16
+    adapter_bytes: int = 80_000_000
+    ram_bytes: int = 40_000_000_000  # 500 adapters; owners hold ~385 each at the brief's scale
+    disk_bytes: int = 400_000_000_000  # every adapter of the brief fits on local disk
+
+
+Schedule = Callable[[float, int, object], None]  # (time, event kind, payload)
+STEP = 1
+LOAD_DONE = 2
+
+
+class SimReplica:
+    """GPU slots, RAM and disk tiers, a load path per tier, and a running batch."""
+
+    def __init__(
+        self,
+        replica_id: str,
+        timing: TimingModel,
+        sizes: CacheSizes,
+        schedule: Schedule,
+        on_complete: Callable[[SimRequest], None],
+    ) -> None:
+        self.replica_id = replica_id
+        self.timing, self.sizes = timing, sizes
+        self.schedule, self.on_complete = schedule, on_complete
+        self.slots = SlotTable({sizes.rank: sizes.gpu_slots})
+        self.ram: ByteLru[str] = ByteLru(sizes.ram_bytes, "ram")
+        self.disk: ByteLru[str] = ByteLru(sizes.disk_bytes, "disk")
+        self.loading: dict[str, list[SimRequest]] = {}  # adapter -> requests waiting for its slot write
+        self.loading_from: dict[str, str] = {}
+        self.blocked: deque[str] = deque()  # loads waiting for a slot (every slot pinned)
+        self.ready: deque[SimRequest] = deque()
+        self.finishing: list[tuple[int, int, SimRequest]] = []
+        self.rows: Counter[str] = Counter()  # adapter -> running rows
+        self.step_no = 0
+        self.busy = False
+        self.busy_since = 0.0
+        self.busy_s = 0.0
+        self.row_s = 0.0  # sum over steps of batch size x step time (mean batch = row_s / duration)
+        self.loads: Counter[str] = Counter()  # source tier -> GPU loads
+        self.ram_evictions = 0
+        self.disk_evictions = 0
+
+    # placement (before the run)
+
+    def own(self, adapter_id: str) -> None:
+        """An owner pulls the adapter to local disk and host RAM."""
+        self.disk_evictions += len(self.disk.add(adapter_id, self.sizes.adapter_bytes))
+        self.ram_evictions += len(self.ram.add(adapter_id, self.sizes.adapter_bytes))
+
+    def prewarm(self, adapter_id: str, now: float) -> None:
+        """Put an owned adapter with steady traffic into a free GPU slot (no eviction)."""
+        if self.slots.lookup(adapter_id) is None and len(self.slots.entries()) < self.sizes.gpu_slots:
+            self.slots.place(adapter_id, self.sizes.rank, now)
+
+    # what the router sees
+
+    def gpu_ids(self) -> frozenset[str]:
+        return frozenset(e.adapter_id for e in self.slots.entries() if e.adapter_id not in self.loading)
+
+    def resident_ids(self) -> frozenset[str]:
+        return self.gpu_ids() | frozenset(self.ram.keys())
+
+    # requests
+
+    def tier_of(self, adapter_id: str) -> str:
+        if self.slots.lookup(adapter_id) is not None:
+            return "gpu"
+        if adapter_id in self.ram:
+            return "ram"
+        return "disk" if adapter_id in self.disk else "remote"
+
+    def arrive(self, sr: SimRequest, now: float) -> None:
+        aid = sr.req.adapter_id
+        sr.replica_id = self.replica_id
+        if aid in self.loading:
+            sr.found_in = self.loading_from[aid]
+            self.loading[aid].append(sr)
+            return
+        sr.found_in = self.tier_of(aid)
+        if sr.found_in == "gpu":
+            self.slots.pin(aid, now)
+            if aid in self.ram:
+                self.ram.touch(aid)
+            self.ready.append(sr)
+            self._kick(now)
+            return
+        self.loading[aid] = [sr]
+        self.loading_from[aid] = sr.found_in
+        self._start_load(aid, now)
+
+    def _start_load(self, aid: str, now: float) -> None:
+        try:
+            self.slots.place(aid, self.sizes.rank, now)
+        except NoFreeSlotError:
+            self.blocked.append(aid)
+            return
+        self.slots.pin(aid, now)  # the slot write's own hold
+        source = self.loading_from[aid]
+        self.loads[source] += 1
+        if source == "remote":
+            self.disk_evictions += len(self.disk.add(aid, self.sizes.adapter_bytes))
+        if aid in self.ram:
+            self.ram.touch(aid)
+        else:
+            self.ram_evictions += len(self.ram.add(aid, self.sizes.adapter_bytes))
+        self.schedule(now + self.timing.load_s[source], LOAD_DONE, (self, aid))
+
+    def load_done(self, aid: str, now: float) -> None:
+        for sr in self.loading.pop(aid):
+            self.slots.pin(aid, now)
+            self.ready.append(sr)
+        del self.loading_from[aid]
+        self.slots.unpin(aid, now)
+        self._kick(now)
+
+    def _unblock(self, now: float) -> None:
+        while self.blocked:
+            free = len(self.slots.entries()) < self.sizes.gpu_slots
+            if not free and all(e.ref_count > 0 for e in self.slots.entries()):
+                return
+            self._start_load(self.blocked.popleft(), now)
+
+    def _kick(self, now: float) -> None:
+        if not self.busy:
+            self.busy, self.busy_since = True, now
+            self.schedule(now, STEP, self)
+
+    def step(self, now: float) -> None:
+        """A step boundary: finish requests, admit ready ones, schedule the next boundary."""
+        finishing = self.finishing
+        while finishing and finishing[0][0] <= self.step_no:
+            sr = heapq.heappop(finishing)[2]
+            aid = sr.req.adapter_id
+            self.rows[aid] -= 1
+            if not self.rows[aid]:
+                del self.rows[aid]
+            self.slots.unpin(aid, now)
+            sr.finish_s = now
+            self.on_complete(sr)
+        if self.blocked:
+            self._unblock(now)
+        admitted: list[SimRequest] = []
+        room = self.timing.max_batch - len(finishing)
+        while self.ready and room > 0:
+            admitted.append(self.ready.popleft())
+            room -= 1
+        if not finishing and not admitted:
+            self.busy = False
+            self.busy_s += now - self.busy_since
+            return
+        prompt = 0
+        for sr in admitted:
+            self.rows[sr.req.adapter_id] += 1
+            prompt += sr.req.prompt_tokens
+        batch = len(finishing) + len(admitted)
+        end = now + self.timing.step_s(batch, len(self.rows)) + self.timing.prefill_s(prompt)
+        self.row_s += batch * (end - now)
+        for sr in admitted:
+            sr.first_token_s = end
+            sr.finish_step = self.step_no + sr.req.output_tokens
+            heapq.heappush(finishing, (sr.finish_step, sr.req.request_id, sr))
+        self.step_no += 1
+        self.schedule(end, STEP, self)
+
+    def finish_busy(self, now: float) -> None:
+        """Close the busy interval at the end of the run (for utilisation)."""
+        if self.busy:
+            self.busy_s += now - self.busy_since
+            self.busy_since = now
+
+    def check(self) -> None:
+        """Invariants: budgets hold, every running or ready request's adapter is pinned in a slot."""
+        assert len(self.slots.entries()) <= self.sizes.gpu_slots
+        assert self.ram.used <= self.ram.budget and self.disk.used <= self.disk.budget
+        holds: Counter[str] = Counter(self.rows)
+        for sr in self.ready:
+            holds[sr.req.adapter_id] += 1
+        for aid in self.loading:
+            if aid not in self.blocked:
+                holds[aid] += 1
+        for aid, n in holds.items():
+            entry = self.slots.lookup(aid)
+            assert entry is not None and entry.ref_count == n, (aid, n, entry)

@@ -1,0 +1,40 @@
+"""The replica timing model: the brief's defaults and calibration overrides."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.timing import TimingModel, apply_calibration, load_timing
+
+
+def test_brief_defaults_give_640_tokens_per_s_at_batch_32() -> None:
+    model = TimingModel()
+    assert model.decode_tokens_per_s() == pytest.approx(640.0)
+    assert model.step_s(32, 32) == pytest.approx(0.050)
+    assert model.step_s(32, 1) < model.step_s(32, 8) < model.step_s(32, 32)
+    assert model.prefill_s(8000) == pytest.approx(1.0)
+    assert model.load_s == {"gpu": 0.0, "ram": 0.008, "disk": 0.040, "remote": 0.4}
+
+
+def test_engine_calibration_fits_step_time_per_distinct_adapter() -> None:
+    engine = {
+        "batch": 16,
+        "decode_step_s": {"1": {"median": 0.021}, "8": {"median": 0.028}, "16": {"median": 0.036}},
+        "prefill": {"1": {"tokens_per_s": 3000.0}, "16": {"tokens_per_s": 2800.0}},
+    }
+    model = apply_calibration(TimingModel(), engine)
+    assert model.max_batch == 16
+    assert model.per_adapter_s == pytest.approx(0.001, rel=0.05)
+    assert model.step_s(16, 1) == pytest.approx(0.021, abs=5e-4)
+    assert model.prefill_tokens_per_s in (2800.0, 3000.0)
+
+
+def test_load_calibration_overrides_tier_times(tmp_path: Path) -> None:
+    path = tmp_path / "load.json"
+    path.write_text(json.dumps({"load_s": {"ram": 0.002, "disk": 0.01, "remote": 0.05}}))
+    model = load_timing([path])
+    assert model.load_s == {"gpu": 0.0, "ram": 0.002, "disk": 0.01, "remote": 0.05}
+    assert model.step_base_s == TimingModel().step_base_s
