@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stats-stream": ("stats_stream.cli", "stats_stream"),
     "stats": ("stats_stream.cli", "stats"),
     "autoscale": ("lorafleet.autoscale.cli", "autoscale"),
+    "simulate": ("sim.cli", "simulate_cmd"),
 }
 
 
