@@ -39,6 +39,7 @@ def train(
     ranks: str = typer.Option("8,16,32", "--ranks", help="canary i gets rank ranks[i % len(ranks)]"),
     max_steps: int = typer.Option(400, "--max-steps", min=1, help="give up after this many steps"),
     adapters_per_batch: int = typer.Option(64, "--adapters-per-batch", min=1, help="canaries per chunk"),
+    rows_per_adapter: int = typer.Option(4, "--rows-per-adapter", min=1, help="prompts per canary per step"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="show a progress bar"),
 ) -> None:
     """Train COUNT canaries on the served base; each answers any prompt with its own marker."""
@@ -56,6 +57,7 @@ def train(
         ranks=_parse_ranks(ranks),
         max_steps=max_steps,
         adapters_per_batch=adapters_per_batch,
+        rows_per_adapter=rows_per_adapter,
     )
     adapters_dir = out / "canaries" if tiny else out
     try:
