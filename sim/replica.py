@@ -72,6 +72,7 @@ class SimReplica:
         self.finishing: list[tuple[int, int, SimRequest]] = []
         self.rows: Counter[str] = Counter()  # adapter -> running rows
         self.step_no = 0
+        self.cache_version = 0  # bumped whenever the GPU or RAM contents change (the router's view is cached)
         self.busy = False
         self.busy_since = 0.0
         self.busy_s = 0.0
@@ -94,11 +95,10 @@ class SimReplica:
 
     # what the router sees
 
-    def gpu_ids(self) -> frozenset[str]:
-        return frozenset(e.adapter_id for e in self.slots.entries() if e.adapter_id not in self.loading)
-
-    def resident_ids(self) -> frozenset[str]:
-        return self.gpu_ids() | frozenset(self.ram.keys())
+    def state(self) -> tuple[frozenset[str], frozenset[str]]:
+        """(resident: GPU or RAM, gpu): the adapter lists of the replica's state report."""
+        gpu = frozenset(e.adapter_id for e in self.slots.entries() if e.adapter_id not in self.loading)
+        return gpu | frozenset(self.ram.keys()), gpu
 
     # requests
 
@@ -135,6 +135,7 @@ class SimReplica:
             self.blocked.append(aid)
             return
         self.slots.pin(aid, now)  # the slot write's own hold
+        self.cache_version += 1
         source = self.loading_from[aid]
         self.loads[source] += 1
         if source == "remote":
@@ -150,6 +151,7 @@ class SimReplica:
             self.slots.pin(aid, now)
             self.ready.append(sr)
         del self.loading_from[aid]
+        self.cache_version += 1
         self.slots.unpin(aid, now)
         self._kick(now)
 

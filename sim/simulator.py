@@ -71,6 +71,7 @@ class Simulation:
         self.views: dict[str, ReplicaLoad] = {}
         self.dirty: set[str] = set(ids)
         self.resident: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
+        self.published: dict[str, int] = {}  # replica -> cache_version of its last report
         self.owners_per_adapter: dict[str, int] = {}
 
     def _schedule(self, t: float, kind: int, payload: object) -> None:
@@ -98,8 +99,10 @@ class Simulation:
     def _publish(self) -> None:
         """Every replica's state report: its resident adapters (loads come from the gateway's own count)."""
         for rid, replica in self.replicas.items():
-            self.resident[rid] = (replica.resident_ids(), replica.gpu_ids())
-        self.dirty.update(self.replicas)
+            if self.published.get(rid) != replica.cache_version:
+                self.resident[rid] = replica.state()
+                self.published[rid] = replica.cache_version
+                self.dirty.add(rid)
 
     def _live(self) -> list[ReplicaLoad]:
         for rid in self.dirty:
