@@ -36,6 +36,7 @@ class GatewaySettings(BaseSettings):
     max_header_bytes: int = Field(default=4 << 20, ge=1)
     max_tensors: int = Field(default=4096, ge=1)
     validator_group: str = "registry-validator"
+    validator_metrics_port: int = Field(default=9461, ge=0, description="validator /metrics; 0 disables")
 
     # The public OpenAI-compatible API (a listener of its own; tenants never see /internal).
     public_host: str = "127.0.0.1"

@@ -18,6 +18,7 @@ from gateway.config import GatewayConfig
 from gateway.registration_rules import RegistryRules
 from gateway.served_base import served_base_hash, served_base_spec
 from gateway.validator import RegistryValidator
+from lorafleet import metrics
 from lorafleet.kafka import make_consumer
 from lorafleet.s3 import async_client
 from schemas.events import AdapterRegistered, EventValidationError, parse_event
@@ -73,6 +74,8 @@ async def run_validator(
                         event = _parse(record.value)
                         if event is not None and not await _handle_with_retry(validator, event, stop):
                             return
+                        outcome = "handled" if event is not None else "invalid"
+                        metrics.EVENTS_HANDLED.labels("registry-validator", tp.topic, outcome).inc()
                         await consumer.commit({tp: record.offset + 1})
     finally:
         await consumer.stop()
@@ -106,6 +109,8 @@ def registry_validator() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await run_validator(GatewayConfig.from_env(), stop)
+        config = GatewayConfig.from_env()
+        metrics.serve(config.gateway.validator_metrics_port)
+        await run_validator(config, stop)
 
     asyncio.run(main())

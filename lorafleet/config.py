@@ -52,3 +52,4 @@ class RelaySettings(BaseSettings):
     # Fault injection for tests only: "crash_after_publish" exits the process after Kafka acked a batch
     # and before the rows are marked sent.
     fault: str | None = None
+    metrics_port: int = Field(default=9460, ge=0, description="Prometheus /metrics; 0 disables it")

@@ -24,6 +24,7 @@ class PlacementSettings(BaseSettings):
     # Only replicas whose id starts with this belong to the fleet this worker places for.
     replica_id_prefix: str = ""
     tick_s: float = Field(default=1.0, gt=0)
+    metrics_port: int = Field(default=9462, ge=0, description="Prometheus /metrics; 0 disables it")
 
 
 class PlacementConfig:

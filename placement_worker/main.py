@@ -10,6 +10,7 @@ import time
 
 import asyncpg
 
+from lorafleet import metrics
 from lorafleet.kafka import make_consumer
 from placement_worker.config import PlacementConfig
 from placement_worker.consumer import PlacementWorker
@@ -49,8 +50,10 @@ async def run_worker(
                         event = parse_event(record.value, tp.topic)
                     except EventValidationError as exc:
                         log.error("skipping an invalid %s record: %s", tp.topic, str(exc)[:500])
+                        metrics.EVENTS_HANDLED.labels("placement-worker", tp.topic, "invalid").inc()
                         continue
                     await worker.handle(event)
+                    metrics.EVENTS_HANDLED.labels("placement-worker", tp.topic, "handled").inc()
                 await consumer.commit({tp: records[-1].offset + 1})
             if time.monotonic() >= next_tick:
                 await worker.tick()
@@ -68,6 +71,8 @@ def placement_worker() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await run_worker(PlacementConfig.from_env(), stop)
+        config = PlacementConfig.from_env()
+        metrics.serve(config.placement.metrics_port)
+        await run_worker(config, stop)
 
     asyncio.run(main())

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import asyncpg
 from aiokafka import AIOKafkaProducer
 
+from lorafleet import metrics
 from lorafleet.config import RelaySettings
 from schemas.events import EventValidationError, validate_payload
 
@@ -88,8 +89,16 @@ class Relay:
                 )
         self.stats.published += len(sent)
         self.stats.dead_lettered += len(failed)
+        metrics.OUTBOX_PUBLISHED.inc(len(sent))
+        metrics.OUTBOX_DEAD_LETTERED.inc(len(failed))
         self.stats.batches += 1
         return len(rows)
+
+    async def unsent(self) -> int:
+        """Committed rows not yet published: the relay's lag, cheap on the partial index."""
+        return await self._pool.fetchval(
+            "SELECT count(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NULL"
+        )
 
     async def prune(self) -> None:
         async with self._pool.acquire() as conn:
@@ -115,6 +124,7 @@ class Relay:
                 if cycles % 3000 == 0:
                     await self.prune()
                 if done < self._settings.batch_size:
+                    metrics.OUTBOX_UNSENT.set(await self.unsent())
                     await _sleep_or_stop(stop, self._settings.poll_interval_s)
         finally:
             await self._pool.release(leader)  # releasing the connection resets it and drops the lock

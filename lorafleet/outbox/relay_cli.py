@@ -7,6 +7,7 @@ import signal
 
 import asyncpg
 
+from lorafleet import metrics
 from lorafleet.config import RelaySettings, get_settings
 from lorafleet.kafka import make_producer
 from lorafleet.outbox.relay import Relay
@@ -14,6 +15,7 @@ from lorafleet.outbox.relay import Relay
 
 async def _main() -> None:
     platform, settings = get_settings(), RelaySettings()
+    metrics.serve(settings.metrics_port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -8,6 +8,7 @@ import uuid
 
 import asyncpg
 import pytest
+from prometheus_client import REGISTRY
 
 from lorafleet.config import RelaySettings
 from lorafleet.kafka import make_producer
@@ -72,7 +73,11 @@ async def test_relay_dead_letters_a_row_that_fails_validation_and_never_publishe
     async with outbox_transaction(pool) as conn:
         await emit(conn, good)
     relay = Relay(pool, producer, RelaySettings())
+    dead_before = REGISTRY.get_sample_value("lorafleet_outbox_dead_lettered_total") or 0.0
+    assert await relay.unsent() == 2
     await relay.publish_batch()
+    assert REGISTRY.get_sample_value("lorafleet_outbox_dead_lettered_total") == dead_before + 1
+    assert await relay.unsent() == 0
     row = await pool.fetchrow("SELECT sent_at, failed_at, error FROM outbox WHERE id = $1", bad_id)
     assert row["sent_at"] is None and row["failed_at"] is not None and "invalid" in row["error"]
     records = await collect(
