@@ -1,0 +1,83 @@
+"""One streamed chat completion through the public API, timed: TTFT, time per output token, tier, status."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from sim.workload import Request
+
+
+@dataclass
+class RequestRecord:
+    """What the load test saw of one request (times in seconds; -1 when it never came)."""
+
+    request_id: int
+    rate: float
+    model: str
+    prompt_tokens: int
+    max_tokens: int
+    status: int = 0
+    error: str = ""
+    tier: str = ""
+    adapter_id: str = ""
+    ttft_s: float = -1.0
+    tpot_s: float = -1.0
+    total_s: float = -1.0
+    chunks: int = 0
+
+
+def prompt_text(tokens: int) -> str:
+    """A prompt of about `tokens` tokens (one short English word is about one token)."""
+    words = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
+    return " ".join(words[i % len(words)] for i in range(max(1, tokens)))
+
+
+async def send(client: httpx.AsyncClient, req: Request, model: str, key: str, rate: float) -> RequestRecord:
+    """POST /v1/chat/completions with stream: true and time the content chunks as they arrive."""
+    rec = RequestRecord(req.request_id, rate, model, req.prompt_tokens, req.output_tokens)
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt_text(req.prompt_tokens)}],
+        "max_tokens": req.output_tokens,
+        "stream": True,
+    }
+    start = time.perf_counter()
+    first = last = 0.0
+    try:
+        async with client.stream(
+            "POST", "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as resp:
+            rec.status = resp.status_code
+            rec.tier = resp.headers.get("x-adapter-tier", "")
+            rec.adapter_id = resp.headers.get("x-adapter-id", "")
+            if resp.status_code != 200:
+                rec.error = (await resp.aread()).decode(errors="replace")[:200]
+                return rec
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    rec.error = str(event["error"].get("code"))
+                    continue
+                choices = event.get("choices") or []
+                if choices and (choices[0].get("delta") or {}).get("content"):
+                    now = time.perf_counter()
+                    first = first or now
+                    last = now
+                    rec.chunks += 1
+    except httpx.HTTPError as exc:
+        rec.error = type(exc).__name__
+    rec.total_s = time.perf_counter() - start
+    if first:
+        rec.ttft_s = first - start
+        if rec.chunks > 1:
+            rec.tpot_s = (last - first) / (rec.chunks - 1)
+    return rec

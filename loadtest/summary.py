@@ -1,0 +1,65 @@
+"""Summaries of a load test: per rate, TTFT p50/p95 overall and by tier, TPOT, hit rates, statuses; and
+the markdown report."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from loadtest.client import RequestRecord
+from sim.report import TIERS, percentile
+
+
+def _pcts(values: list[float]) -> dict[str, float | None]:
+    ordered = sorted(values)
+    return {f"p{q}_s": (None if (v := percentile(ordered, q)) is None else round(v, 4)) for q in (50, 95)}
+
+
+def summarise(records: list[RequestRecord], rate: float, duration_s: float) -> dict[str, Any]:
+    ok = [r for r in records if r.status == 200 and r.ttft_s >= 0]
+    tiers = Counter(r.tier for r in ok)
+    n = max(len(ok), 1)
+    misses = len(ok) - tiers["gpu"]
+    return {
+        "rate": rate,
+        "requests": len(records),
+        "ok": len(ok),
+        "statuses": {str(k): v for k, v in sorted(Counter(r.status for r in records).items())},
+        "errors": dict(Counter(r.error for r in records if r.error)),
+        "ttft": _pcts([r.ttft_s for r in ok]),
+        "ttft_by_tier": {t: _pcts([r.ttft_s for r in ok if r.tier == t]) for t in TIERS if tiers[t]},
+        "tpot": _pcts([r.tpot_s for r in ok if r.tpot_s >= 0]),
+        "tier_share": {t: round(tiers[t] / n, 4) for t in TIERS},
+        "gpu_hit_rate": round(tiers["gpu"] / n, 4) if ok else None,
+        "ram_hit_rate": round(tiers["ram"] / misses, 4) if misses else None,
+        "output_tokens_per_s": round(sum(r.chunks for r in ok) / duration_s, 2),
+    }
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The human report: one row per rate, then TTFT by tier."""
+    lines = [
+        "# Load test",
+        "",
+        f"Gateway {summary['gateway']}, models {', '.join(summary['models'])}, "
+        f"{summary['duration_s']} s per rate, Zipf s={summary['zipf_s']}.",
+        "",
+        "| rate (req/s) | requests | ok | TTFT p50 | TTFT p95 | TPOT p50 | TPOT p95 "
+        "| GPU hit | RAM hit | out tok/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summary["rates"]:
+        lines.append(
+            f"| {s['rate']:g} | {s['requests']} | {s['ok']} | {_fmt(s['ttft']['p50_s'])} | "
+            f"{_fmt(s['ttft']['p95_s'])} | {_fmt(s['tpot']['p50_s'])} | {_fmt(s['tpot']['p95_s'])} | "
+            f"{_fmt(s['gpu_hit_rate'])} | {_fmt(s['ram_hit_rate'])} | {s['output_tokens_per_s']} |"
+        )
+    lines += ["", "## TTFT by tier (s)", "", "| rate | tier | p50 | p95 |", "|---|---|---|---|"]
+    for s in summary["rates"]:
+        for tier, p in s["ttft_by_tier"].items():
+            lines.append(f"| {s['rate']:g} | {tier} | {_fmt(p['p50_s'])} | {_fmt(p['p95_s'])} |")
+    return "\n".join(lines) + "\n"
