@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stats": ("stats_stream.cli", "stats"),
     "autoscale": ("lorafleet.autoscale.cli", "autoscale"),
     "simulate": ("sim.cli", "simulate_cmd"),
+    "loadtest": ("loadtest.cli", "loadtest"),
 }
 
 
