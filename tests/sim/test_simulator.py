@@ -93,3 +93,13 @@ def test_find_replicas_returns_the_smallest_fleet_that_holds(trace) -> None:
 def test_simulator_uses_the_real_cache_classes(trace) -> None:
     result = simulate(replace(CFG, check_every=0), TimingModel(), trace[:50])
     assert isinstance(result.replicas[0].ram, ByteLru)
+
+
+def test_hot_adapter_gets_more_owners_and_the_router_uses_them() -> None:
+    hot = generate(WorkloadConfig(adapters=100, rate=20.0, zipf_s=2.0, duration_s=60.0, seed=2))
+    result = simulate(replace(CFG, replicas=8, check_every=0), TimingModel(), hot)
+    top = "adapter-00000"  # ~60% of 20 req/s x 250 tokens: about 3,000 tokens/s, 5 replicas at 640
+    assert result.owners_per_adapter[top] >= 4
+    assert min(result.owners_per_adapter.values()) == 2  # the tail keeps the default
+    served_by = {sr.replica_id for sr in result.requests if sr.req.adapter_id == top}
+    assert len(served_by) >= result.owners_per_adapter[top]
