@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from tqdm import tqdm
 
+from loadtest.replica_metrics import per_minute, scrape
 from loadtest.runner import LoadTestConfig, run_rate
 from loadtest.summary import markdown, summarise
 from sim.workload import WorkloadConfig
@@ -20,7 +22,11 @@ DEMO_MODELS = "acme/support:prod,acme/support:next,globex/sales:prod"
 
 
 def run_loadtest(
-    cfg: LoadTestConfig, rates: list[float], report: Path, progress: bool = True
+    cfg: LoadTestConfig,
+    rates: list[float],
+    report: Path,
+    progress: bool = True,
+    replicas: list[str] | None = None,
 ) -> dict[str, Any]:
     """Every rate in turn; the summary is also written to report/summary.json."""
     report.mkdir(parents=True, exist_ok=True)
@@ -28,11 +34,15 @@ def run_loadtest(
     with (report / "requests.jsonl").open("w") as out:
         for rate in rates:
             total = int(rate * cfg.workload.duration_s)
+            before, start = scrape(replicas or []), time.perf_counter()
             with tqdm(total=total, desc=f"{rate:g} req/s", disable=not progress) as bar:
                 records = asyncio.run(run_rate(cfg, rate, on_done=lambda _r: bar.update()))
             for rec in records:
                 out.write(json.dumps(asdict(rec)) + "\n")
             summaries.append(summarise(records, rate, cfg.workload.duration_s))
+            if replicas:
+                elapsed = time.perf_counter() - start
+                summaries[-1]["replica_cache_per_min"] = per_minute(before, scrape(replicas), elapsed)
     summary = {
         "gateway": cfg.gateway,
         "models": list(cfg.models),
@@ -58,6 +68,10 @@ def loadtest(
     output_mean: Annotated[float, typer.Option(help="Mean output tokens.")] = 250.0,
     keys: Annotated[Path, typer.Option(help="JSON {tenant: api key}.")] = Path(".data/demo/keys.json"),
     seed: Annotated[int, typer.Option()] = 0,
+    replica: Annotated[
+        list[str] | None,
+        typer.Option(help="Replica URL whose /metrics give loads and evictions (repeatable)."),
+    ] = None,
     report: Annotated[
         Path, typer.Option(help="Directory for summary.json, requests.jsonl, report.md.")
     ] = Path(".data/loadtest"),
@@ -69,5 +83,5 @@ def loadtest(
         zipf_s=zipf, duration_s=duration, prompt_mean=prompt_mean, output_mean=output_mean, seed=seed
     )
     cfg = LoadTestConfig(gateway, names, json.loads(keys.read_text()), workload)
-    summary = run_loadtest(cfg, [float(r) for r in rates.split(",")], report)
+    summary = run_loadtest(cfg, [float(r) for r in rates.split(",")], report, replicas=replica)
     typer.echo(json.dumps(summary, indent=2))

@@ -62,4 +62,10 @@ def markdown(summary: dict[str, Any]) -> str:
     for s in summary["rates"]:
         for tier, p in s["ttft_by_tier"].items():
             lines.append(f"| {s['rate']:g} | {tier} | {_fmt(p['p50_s'])} | {_fmt(p['p95_s'])} |")
+    cache = [
+        (s["rate"], url, c) for s in summary["rates"] for url, c in s.get("replica_cache_per_min", {}).items()
+    ]
+    if cache:
+        lines += ["", "## Replica cache, per minute", "", "| rate | replica | counters |", "|---|---|---|"]
+        lines += [f"| {r:g} | {url} | {', '.join(f'{k} {v}' for k, v in c.items())} |" for r, url, c in cache]
     return "\n".join(lines) + "\n"

@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 import uvicorn
 from fastapi import FastAPI, Header, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import generate_latest
 
 from loadtest.cli import run_loadtest
 from loadtest.runner import LoadTestConfig
+from replica.metrics import ReplicaMetrics
 from sim.workload import WorkloadConfig
 
 KEYS = {"acme": "k-acme", "globex": "k-globex"}
@@ -26,6 +28,11 @@ TIERS = {"acme/support:prod": "gpu", "acme/support:next": "ram", "globex/sales:p
 
 def gateway_app() -> FastAPI:
     app = FastAPI()
+    metrics = ReplicaMetrics("stand-in")  # the replica's real counters, served as a replica would
+
+    @app.get("/metrics")
+    async def scrape() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(metrics.registry).decode())
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request, authorization: str = Header("")):
@@ -33,6 +40,9 @@ def gateway_app() -> FastAPI:
         tenant = body["model"].split("/")[0]
         if authorization != f"Bearer {KEYS.get(tenant)}":
             return JSONResponse({"error": {"code": "invalid_api_key"}}, status_code=401)
+
+        if TIERS[body["model"]] != "gpu":
+            metrics.loads.labels(TIERS[body["model"]], "gpu").inc()
 
         async def events():
             await asyncio.sleep(0.02)
@@ -69,7 +79,7 @@ def config(gateway: str, keys: dict[str, str]) -> LoadTestConfig:
 
 
 def test_loadtest_records_ttft_tpot_and_tier_per_request(gateway: str, tmp_path: Path) -> None:
-    summary = run_loadtest(config(gateway, KEYS), [5.0, 10.0], tmp_path, progress=False)
+    summary = run_loadtest(config(gateway, KEYS), [5.0, 10.0], tmp_path, progress=False, replicas=[gateway])
     records = [json.loads(line) for line in (tmp_path / "requests.jsonl").read_text().splitlines()]
     assert len(records) == sum(s["requests"] for s in summary["rates"]) > 10
     for rec in records:
@@ -82,6 +92,8 @@ def test_loadtest_records_ttft_tpot_and_tier_per_request(gateway: str, tmp_path:
         assert s["gpu_hit_rate"] == s["tier_share"]["gpu"]
         assert sum(s["tier_share"].values()) == pytest.approx(1.0)
         assert s["ttft"]["p50_s"] <= s["ttft"]["p95_s"]
+        misses = s["requests"] - round(s["tier_share"]["gpu"] * s["requests"])
+        assert (misses > 0) == (s["replica_cache_per_min"][gateway].get("gpu_loads", 0) > 0)
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     report = (tmp_path / "report.md").read_text()
     assert "| 5 |" in report and "| 10 |" in report and "TTFT by tier" in report

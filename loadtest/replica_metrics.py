@@ -1,0 +1,53 @@
+"""Loads and evictions per replica, from the replicas' own Prometheus /metrics before and after a rate."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+LOADS = "lorafleet_replica_adapter_loads"  # labels from_tier, to_tier
+EVICTIONS = "lorafleet_replica_adapter_evictions"  # label tier
+
+
+def parse(text: str) -> dict[str, float]:
+    """{"gpu_loads": n, "gpu_evictions": n, "ram_evictions": n, ...} from one scrape."""
+    out: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            if family.name == LOADS:
+                out[f"{sample.labels.get('to_tier', '')}_loads"] += sample.value
+            elif family.name == EVICTIONS:
+                out[f"{sample.labels.get('tier', '')}_evictions"] += sample.value
+    return dict(out)
+
+
+def scrape(urls: list[str], timeout_s: float = 5.0) -> dict[str, dict[str, float]]:
+    """replica URL -> counters; a replica that does not answer is left out."""
+    out: dict[str, dict[str, float]] = {}
+    for url in urls:
+        try:
+            resp = httpx.get(f"{url.rstrip('/')}/metrics", timeout=timeout_s)
+            resp.raise_for_status()
+        except httpx.HTTPError:
+            continue
+        out[url] = parse(resp.text)
+    return out
+
+
+def per_minute(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], seconds: float
+) -> dict[str, dict[str, float]]:
+    """replica URL -> counter increase per minute over the interval."""
+    minutes = max(seconds, 1e-9) / 60
+    return {
+        url: {
+            k: round((v - before.get(url, {}).get(k, 0.0)) / minutes, 3)
+            for k, v in sorted(after[url].items())
+        }
+        for url in after
+        if url in before
+    }
