@@ -58,7 +58,7 @@ def run_loadtest(
 
 
 def loadtest(
-    gateway: Annotated[str, typer.Option(help="Public gateway URL.")] = "http://127.0.0.1:8080",
+    gateway: Annotated[str, typer.Option(help="Public gateway URL.")] = "http://127.0.0.1:18080",
     rates: Annotated[str, typer.Option(help="Comma-separated request rates, req/s.")] = "1,2,4,8",
     duration: Annotated[float, typer.Option(help="Seconds of arrivals per rate.")] = 60.0,
     models: Annotated[str, typer.Option(help="Comma-separated aliases, most popular first.")] = DEMO_MODELS,
