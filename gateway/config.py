@@ -49,7 +49,9 @@ class GatewaySettings(BaseSettings):
     # Router: affinity | random (the A/B baseline); owners per adapter; spill when owners are this busy.
     routing_mode: str = "affinity"
     owners_k: int = Field(default=2, ge=1)
-    spill_threshold_tokens: int = Field(default=4096, ge=0)
+    spill_threshold_tokens: int = Field(default=32_000, ge=0)
+    # Prefer an owner that has the adapter in a GPU slot unless it is this many tokens busier.
+    gpu_preference_tokens: int = Field(default=8_000, ge=0)
     replica_stale_s: float = Field(default=3.0, gt=0)
     # Route only to replicas whose id starts with this (the placement worker's replica_id_prefix).
     replica_id_prefix: str = ""

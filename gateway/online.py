@@ -73,7 +73,9 @@ class Online:
         self.metrics = metrics
         self.limiter = RateLimiter()
         self.route = ROUTING_MODES[settings.routing_mode]
-        self.policy = RouterPolicy(settings.owners_k, settings.spill_threshold_tokens)
+        self.policy = RouterPolicy(
+            settings.owners_k, settings.spill_threshold_tokens, settings.gpu_preference_tokens
+        )
         self.rng = random.Random()
 
     def admit(self, caller: Caller, rec: RequestRecord, tokens: int) -> Decision:

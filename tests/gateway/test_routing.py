@@ -63,3 +63,29 @@ def test_random_mode_spreads_first_choices_over_the_fleet() -> None:
     rng = random.Random(1)
     firsts = {route_random("x", fleet(), RouterPolicy(), rng).replicas[0].replica_id for _ in range(200)}
     assert firsts == set(IDS)
+
+
+def _owners_of(adapter: str, ids: list[str]) -> list[str]:
+    return list(owners(adapter, ids, 2))
+
+
+def test_an_owner_with_the_adapter_in_a_gpu_slot_goes_first_unless_much_busier() -> None:
+    ids = [f"r{i}" for i in range(6)]
+    a, b = _owners_of("x", ids)
+
+    def plan(load_a: int, load_b: int):
+        live = [
+            ReplicaLoad(
+                i,
+                f"http://{i}",
+                {a: load_a, b: load_b}.get(i, 0),
+                gpu=frozenset({"x"}) if i == a else frozenset(),
+            )
+            for i in ids
+        ]
+        return route_affinity("x", live, RouterPolicy(gpu_preference_tokens=8000), random.Random(0))
+
+    # b is less busy, but a already holds x in a GPU slot: no second slot on b
+    assert plan(3000, 100).replicas[0].replica_id == a
+    # a is far busier than b: load balance wins over the warm slot
+    assert plan(12000, 100).replicas[0].replica_id == b

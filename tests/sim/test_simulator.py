@@ -74,7 +74,7 @@ def test_report_has_the_briefs_metrics(trace) -> None:
     rep = report.build(simulate(CFG, TimingModel(), trace), gpu_hour_usd=2.5)
     assert set(rep["ttft"]) == {"count", "p50_s", "p95_s", "p99_s"}
     assert rep["ttft"]["p50_s"] <= rep["ttft"]["p95_s"] <= rep["ttft"]["p99_s"]
-    assert sum(rep["tier_share"].values()) == pytest.approx(1.0)
+    assert sum(rep["tier_share"].values()) == pytest.approx(1.0, abs=1e-4)  # shares are rounded to 5 places
     assert set(rep["ttft_by_tier"]) <= {"gpu", "ram", "disk", "remote"}
     assert 0 < rep["per_replica"]["busy_fraction"]["mean"] <= 1
     assert rep["cost"]["fleet_usd_per_hour"] == 10.0
