@@ -113,6 +113,14 @@ class NoFreeSlotError(ReplicaError):
     status = 503
 
 
+class SlotMismatchError(ReplicaError):
+    """A running row's slot holds another adapter than the one its request was admitted for."""
+
+    code = "slot_mismatch"
+    type = "server_error"
+    status = 500
+
+
 # Requests.
 
 

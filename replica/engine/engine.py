@@ -11,7 +11,7 @@ from replica.engine.model_runner import ModelRunner, StepInput
 from replica.engine.sampler import SamplingParams, make_generator, sample
 from replica.engine.scheduler import Scheduler
 from replica.engine.sequence import Detokenizer, Sequence, SequenceStatus
-from replica.errors import ContextLengthError, InvalidRequestError
+from replica.errors import ContextLengthError, InvalidRequestError, SlotMismatchError
 from replica.lora.manager import LoraManager
 from replica.model.stop_strings import scan_stop_strings
 
@@ -103,11 +103,14 @@ class LLMEngine:
             self.seqs.pop(s.request_id, None)
         if not seqs:
             return outputs
+        refused = [s for s in seqs if not self._slot_holds_its_adapter(s)]
+        for s in refused:
+            outputs.append(self._refuse(s))
+        seqs = [s for s in seqs if s not in refused]
+        if not seqs:
+            return outputs
         steps = []
         for s in seqs:
-            if s.adapter_id is not None and self.lora is not None:
-                # security boundary: never run a row on a slot that holds another adapter
-                assert s.slot is not None and self.lora.adapter_in_slot(s.slot) == s.adapter_id
             ids, start = s.next_input()
             steps.append(StepInput(s.row, ids, start, s.slot))
         logits = self.runner.run(steps)  # [num_seqs, vocab]
@@ -117,6 +120,24 @@ class LLMEngine:
             s.output_token_ids.append(token)
             outputs.append(self._advance(s, token))
         return outputs
+
+    def _slot_holds_its_adapter(self, s: Sequence) -> bool:
+        """The security boundary: a row runs only on a slot that holds the adapter it was admitted for."""
+        if s.adapter_id is None or self.lora is None:
+            return True
+        return s.slot is not None and self.lora.adapter_in_slot(s.slot) == s.adapter_id
+
+    def _refuse(self, s: Sequence) -> StepOutput:
+        """Fail just this row (never run it on another adapter's weights); the rest of the batch goes on."""
+        held = self.lora.adapter_in_slot(s.slot) if (self.lora is not None and s.slot is not None) else None
+        error = SlotMismatchError(
+            f"request {s.request_id} was admitted for adapter {s.adapter_id}, "
+            f"but its slot {s.slot} holds {held}"
+        )
+        log.error("refused before the forward pass: %s", error)
+        self.seqs.pop(s.request_id, None)
+        self.scheduler.finish(s, "error")
+        return self._final(s, "", error=f"{error.code}: {error}")
 
     def _advance(self, s: Sequence, token: int) -> StepOutput:
         is_stop_token = token in s.params.stop_token_ids or (

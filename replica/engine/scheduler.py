@@ -65,6 +65,9 @@ class Scheduler:
                     failed.append(seq)
                     continue
             seq.row, seq.slot, seq.status = self.rows.allocate(), slot, SequenceStatus.RUNNING
+            log.info(
+                "admitted request %s adapter=%s slot=%s row=%s", seq.request_id, seq.adapter_id, slot, seq.row
+            )
             budget -= len(seq.prompt_token_ids)
             self.running.append(seq)
         self.waiting = kept

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -146,12 +147,18 @@ def test_bad_requests_are_refused(tiny_model_dir: Path, adapters: dict[str, Path
 
 
 def test_step_refuses_a_row_whose_slot_holds_another_adapter(
-    tiny_model_dir: Path, adapters: dict[str, Path]
+    tiny_model_dir: Path, adapters: dict[str, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     engine, manager = make_engine(tiny_model_dir, adapters, {8: 2})
     engine.add_request("x", PROMPT, greedy(5), "ad1")
-    engine.step()
+    with caplog.at_level(logging.INFO, logger="replica.engine"):
+        engine.step()
+    assert any("request x adapter=ad1" in r.getMessage() for r in caplog.records)  # logged at admission
     ref = manager.table.lookup("ad1").ref
     manager.table._by_slot[ref] = "ad2"  # simulate a slot-table bug: the slot now claims another adapter
-    with pytest.raises(AssertionError):
-        engine.step()
+    engine.add_request("y", PROMPT, greedy(2))  # a base row in the same batch is unaffected
+    outs = engine.step()
+    (refused,) = [o for o in outs if o.request_id == "x"]
+    assert refused.finished and refused.token_id is None and refused.error.startswith("slot_mismatch")
+    assert [o.request_id for o in outs if o.request_id == "y"] == ["y"]
+    assert "x" not in engine.seqs
