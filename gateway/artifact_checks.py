@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from gateway.base_spec import LLAMA_MODULES, BaseSpec
+from gateway.base_spec import BaseSpec
+from schemas.llama import LLAMA_MODULES
 
 KEY_RE = re.compile(r"^base_model\.model\.model\.layers\.(\d{1,5})\.(\w+)\.(\w+)\.lora_(A|B)\.weight$")
 # dtype -> (bytes per value, unsigned view, exponent mask: all ones means Inf or NaN)

@@ -10,16 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# module name -> the block it sits in inside a Llama decoder layer (PEFT keys carry both)
-LLAMA_MODULES: dict[str, str] = {
-    "q_proj": "self_attn",
-    "k_proj": "self_attn",
-    "v_proj": "self_attn",
-    "o_proj": "self_attn",
-    "gate_proj": "mlp",
-    "up_proj": "mlp",
-    "down_proj": "mlp",
-}
+from schemas.llama import linear_shapes
 
 
 @dataclass(frozen=True)
@@ -36,15 +27,7 @@ class BaseSpec:
         kv_heads = kv_heads or heads
         head_dim = int(config.get("head_dim") or hidden // heads)
         q_out, kv_out = heads * head_dim, kv_heads * head_dim
-        shapes = {
-            "q_proj": (hidden, q_out),
-            "k_proj": (hidden, kv_out),
-            "v_proj": (hidden, kv_out),
-            "o_proj": (q_out, hidden),
-            "gate_proj": (hidden, inter),
-            "up_proj": (hidden, inter),
-            "down_proj": (inter, hidden),
-        }
+        shapes = linear_shapes(hidden, inter, q_out, kv_out)
         return cls(int(config["num_hidden_layers"]), shapes)
 
     @classmethod

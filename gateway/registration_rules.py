@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from gateway.base_spec import LLAMA_MODULES
 from gateway.errors import InvalidRegistration
 from gateway.weights_uri import ObjectLocation, confine, parse_prefix
 from schemas.ids import SHA256_RE
+from schemas.llama import LLAMA_MODULES
 
 log = logging.getLogger(__name__)
 

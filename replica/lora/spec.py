@@ -5,17 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from replica.model.llama import LlamaConfig
+from schemas.llama import LLAMA_MODULES, linear_shapes
 
-# module name -> its parent block in a Llama decoder layer (PEFT keys carry both)
-MODULE_PARENTS: dict[str, str] = {
-    "q_proj": "self_attn",
-    "k_proj": "self_attn",
-    "v_proj": "self_attn",
-    "o_proj": "self_attn",
-    "gate_proj": "mlp",
-    "up_proj": "mlp",
-    "down_proj": "mlp",
-}
+# module name -> its parent block in a Llama decoder layer (the shared contract in schemas.llama)
+MODULE_PARENTS = LLAMA_MODULES
 
 
 @dataclass(frozen=True)
@@ -37,15 +30,7 @@ class AdapterSpec:
             config.num_attention_heads * config.head_dim,
             config.num_key_value_heads * config.head_dim,
         )
-        all_shapes = {
-            "q_proj": (hidden, q_out),
-            "k_proj": (hidden, kv_out),
-            "v_proj": (hidden, kv_out),
-            "o_proj": (q_out, hidden),
-            "gate_proj": (hidden, inter),
-            "up_proj": (hidden, inter),
-            "down_proj": (inter, hidden),
-        }
+        all_shapes = linear_shapes(hidden, inter, q_out, kv_out)
         unknown = sorted(set(target_modules) - set(all_shapes))
         if unknown:
             raise ValueError(f"cannot adapt modules {unknown}; Llama has {sorted(all_shapes)}")
