@@ -1,5 +1,11 @@
 """Pure placement planning: how many owners an adapter needs, which replicas they are (rendezvous), at which
-tier, and the load/unload changes that take the current placements to the desired ones."""
+tier, and the load/unload changes that take the current placements to the desired ones.
+
+Retired versions: a version an alias moved away from, that no alias points at any more, wants no owners, so
+the diff unloads it everywhere (the replica drains its running requests first). A rollback makes it aliased
+again, so it is no longer retired and is placed (loaded) again. A ready version that was never aliased is
+placed as before: a deploy may be about to point an alias at it.
+"""
 
 from __future__ import annotations
 
@@ -38,10 +44,15 @@ def tier_for(tokens_per_s: float, policy: Policy) -> str:
     return "gpu" if tokens_per_s >= policy.gpu_tokens_per_s and tokens_per_s > 0 else "ram"
 
 
-def desired(demand: dict[str, float], replicas: list[str], policy: Policy) -> Placements:
-    """adapter_id -> {owner: tier} for every adapter in demand (tokens/s; 0 for idle adapters)."""
+def desired(
+    demand: dict[str, float], replicas: list[str], policy: Policy, retired: frozenset[str] = frozenset()
+) -> Placements:
+    """adapter_id -> {owner: tier} for each adapter in demand (tokens/s; 0 when idle); a retired one: none."""
     out: Placements = {}
     for adapter_id, tps in demand.items():
+        if adapter_id in retired:
+            out[adapter_id] = {}
+            continue
         k = owner_count(tps, len(replicas), policy)
         tier = tier_for(tps, policy)
         out[adapter_id] = {r: tier for r in owners(adapter_id, replicas, k)} if k else {}

@@ -74,6 +74,18 @@ async def demand(conn: asyncpg.Connection, adapter_ids: list[str] | None, ttl_s:
     return {r["adapter_id"]: float(r["tps"]) for r in rows}
 
 
+async def retired(conn: asyncpg.Connection, adapter_ids: list[str] | None) -> frozenset[str]:
+    """Versions an alias moved away from (some alias's previous_adapter_id) that no alias points at now."""
+    rows = await conn.fetch(
+        """SELECT DISTINCT p.previous_adapter_id AS adapter_id FROM aliases p
+           WHERE p.previous_adapter_id IS NOT NULL
+             AND ($1::text[] IS NULL OR p.previous_adapter_id = ANY($1))
+             AND NOT EXISTS (SELECT 1 FROM aliases a WHERE a.adapter_id = p.previous_adapter_id)""",
+        adapter_ids,
+    )
+    return frozenset(r["adapter_id"] for r in rows)
+
+
 async def placements(conn: asyncpg.Connection, adapter_ids: list[str] | None, prefix: str) -> Placements:
     rows = await conn.fetch(
         """SELECT adapter_id, replica_id, tier FROM placements

@@ -181,6 +181,48 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
 
         await _wait(prewarmed, what="prewarm commands")
 
+        # An alias flip v1 -> v2 unloads v1 from its owners; a duplicate changes nothing; rollback reloads v1.
+        v1, v2, alias = adapters[2], adapters[3], "acme/app:prod"
+        await pool.execute(
+            "INSERT INTO aliases (alias, tenant_id, adapter_id, revision) VALUES ($1, 'acme', $2, 1)",
+            alias,
+            v1,
+        )
+        await send(AliasChanged(alias=alias, tenant_id="acme", adapter_id=v1, revision=1))
+        await _wait(lambda: _command_count(pool, "prewarm", v1, 2), what="v1 prewarmed")
+        v1_owners = (await _placements(pool))[v1]
+        unloads_before = await _command_count(pool, "unload", v1)
+        await _set_alias(pool, alias, v2, v1, 2)
+        flip = AliasChanged(alias=alias, tenant_id="acme", adapter_id=v2, previous_adapter_id=v1, revision=2)
+        await send(flip)
+        await _wait(lambda: _command_count(pool, "prewarm", v2, 2), what="v2 prewarmed")
+        assert v1 not in await _placements(pool)
+        unloaded = await pool.fetch(
+            """SELECT payload->>'replica_id' AS r FROM outbox WHERE aggregate_type = 'replica.commands'
+               AND payload->>'command' = 'unload' AND payload->>'adapter_id' = $1""",
+            v1,
+        )
+        assert len(unloaded) == unloads_before + 2 and {r["r"] for r in unloaded} >= set(v1_owners)
+        placed, n_commands = await _placements(pool), await _commands(pool)
+        await send(flip)
+        await asyncio.sleep(0.8)
+        assert await _placements(pool) == placed and await _commands(pool) == n_commands
+
+        await _set_alias(pool, alias, v1, v2, 3)
+        await send(
+            AliasChanged(alias=alias, tenant_id="acme", adapter_id=v1, previous_adapter_id=v2, revision=3)
+        )
+        await _wait(lambda: _command_count(pool, "prewarm", v1, 4), what="v1 prewarmed after rollback")
+        rolled = await _placements(pool)
+        assert set(rolled[v1]) == set(owners(v1, shrunk, 2)) and v2 not in rolled
+        reloads = await pool.fetchval(
+            """SELECT count(*) FROM outbox WHERE aggregate_type = 'replica.commands' AND payload->>'command' = 'load'
+               AND payload->>'adapter_id' = $1 AND seq > (SELECT max(seq) FROM outbox WHERE
+               payload->>'command' = 'unload' AND payload->>'adapter_id' = $1)""",
+            v1,
+        )
+        assert reloads == 2
+
         # The commands reached Kafka keyed by replica id.
         sent = "SELECT id FROM outbox WHERE aggregate_type = 'replica.commands' AND sent_at IS NOT NULL"
         await _wait(lambda: _all_sent(pool), what="the relay to publish every command")
@@ -208,6 +250,27 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
                 await beats
         await asyncio.gather(relay, worker)
         await producer.stop()
+
+
+async def _set_alias(pool: asyncpg.Pool, alias: str, adapter_id: str, previous: str, revision: int) -> None:
+    """What the gateway's alias PUT writes (the worker reads the aliases table, not only the event)."""
+    await pool.execute(
+        "UPDATE aliases SET adapter_id = $2, previous_adapter_id = $3, revision = $4 WHERE alias = $1",
+        alias,
+        adapter_id,
+        previous,
+        revision,
+    )
+
+
+async def _command_count(pool: asyncpg.Pool, command: str, adapter_id: str, at_least: int | None = None):
+    n = await pool.fetchval(
+        """SELECT count(*) FROM outbox WHERE aggregate_type = 'replica.commands'
+           AND payload->>'command' = $1 AND payload->>'adapter_id' = $2""",
+        command,
+        adapter_id,
+    )
+    return n if at_least is None else n >= at_least
 
 
 async def _member_count(pool: asyncpg.Pool, prefix: str, n: int) -> bool:

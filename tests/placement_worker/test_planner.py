@@ -62,3 +62,21 @@ def test_members_are_ready_recent_and_in_the_fleet() -> None:
         Heartbeat("r4", "starting", 100.0),
     ]
     assert members(beats, now=105.0, ttl_s=10.0, prefix="r") == ["r0"]
+
+
+def test_a_retired_version_is_unloaded_from_all_its_owners() -> None:
+    current = desired({"v1": 0.0, "v2": 0.0}, FLEET, POLICY)
+    target = desired({"v1": 0.0, "v2": 0.0}, FLEET, POLICY, retired=frozenset({"v1"}))
+    assert target["v1"] == {} and target["v2"] == current["v2"]
+    assert diff(current, target) == [Change("v1", r, "unload", "ram") for r in sorted(current["v1"])]
+
+
+def test_rolling_back_to_a_retired_version_loads_it_again_on_the_same_owners() -> None:
+    retired = desired({"v1": 0.0}, FLEET, POLICY, retired=frozenset({"v1"}))
+    back = desired({"v1": 0.0}, FLEET, POLICY)
+    assert diff(retired, back) == [Change("v1", r, "load", "ram") for r in sorted(owners("v1", FLEET, 2))]
+
+
+def test_replanning_a_retired_version_again_changes_nothing() -> None:
+    target = desired({"v1": 0.0}, FLEET, POLICY, retired=frozenset({"v1"}))
+    assert diff(target, target) == [] and diff({}, target) == []
