@@ -75,3 +75,53 @@ def train(
         "steps": result.steps,
     }
     typer.echo(json.dumps(summary))
+
+
+@app.command()
+def probe(
+    gateway: str = typer.Option(..., "--gateway", help="the public API, e.g. http://127.0.0.1:18080"),
+    requests: int = typer.Option(..., "--requests", min=1, help="requests to send (owners and strangers)"),
+    canaries: Path = typer.Option(
+        Path(".data/canaries/probe"),
+        "--canaries",
+        help="a canary set (manifest.json) trained on the served base",
+    ),
+    internal: str | None = typer.Option(None, "--internal", help="the internal API (default: from settings)"),
+    concurrency: int = typer.Option(8, "--concurrency", min=1, help="requests in flight at once"),
+    tenant_prefix: str = typer.Option(
+        "canary", "--tenant-prefix", help="canary k belongs to tenant PREFIX-k"
+    ),
+    wait_s: float = typer.Option(180.0, "--wait-s", help="how long to wait for validation and serving"),
+    allow_missing: bool = typer.Option(
+        False, "--allow-missing", help="pass despite missing markers and errors (leaks still fail)"
+    ),
+) -> None:
+    """Register the canaries, alias them per tenant, send mixed concurrent requests; exit 1 on any leak.
+
+    A leak is a wrong marker or a stranger's key served. Missing markers and errors also fail the run
+    unless --allow-missing, since a canary that answers without its marker was not served its own weights.
+    """
+    import asyncio
+    import logging
+    import time
+
+    from gateway.config import GatewayConfig
+    from replica.canary.errors import CanaryError
+    from replica.canary.probe import run_probe
+    from replica.canary.probe_setup import install_canaries
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    config = GatewayConfig.from_env()
+    if internal is not None:
+        config.gateway.internal_url = internal
+    try:
+        targets = install_canaries(config, canaries, gateway.rstrip("/"), tenant_prefix, wait_s)
+    except (CanaryError, OSError) as exc:
+        typer.echo(json.dumps({"ok": False, "error": f"setup failed: {exc}"}), err=True)
+        raise typer.Exit(2) from exc
+    start = time.perf_counter()
+    run = asyncio.run(run_probe(gateway.rstrip("/"), targets, requests, concurrency))
+    summary = run.summary(allow_missing, time.perf_counter() - start)
+    typer.echo(json.dumps(summary))
+    if not summary["ok"]:
+        raise typer.Exit(1)
