@@ -20,14 +20,14 @@ from typing import Any, Protocol, TypeVar
 from replica.adapter_cache.disk import DiskTier
 from replica.adapter_cache.errors import AdapterNotRegisteredError, ChecksumMismatchError
 from replica.adapter_cache.gpu import GpuTier
-from replica.adapter_cache.host import HostAdapter, HostTier, pack
+from replica.adapter_cache.host import HostAdapter, HostTier
 from replica.adapter_cache.object_store import ObjectStore
+from replica.adapter_cache.promote import read_entry
 from replica.adapter_cache.record import AdapterRecord
 from replica.adapter_cache.tier import CacheEvent, RateWindow, Tier, satisfies
 from replica.errors import AdapterInUseError, NoFreeSlotError
 from replica.lora.slots import SlotRef
 from replica.lora.spec import AdapterSpec
-from replica.lora.weights import read_adapter
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -227,16 +227,26 @@ class AdapterCache:
         self._emit("load", record.adapter_id, "disk", "ram", time.perf_counter() - start, nbytes)
 
     def _read_verified(self, name: str, record: AdapterRecord) -> tuple[HostAdapter, int]:
-        """Worker thread: re-hash the disk entry, validate it against the served base, pack it for slots."""
+        """Worker thread: read the disk entry once, re-hash it, validate it against the base, pack it."""
         if not self.disk.pin(name):
             raise ChecksumMismatchError("the local copy was evicted before it was read")
         try:
-            path = self.disk.verify(name)
-            weights = read_adapter(path, record.adapter_id, self.spec, record.base_model_hash)
-            nbytes = sum(p.stat().st_size for p in path.iterdir())
+            weights_digest, config_digest = self.disk.digests(name)
+            return read_entry(
+                self.disk.path(name),
+                weights_digest,
+                config_digest,
+                record.adapter_id,
+                record.base_model_hash,
+                self.spec,
+                self.gpu.dtype,
+                self._pin_host,
+            )
+        except ChecksumMismatchError:
+            self.disk.drop_corrupt(name)
+            raise
         finally:
             self.disk.unpin(name)
-        return pack(weights, record.digest, self.gpu.dtype, self._pin_host), nbytes
 
     async def _ram_to_gpu(self, adapter_id: str) -> None:
         item = self.host.get_pinned(adapter_id)

@@ -136,6 +136,17 @@ class DiskTier:
             raise ChecksumMismatchError(f"local copy {name[:16]} failed verification")
         return path
 
+    def digests(self, name: str) -> tuple[str, str]:
+        """(weights sha256, config sha256) that an entry's files must hash to: its name."""
+        m = ENTRY_RE.fullmatch(name)
+        if m is None:
+            raise ValueError("not a disk-tier entry name")
+        return m["weights"], m["config"]
+
+    def drop_corrupt(self, name: str) -> None:
+        log.warning("disk-tier entry %s does not match its digest; dropping it", name[:16])
+        self.remove(name)
+
     def remove(self, name: str) -> None:
         with self.lock:
             self.lru.remove(name)

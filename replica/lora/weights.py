@@ -71,10 +71,19 @@ class AdapterWeights:
 
 def _read_config(path: Path) -> dict[str, Any]:
     try:
-        raw = json.loads((path / CONFIG_NAME).read_text())
+        data = (path / CONFIG_NAME).read_bytes()
     except FileNotFoundError as exc:
         raise AdapterConfigError(f"{CONFIG_NAME} is missing", param=CONFIG_NAME) from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except OSError as exc:
+        raise AdapterConfigError(f"{CONFIG_NAME} is not valid JSON: {exc}", param=CONFIG_NAME) from exc
+    return parse_config(data)
+
+
+def parse_config(data: bytes) -> dict[str, Any]:
+    """adapter_config.json's bytes -> its fields, refused (AdapterConfigError) unless we can serve them."""
+    try:
+        raw = json.loads(data.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise AdapterConfigError(f"{CONFIG_NAME} is not valid JSON: {exc}", param=CONFIG_NAME) from exc
     if not isinstance(raw, dict):
         raise AdapterConfigError(f"{CONFIG_NAME} must be a JSON object", param=CONFIG_NAME)
@@ -99,7 +108,7 @@ def _read_config(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _alpha_for(raw: dict[str, Any], name: str) -> float:
+def alpha_for(raw: dict[str, Any], name: str) -> float:
     """lora_alpha, or the alpha_pattern entry matching this module's full name (PEFT's suffix rule)."""
     for pattern, alpha in (raw.get("alpha_pattern") or {}).items():
         if re.match(rf"(.*\.)?({pattern})$", name):
@@ -107,14 +116,14 @@ def _alpha_for(raw: dict[str, Any], name: str) -> float:
     return float(raw["lora_alpha"])
 
 
-def _check_base_hash(served: str, declared: str | None) -> None:
+def check_base_hash(served: str, declared: str | None) -> None:
     if not declared:
         raise AdapterBaseMismatchError("the adapter does not declare the base_model_hash it was trained on")
     if declared != served:
         raise AdapterBaseMismatchError(f"adapter trained on base {declared}, this replica serves {served}")
 
 
-def _weights_path(path: Path) -> Path:
+def weights_path(path: Path) -> Path:
     pickles = sorted(p.name for p in path.iterdir() if p.name.endswith(PICKLE_SUFFIXES))
     if pickles:
         raise AdapterNotSafetensorsError(f"pickle weight files are refused: {pickles}", param=WEIGHTS_NAME)
@@ -126,7 +135,7 @@ def _weights_path(path: Path) -> Path:
     return weights
 
 
-def _module_key(key: str, spec: AdapterSpec) -> tuple[ModuleKey, str]:
+def module_key(key: str, spec: AdapterSpec) -> tuple[ModuleKey, str]:
     m = KEY_RE.match(key)
     if not m:
         raise AdapterTargetModuleError(f"tensor {key!r} does not adapt a known Llama linear", param=key)
@@ -151,22 +160,22 @@ def read_adapter(
     path = Path(path)
     if not path.is_dir():
         raise AdapterConfigError(f"adapter directory for {adapter_id!r} does not exist")
-    weights_path = _weights_path(path)
+    weights_file = weights_path(path)
     raw = _read_config(path)
-    _check_base_hash(spec.base_model_hash, base_model_hash or raw.get("base_model_hash"))
+    check_base_hash(spec.base_model_hash, base_model_hash or raw.get("base_model_hash"))
     try:
-        handle = safe_open(str(weights_path), framework="pt", device="cpu")
+        handle = safe_open(str(weights_file), framework="pt", device="cpu")
     except Exception as exc:  # the safetensors parser reports every malformed header this way
         raise AdapterNotSafetensorsError(f"{WEIGHTS_NAME} is not a valid safetensors file: {exc}") from exc
     with handle as f:
         shapes: dict[ModuleKey, dict[str, tuple[int, ...]]] = {}
         for key in f.keys():
-            mkey, which = _module_key(key, spec)
+            mkey, which = module_key(key, spec)
             shapes.setdefault(mkey, {})[which] = tuple(f.get_slice(key).get_shape())
         if not shapes:
             raise AdapterTargetModuleError("the adapter has no LoRA tensors")
         for (layer, name), pair in shapes.items():
-            _check_shapes(layer, name, pair, spec)
+            check_shapes(layer, name, pair, spec)
         modules: dict[ModuleKey, ModuleLora] = {}
         use_rslora = bool(raw.get("use_rslora", False))
         for (layer, name), _ in sorted(shapes.items()):
@@ -177,13 +186,13 @@ def read_adapter(
                     raise AdapterConfigError(f"tensor {key} has dtype {t.dtype}", param=key)
                 if not torch.isfinite(t).all():
                     raise AdapterNonFiniteError(f"tensor {key} holds NaN or Inf", param=key)
-            alpha, rank = _alpha_for(raw, f"model.layers.{layer}.{MODULE_PARENTS[name]}.{name}"), a.shape[0]
+            alpha, rank = alpha_for(raw, f"model.layers.{layer}.{MODULE_PARENTS[name]}.{name}"), a.shape[0]
             scale = alpha / math.sqrt(rank) if use_rslora else alpha / rank
             modules[(layer, name)] = ModuleLora(a.contiguous(), b.contiguous(), scale)
     return AdapterWeights(adapter_id, spec.base_model_hash, modules)
 
 
-def _check_shapes(layer: int, name: str, pair: dict[str, tuple[int, ...]], spec: AdapterSpec) -> None:
+def check_shapes(layer: int, name: str, pair: dict[str, tuple[int, ...]], spec: AdapterSpec) -> None:
     where = f"layer {layer} {name}"
     if set(pair) != {"A", "B"}:
         raise AdapterShapeError(f"{where}: lora_A and lora_B must both be present")
