@@ -3,7 +3,8 @@
 A load reserves its slot under the lock (a free slot, or the least recently used idle adapter's), pinned
 and not yet ready, then writes the weights with the lock released: a forward pass reads only the slots
 of its rows, and no row holds a reserved slot. On CUDA the write runs on a side stream: one host-to-device
-copy of the packed buffer into a staging tensor, then batched device copies into the slot views.
+copy of the packed buffer into a staging tensor, then batched device copies into the slot views
+(one foreach copy for all pools, with slot-view plans cached per (slot, signature)).
 The scheduler pins through acquire/release (the AdapterPins protocol); requests pin before admission too.
 """
 
@@ -21,8 +22,10 @@ from replica.lora.layers import LoraLinear
 from replica.lora.slots import SlotRef, SlotTable
 from replica.lora.weights import ModuleKey
 
-PlanKey = tuple[SlotRef, tuple[tuple[ModuleKey, int], ...]]
-Plan = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]
+PlanKey = tuple[SlotRef, tuple[tuple[tuple[ModuleKey, int], ...], tuple[tuple[int, int], ...]]]
+Plan = tuple[
+    list[torch.Tensor], list[torch.Tensor], list[tuple[int, tuple[int, int] | None]], list[torch.Tensor]
+]
 MAX_PLANS = 4096
 
 
@@ -141,43 +144,52 @@ class GpuTier:
         n = host.flat.numel()
         if self._staging is None or self._staging.numel() < n:
             self._staging = torch.empty(n, dtype=self.dtype, device=self.device)
-            self._plans.clear()  # source views pointed into the old staging buffer
         return self._staging[:n]
 
     def _copy(self, ref: SlotRef, host: HostAdapter, flat: torch.Tensor, scales: torch.Tensor) -> None:
         # flat [numel] (slot dtype, on the slot device); scales [num_modules] fp32
-        key: PlanKey = (ref, host.layout)
+        key: PlanKey = (ref, host.signature)
         plan = self._plans.get(key)
-        if plan is None or self._stream is None:
-            plan = self._plan(ref, host, flat)
-            if self._stream is not None:
-                if len(self._plans) >= MAX_PLANS:
-                    self._plans.clear()
-                self._plans[key] = plan
-        zeros, dsts, srcs, scale_dsts = plan
+        if plan is None:
+            plan = self._plan(ref, host)
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.clear()
+            self._plans[key] = plan
+        zeros, dsts, picks, scale_dsts = plan
+        chunks = flat.split(host.chunk_sizes)  # one view per tensor, in buffer order
+        srcs = [chunks[j] if shape is None else chunks[j].view(shape) for j, shape in picks]
         if zeros:
             torch._foreach_zero_(zeros)
         torch._foreach_copy_(dsts, srcs)
         torch._foreach_copy_(scale_dsts, list(scales.split(1)))
 
-    def _plan(self, ref: SlotRef, host: HostAdapter, flat: torch.Tensor) -> Plan:
-        """Slot views to zero, slot views to fill, the matching views of flat, and the scale views."""
+    def _plan(self, ref: SlotRef, host: HostAdapter) -> Plan:
+        """Slot views to zero; slot views to fill, each with the buffer chunk (and shape) it takes; scales.
+
+        The plan holds only slot views, so it is cached by (slot, signature) and reused for every adapter
+        of that signature: the sources come from one split of the buffer per load. A contiguous destination
+        takes a flat chunk; a padded one (rank below the bucket's) takes the chunk viewed in its shape.
+        """
         zeros: list[torch.Tensor] = []
         dsts: list[torch.Tensor] = []
-        srcs: list[torch.Tensor] = []
-        views = dict(zip((m.key for m in host.modules), host.views(flat), strict=True))
+        picks: list[tuple[int, tuple[int, int] | None]] = []
+        order = host.chunk_order
         i = ref.index
+        by_key = {m.key: m for m in host.modules}
         for mkey, layer in self.layers.items():
             pool = layer.pools[ref.bucket]
-            pair = views.get(mkey)
-            if pair is None:
+            m = by_key.get(mkey)
+            if m is None:
                 zeros += [pool.a[i], pool.b[i], pool.scale[i : i + 1]]
                 continue
-            a, b = pair  # a [r, in_features]; b [out_features, r]
-            r = a.shape[0]
-            dsts += [pool.a[i, :r], pool.b[i, :, :r]]
-            srcs += [a, b]
+            r = m.rank  # a [r, in_features]; b [out_features, r]
+            for dst, offset, shape in (
+                (pool.a[i, :r], m.a_offset, m.a_shape),
+                (pool.b[i, :, :r], m.b_offset, m.b_shape),
+            ):
+                dsts.append(dst.view(-1) if dst.is_contiguous() else dst)
+                picks.append((order[offset], None if dst.is_contiguous() else shape))
             if r < pool.rank:
                 zeros += [pool.a[i, r:], pool.b[i, :, r:]]
         scale_dsts = [self.layers[m.key].pools[ref.bucket].scale[i : i + 1] for m in host.modules]
-        return zeros, dsts, srcs, scale_dsts
+        return zeros, dsts, picks, scale_dsts

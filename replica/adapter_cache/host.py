@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -46,6 +47,30 @@ class HostAdapter:
     def layout(self) -> tuple[tuple[ModuleKey, int], ...]:
         """The shape signature: which modules, at which rank; adapters sharing it share slot-copy plans."""
         return tuple((m.key, m.rank) for m in self.modules)
+
+    @cached_property
+    def signature(self) -> tuple[tuple[tuple[ModuleKey, int], ...], tuple[tuple[int, int], ...]]:
+        """Layout plus where each A and B sit: adapters sharing it share one slot-copy plan per slot."""
+        return self.layout, tuple((m.a_offset, m.b_offset) for m in self.modules)
+
+    @cached_property
+    def chunk_sizes(self) -> list[int]:
+        """The numel of every A and B in buffer order: flat.split(chunk_sizes) gives one view per tensor."""
+        return [n for _, n in self._chunks]
+
+    @cached_property
+    def chunk_order(self) -> dict[int, int]:
+        """Buffer offset of a tensor -> its index in flat.split(chunk_sizes)."""
+        return {offset: j for j, (offset, _) in enumerate(self._chunks)}
+
+    @cached_property
+    def _chunks(self) -> list[tuple[int, int]]:
+        spans = [(m.a_offset, m.a_shape[0] * m.a_shape[1]) for m in self.modules]
+        spans += [(m.b_offset, m.b_shape[0] * m.b_shape[1]) for m in self.modules]
+        spans.sort()
+        assert all(o == p + n for (p, n), (o, _) in zip(spans, spans[1:], strict=False)), "tensors must tile"
+        assert spans[0][0] == 0 and spans[-1][0] + spans[-1][1] == self.flat.numel(), "tensors must tile"
+        return spans
 
     def views(self, flat: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(A, B) views for every module into `flat` (this buffer or a device copy of it)."""

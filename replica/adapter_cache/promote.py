@@ -204,7 +204,8 @@ def _validate_and_pack(
         for k, e in entries.items():
             src = buf[e.begin : e.end].view(TORCH_DTYPES[e.dtype])  # [numel of k] in the file dtype
             flat[offset_of[k] : offset_of[k] + src.numel()].copy_(src)
-    if not bool(torch.isfinite(flat).all()):
+    # max and min propagate NaN and carry +-Inf: two reductions, no bool [numel] temporary
+    if not bool(torch.isfinite(torch.stack([flat.amax(), flat.amin()])).all()):
         _raise_non_finite(flat, entries, offset_of)
     scale_t = torch.tensor(scales, dtype=torch.float32)  # [num_modules]
     if pin:

@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from replica.adapter_cache.errors import ChecksumMismatchError
-from replica.adapter_cache.host import pack
+from replica.adapter_cache.gpu import GpuTier
+from replica.adapter_cache.host import HostAdapter, PackedModule, pack
 from replica.adapter_cache.promote import read_entry
 from replica.errors import (
     AdapterBaseMismatchError,
@@ -26,7 +27,7 @@ from replica.errors import (
     AdapterTargetModuleError,
 )
 from replica.lora.weights import read_adapter
-from tests.replica.adapter_cache.helpers import BASE_HASH, SPEC, write_peft
+from tests.replica.adapter_cache.helpers import BASE_HASH, SPEC, make_layers, slot_holds, write_peft
 
 WEIGHTS = "adapter_model.safetensors"
 Q_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
@@ -142,3 +143,29 @@ def test_packs_the_same_weights_and_scales_as_read_adapter(dtype: torch.dtype, t
     assert torch.equal(host.scales, ref.scales) and host.scales[0].item() == 6.0 / 4
     for (a, b), (ra, rb) in zip(host.views(host.flat), ref.views(ref.flat), strict=True):
         assert torch.equal(a, ra) and torch.equal(b, rb)
+
+
+def test_a_slot_takes_the_right_weights_whatever_the_buffer_order(tmp_path: Path) -> None:
+    layers = make_layers({8: 1})
+    gpu = GpuTier(layers, {8: 1})
+    one, two = write_peft(tmp_path / "one", seed=1), write_peft(tmp_path / "two", seed=2)
+    from_file, _ = _read(tmp_path / "one")  # file order (the zero-copy view)
+    packed = _reversed(pack(read_adapter(tmp_path / "two", "b", SPEC, BASE_HASH), "d", torch.float32, False))
+    assert from_file.layout == packed.layout and from_file.signature != packed.signature
+    for host, tensors in ((from_file, one), (packed, two), (from_file, one)):
+        ref, _ = gpu.load(host)
+        assert slot_holds(layers, ref, tensors)
+        assert gpu.remove(host.adapter_id)
+
+
+def _reversed(host: HostAdapter) -> HostAdapter:
+    """The same adapter with its tensors laid out in the opposite order in the buffer."""
+    pieces, modules, offset = [], [], 0
+    for m, (a, b) in reversed(list(zip(host.modules, host.views(host.flat), strict=True))):
+        b_off, a_off, offset = offset, offset + b.numel(), offset + b.numel() + a.numel()
+        pieces += [b.reshape(-1), a.reshape(-1)]
+        modules.append(PackedModule(m.key, m.rank, a_off, m.a_shape, b_off, m.b_shape))
+    order = sorted(range(len(modules)), key=lambda j: modules[j].key)
+    scales = host.scales.flip(0)[order]
+    return HostAdapter(host.adapter_id, host.digest, host.rank, torch.cat(pieces), scales,
+                       tuple(modules[j] for j in order))  # fmt: skip
