@@ -1,0 +1,129 @@
+"""`lorafleet canary probe` against the local stack: SmolLM2 canaries registered through the internal API
+(upload, outbox relay, registry validator), one tenant and alias each, two real replicas, the public gateway.
+The probe must see zero wrong markers and zero cross-tenant successes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import shutil
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from gateway.config import GatewayConfig, GatewaySettings
+from lorafleet.config import RelaySettings
+from replica.canary.manifest import MANIFEST_NAME, CanaryManifest
+from replica.canary.train import TrainConfig, train_canaries
+from tests.integration.gateway_stack import REPO, GatewayStack, free_port, gateway_stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+# The fastest settings that still pass the trainer's own held-out check on SmolLM2.
+CANARIES = TrainConfig(count=2, seed=11, ranks=(8, 16))
+REQUESTS = 60
+
+
+def trained_canaries() -> Path:
+    """.data/canaries/<hash of settings and base>: trained once, reused by later runs."""
+    from replica.model.base_hash import base_model_hash
+    from replica.model.prepare import ensure_default_model
+
+    model_dir = ensure_default_model()
+    key = json.dumps({"base": base_model_hash(model_dir), **asdict(CANARIES)}, sort_keys=True)
+    out = REPO / ".data" / "canaries" / hashlib.sha256(key.encode()).hexdigest()[:16]
+    if (out / MANIFEST_NAME).is_file():
+        return out
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    train_canaries(model_dir, partial, CANARIES, progress=False)
+    partial.rename(out)  # a crash mid-training never leaves a manifest that looks complete
+    return out
+
+
+@contextlib.asynccontextmanager
+async def control_plane(config: GatewayConfig) -> AsyncIterator[str]:
+    """The internal API, the outbox relay and the registry validator in this process; yields the API's URL."""
+    import uvicorn
+
+    from gateway.main import build_internal_app
+    from gateway.validator_main import run_validator
+    from lorafleet.kafka import make_producer
+    from lorafleet.outbox.relay import Relay
+
+    stop, validator_ready = asyncio.Event(), asyncio.Event()
+    server = uvicorn.Server(
+        uvicorn.Config(build_internal_app(config), port=config.gateway.internal_port, log_level="warning")
+    )
+    pool = await asyncpg.create_pool(config.platform.database_url, min_size=1, max_size=3)
+    producer = make_producer(config.platform)
+    await producer.start()
+    tasks = [
+        asyncio.create_task(server.serve()),
+        asyncio.create_task(Relay(pool, producer, RelaySettings(metrics_port=0)).run(stop)),
+        asyncio.create_task(run_validator(config, stop, ready=validator_ready, from_end=True)),
+    ]
+    try:
+        await asyncio.wait_for(validator_ready.wait(), 60)
+        while not server.started:
+            assert not tasks[0].done(), "the internal API should start"
+            await asyncio.sleep(0.05)
+        yield config.gateway.internal_base_url()
+    finally:
+        stop.set()
+        server.should_exit = True
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await producer.stop()
+        await pool.close()
+
+
+@pytest.fixture(scope="module")
+async def canaries() -> Path:
+    return await asyncio.to_thread(trained_canaries)
+
+
+@pytest.fixture(scope="module")
+async def stack(
+    services, canaries: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[GatewayStack]:
+    manifest = CanaryManifest.read(canaries)
+    work = tmp_path_factory.mktemp("canary-gw")
+    async with gateway_stack(services.settings(), canaries, manifest.base_model_hash, work) as s:
+        yield s
+
+
+async def test_probe_finds_no_leak_through_the_public_api(
+    services, stack: GatewayStack, canaries: Path
+) -> None:
+    port = free_port()
+    gateway_settings = GatewaySettings(
+        internal_port=port, validator_group=f"canary-probe-{uuid.uuid4().hex[:8]}", validator_metrics_port=0
+    )
+    platform = services.settings().model_copy(update={"database_url": stack.database_url})
+    config = GatewayConfig(platform, gateway_settings)
+    async with control_plane(config) as internal:
+        env = {**stack.env, **services.env(), "LORAFLEET_DATABASE_URL": stack.database_url}
+        proc = await asyncio.create_subprocess_exec(
+            *[sys.executable, "-m", "lorafleet.cli", "canary", "probe", "--gateway", stack.url],
+            *["--internal", internal, "--requests", str(REQUESTS), "--canaries", str(canaries)],
+            *["--concurrency", "8", "--wait-s", "120"],
+            env=env,
+            cwd=REPO,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 300)
+    summary = json.loads(out.decode().strip().splitlines()[-1]) if out.strip() else {}
+    print(json.dumps(summary))  # the probe's own report, kept in the test log
+    assert summary, err.decode()[-3000:]
+    assert summary["wrong_marker"] == 0 and summary["cross_tenant_success"] == 0, summary
+    assert summary["stranger_requests"] > 0 and summary["adapter_requests"] > 0
+    assert summary["missing_marker"] == 0 and summary["errors"] == 0, summary
+    assert summary["requests"] == REQUESTS and summary["ok"] and proc.returncode == 0
