@@ -99,31 +99,40 @@ async def stack(
         yield s
 
 
-async def test_probe_finds_no_leak_through_the_public_api(
-    services, stack: GatewayStack, canaries: Path
-) -> None:
-    port = free_port()
-    gateway_settings = GatewaySettings(
-        internal_port=port, validator_group=f"canary-probe-{uuid.uuid4().hex[:8]}", validator_metrics_port=0
+async def _probe(env: dict[str, str], gateway: str, internal: str, canaries: Path, requests: int) -> tuple:
+    """(exit status, the probe's JSON summary or {}, stderr tail) of one `lorafleet canary probe` run."""
+    proc = await asyncio.create_subprocess_exec(
+        *[sys.executable, "-m", "lorafleet.cli", "canary", "probe", "--gateway", gateway],
+        *["--internal", internal, "--requests", str(requests), "--canaries", str(canaries)],
+        *["--concurrency", "8", "--wait-s", "120"],
+        env=env,
+        cwd=REPO,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
-    platform = services.settings().model_copy(update={"database_url": stack.database_url})
-    config = GatewayConfig(platform, gateway_settings)
-    async with control_plane(config) as internal:
-        env = {**stack.env, **services.env(), "LORAFLEET_DATABASE_URL": stack.database_url}
-        proc = await asyncio.create_subprocess_exec(
-            *[sys.executable, "-m", "lorafleet.cli", "canary", "probe", "--gateway", stack.url],
-            *["--internal", internal, "--requests", str(REQUESTS), "--canaries", str(canaries)],
-            *["--concurrency", "8", "--wait-s", "120"],
-            env=env,
-            cwd=REPO,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), 300)
+    out, err = await asyncio.wait_for(proc.communicate(), 300)
     summary = json.loads(out.decode().strip().splitlines()[-1]) if out.strip() else {}
     print(json.dumps(summary))  # the probe's own report, kept in the test log
-    assert summary, err.decode()[-3000:]
-    assert summary["wrong_marker"] == 0 and summary["cross_tenant_success"] == 0, summary
-    assert summary["stranger_requests"] > 0 and summary["adapter_requests"] > 0
-    assert summary["missing_marker"] == 0 and summary["errors"] == 0, summary
-    assert summary["requests"] == REQUESTS and summary["ok"] and proc.returncode == 0
+    return proc.returncode, summary, err.decode()[-3000:]
+
+
+async def test_probe_finds_no_leak_through_the_public_api_and_reruns_idempotently(
+    services, stack: GatewayStack, canaries: Path
+) -> None:
+    gateway_settings = GatewaySettings(
+        internal_port=free_port(),
+        validator_group=f"canary-probe-{uuid.uuid4().hex[:8]}",
+        validator_metrics_port=0,
+    )
+    platform = services.settings().model_copy(update={"database_url": stack.database_url})
+    env = {**stack.env, **services.env(), "LORAFLEET_DATABASE_URL": stack.database_url}
+    async with control_plane(GatewayConfig(platform, gateway_settings)) as internal:
+        rc, summary, err = await _probe(env, stack.url, internal, canaries, REQUESTS)
+        assert summary, err
+        assert summary["wrong_marker"] == 0 and summary["cross_tenant_success"] == 0, summary
+        assert summary["stranger_requests"] > 0 and summary["adapter_requests"] > 0
+        assert summary["missing_marker"] == 0 and summary["errors"] == 0, summary
+        assert summary["requests"] == REQUESTS and summary["ok"] and rc == 0
+        # a second run finds the versions registered and the tenants present, and passes again
+        rc, again, err = await _probe(env, stack.url, internal, canaries, 10)
+        assert again.get("ok") and again["requests"] == 10 and rc == 0, (again, err)
