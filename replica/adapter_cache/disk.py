@@ -3,8 +3,8 @@
 An entry is `<root>/<weights sha256>_<config sha256>/` holding adapter_model.safetensors and
 adapter_config.json; its name comes only from digests, never from an adapter id or a request. Files
 arrive in `<root>/.partial/` and are renamed into place whole, so a half-written entry is never visible.
-Promotion re-hashes both files against the name: a file corrupted after it was verified is caught there,
-dropped, and fetched again by the caller.
+Promotion re-hashes both files against the name (replica.adapter_cache.promote): a file corrupted after it
+was verified is caught there, dropped (drop_corrupt), and fetched again by the caller.
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from replica.adapter_cache.errors import ChecksumMismatchError
 from replica.adapter_cache.lru import ByteLru
-from replica.lora.weights import CONFIG_NAME, WEIGHTS_NAME
 
 log = logging.getLogger(__name__)
 
@@ -117,24 +115,6 @@ class DiskTier:
         with self.lock:
             if name in self.lru and self.lru.pins(name) > 0:
                 self.lru.unpin(name)
-
-    def verify(self, name: str) -> Path:
-        """Re-hash both files against the entry's name; a mismatch drops the entry and raises."""
-        m = ENTRY_RE.fullmatch(name)
-        assert m is not None
-        path = self.path(name)
-        try:
-            ok = (
-                sha256_file(path / WEIGHTS_NAME) == m["weights"]
-                and sha256_file(path / CONFIG_NAME) == m["config"]
-            )
-        except OSError:
-            ok = False
-        if not ok:
-            log.warning("disk-tier entry %s does not match its digest; dropping it", name[:16])
-            self.remove(name)
-            raise ChecksumMismatchError(f"local copy {name[:16]} failed verification")
-        return path
 
     def digests(self, name: str) -> tuple[str, str]:
         """(weights sha256, config sha256) that an entry's files must hash to: its name."""
