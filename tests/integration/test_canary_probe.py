@@ -12,7 +12,7 @@ import shutil
 import sys
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import asyncpg
@@ -21,6 +21,8 @@ import pytest
 from gateway.config import GatewayConfig, GatewaySettings
 from lorafleet.config import RelaySettings
 from replica.canary.manifest import MANIFEST_NAME, CanaryManifest
+from replica.canary.probe import run_probe
+from replica.canary.probe_setup import install_canaries
 from replica.canary.train import TrainConfig, train_canaries
 from tests.integration.gateway_stack import REPO, GatewayStack, free_port, gateway_stack
 
@@ -136,3 +138,9 @@ async def test_probe_finds_no_leak_through_the_public_api_and_reruns_idempotentl
         # a second run finds the versions registered and the tenants present, and passes again
         rc, again, err = await _probe(env, stack.url, internal, canaries, 10)
         assert again.get("ok") and again["requests"] == 10 and rc == 0, (again, err)
+        # the judge is able to fail: with the two markers swapped, every owner answer reads as a leak
+        config = GatewayConfig(platform, gateway_settings.model_copy(update={"internal_url": internal}))
+        targets = await asyncio.to_thread(install_canaries, config, canaries, stack.url, "canary", 60.0)
+        swapped = [replace(t, marker=o.marker) for t, o in zip(targets, reversed(targets), strict=True)]
+        run = await run_probe(stack.url, swapped, 10, 4)
+        assert run.tally.wrong_marker == run.tally.adapter_requests == 8 and not run.ok(allow_missing=True)
