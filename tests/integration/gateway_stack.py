@@ -147,6 +147,8 @@ async def gateway_stack(
         "LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN": TOKEN,
         "LORAFLEET_GATEWAY_REPLICA_STALE_S": "1.5",
         "LORAFLEET_GATEWAY_KEY_CACHE_TTL_S": "0.5",
+        # route only to this stack's replicas, never to a `make up` fleet sharing the same Kafka
+        "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": "gwt-",
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
     }
