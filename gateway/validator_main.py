@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 
 import asyncpg
 from aiokafka import TopicPartition
@@ -21,6 +20,7 @@ from gateway.validator import RegistryValidator
 from lorafleet import metrics
 from lorafleet.kafka import make_consumer
 from lorafleet.s3 import async_client
+from lorafleet.worker import run_until_signal
 from schemas.events import AdapterRegistered, EventValidationError, parse_event
 from schemas.topics import ADAPTERS_REGISTERED
 
@@ -104,13 +104,6 @@ def _parse(raw: bytes) -> AdapterRegistered | None:
 def registry_validator() -> None:
     """Validate adapter registrations (both doors) and mark each version ready or rejected."""
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        config = GatewayConfig.from_env()
-        metrics.serve(config.gateway.validator_metrics_port)
-        await run_validator(config, stop)
-
-    asyncio.run(main())
+    config = GatewayConfig.from_env()
+    metrics.serve(config.gateway.validator_metrics_port)
+    run_until_signal(lambda stop: run_validator(config, stop))

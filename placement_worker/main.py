@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 
 import asyncpg
 
 from lorafleet import metrics
 from lorafleet.kafka import make_consumer
+from lorafleet.worker import run_until_signal
 from placement_worker.config import PlacementConfig
 from placement_worker.consumer import PlacementWorker
 from schemas import topics
@@ -66,13 +66,6 @@ async def run_worker(
 def placement_worker() -> None:
     """Place adapters on replicas (rendezvous owners, k raised with traffic) and emit load/unload commands."""
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        config = PlacementConfig.from_env()
-        metrics.serve(config.placement.metrics_port)
-        await run_worker(config, stop)
-
-    asyncio.run(main())
+    config = PlacementConfig.from_env()
+    metrics.serve(config.placement.metrics_port)
+    run_until_signal(lambda stop: run_worker(config, stop))
