@@ -116,6 +116,8 @@ class Relay:
                     break
                 log.info("another relay holds the outbox; standing by")
                 await _sleep_or_stop(stop, 1.0)
+            if stop.is_set():
+                return  # stopped while standing by: it never led
             log.info("relay is publishing")
             cycles = 0
             while not stop.is_set():

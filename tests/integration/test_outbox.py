@@ -174,3 +174,34 @@ async def test_the_relay_sets_the_event_id_header_and_the_aggregate_key(pool, pr
     (record,) = records
     assert dict(record.headers)["id"] == str(event.event_id).encode()
     assert record.key == event.alias.encode()
+
+
+async def test_a_second_relay_stands_by_while_the_first_holds_the_outbox(pool, producer, services) -> None:
+    """Only one relay publishes at a time (per-key order); the other takes over when the first stops."""
+    stop_a, stop_b = asyncio.Event(), asyncio.Event()
+    a = Relay(pool, producer, RelaySettings(poll_interval_s=0.05))
+    b = Relay(pool, producer, RelaySettings(poll_interval_s=0.05))
+    task_a = asyncio.create_task(a.run(stop_a))
+    await asyncio.sleep(0.5)
+    task_b = asyncio.create_task(b.run(stop_b))
+    await asyncio.sleep(0.5)
+    first = alias_event(uuid.uuid4().hex[:6], 1)
+    async with outbox_transaction(pool) as conn:
+        await emit(conn, first)
+    for _ in range(100):
+        if a.stats.published:
+            break
+        await asyncio.sleep(0.05)
+    assert a.stats.published == 1 and b.stats.published == 0
+    stop_a.set()
+    await task_a
+    second = alias_event(uuid.uuid4().hex[:6], 2)
+    async with outbox_transaction(pool) as conn:
+        await emit(conn, second)
+    for _ in range(100):
+        if b.stats.published:
+            break
+        await asyncio.sleep(0.05)
+    stop_b.set()
+    await task_b
+    assert b.stats.published == 1
