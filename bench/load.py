@@ -36,6 +36,7 @@ from replica.adapter_cache.object_store import ObjectStore
 from replica.adapter_cache.record import AdapterRecord
 from replica.lora.layers import LoraLinear
 from replica.lora.spec import MODULE_PARENTS, AdapterSpec
+from schemas.llama import linear_shapes
 
 # name -> (hidden, intermediate, q_out, kv_out, layers)
 MODELS: dict[str, tuple[int, int, int, int, int]] = {
@@ -47,16 +48,7 @@ BASE_HASH = "sha256:" + "0" * 64
 
 def _spec(model: str, rank: int) -> AdapterSpec:
     hidden, inter, q_out, kv_out, layers = MODELS[model]
-    shapes = {
-        "q_proj": (hidden, q_out),
-        "k_proj": (hidden, kv_out),
-        "v_proj": (hidden, kv_out),
-        "o_proj": (q_out, hidden),
-        "gate_proj": (hidden, inter),
-        "up_proj": (hidden, inter),
-        "down_proj": (inter, hidden),
-    }
-    return AdapterSpec(layers, shapes, max(rank, 16), BASE_HASH)
+    return AdapterSpec(layers, linear_shapes(hidden, inter, q_out, kv_out), max(rank, 16), BASE_HASH)
 
 
 def _layers(spec: AdapterSpec, rank: int, device: torch.device, dtype: torch.dtype) -> dict:

@@ -40,6 +40,7 @@ from replica.control.state_publisher import Load, build_state
 from replica.lora.layers import LoraLinear
 from replica.lora.spec import AdapterSpec
 from schemas.events import ReplicaCommand, parse_event
+from schemas.llama import linear_shapes
 from tests.gateway.adapter_files import (
     TARGETS,
     TINY_BASE_HASH,
@@ -60,16 +61,7 @@ RUN = uuid.uuid4().hex[:8]
 def _spec() -> AdapterSpec:
     h, inter = TINY_CONFIG["hidden_size"], TINY_CONFIG["intermediate_size"]
     q, kv = TINY_CONFIG["num_attention_heads"] * 16, TINY_CONFIG["num_key_value_heads"] * 16
-    shapes = {
-        "q_proj": (h, q),
-        "k_proj": (h, kv),
-        "v_proj": (h, kv),
-        "o_proj": (q, h),
-        "gate_proj": (h, inter),
-        "up_proj": (h, inter),
-        "down_proj": (inter, h),
-    }
-    return AdapterSpec(TINY_CONFIG["num_hidden_layers"], shapes, 16, TINY_BASE_HASH)
+    return AdapterSpec(TINY_CONFIG["num_hidden_layers"], linear_shapes(h, inter, q, kv), 16, TINY_BASE_HASH)
 
 
 def _cache(tmp: Path, spec: AdapterSpec, registry, s3, on_event) -> AdapterCache:  # noqa: ANN001
