@@ -44,22 +44,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _mount() -> None:
+    # A sub-app that fails to import is a packaging error: fail loudly rather than drop the command.
     for name, (module, attr, help_text) in SUBCOMMANDS.items():
-        try:
-            sub = getattr(importlib.import_module(module), attr)
-        except ModuleNotFoundError as exc:
-            if exc.name and module.startswith(exc.name):
-                continue  # that package has not grown its commands yet
-            raise
-        app.add_typer(sub, name=name, help=help_text)
+        app.add_typer(getattr(importlib.import_module(module), attr), name=name, help=help_text)
     for name, (module, attr) in COMMANDS.items():
-        try:
-            fn = getattr(importlib.import_module(module), attr)
-        except ModuleNotFoundError as exc:
-            if exc.name and module.startswith(exc.name):
-                continue
-            raise
-        app.command(name)(fn)
+        app.command(name)(getattr(importlib.import_module(module), attr))
 
 
 def main() -> None:
