@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 
 import typer
 
@@ -43,17 +44,23 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _mount() -> None:
-    # A sub-app that fails to import is a packaging error: fail loudly rather than drop the command.
+def _mount(only: str | None = None) -> None:
+    """Mount every sub-app, or just the one named (so `lorafleet services status` does not import torch).
+
+    A sub-app that fails to import is a packaging error: it fails the command rather than vanishing.
+    """
     for name, (module, attr, help_text) in SUBCOMMANDS.items():
-        app.add_typer(getattr(importlib.import_module(module), attr), name=name, help=help_text)
+        if only in (None, name):
+            app.add_typer(getattr(importlib.import_module(module), attr), name=name, help=help_text)
     for name, (module, attr) in COMMANDS.items():
-        app.command(name)(getattr(importlib.import_module(module), attr))
+        if only in (None, name):
+            app.command(name)(getattr(importlib.import_module(module), attr))
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _mount()
+    first = sys.argv[1] if len(sys.argv) > 1 else None
+    _mount(first if first in SUBCOMMANDS or first in COMMANDS else None)
     app()
 
 
