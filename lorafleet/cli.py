@@ -10,6 +10,13 @@ import typer
 
 app = typer.Typer(no_args_is_help=True, help="lorafleet: serve many LoRA adapters on one shared base model.")
 
+
+@app.callback()
+def _root() -> None:
+    """lorafleet: serve many LoRA adapters on one shared base model."""
+    # A callback keeps `lorafleet` a command group even when only one sub-command is mounted.
+
+
 # name -> (module, attribute, help). Each package owns its commands; this file only mounts them.
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "services": (
