@@ -1,24 +1,33 @@
-"""`lorafleet loadtest`: replay the shared workload through a gateway's public API at several rates and
-write summary.json, requests.jsonl and report.md to the report directory."""
+"""`lorafleet loadtest`: replay the shared workload through a gateway's public API at several rates (or a
+saved trace), then the distinct-adapter bursts, and write summary.json, requests.jsonl, the traces,
+report.md and its PNG plots to the report directory."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from tqdm import tqdm
 
-from loadtest.replica_metrics import per_minute, scrape
-from loadtest.runner import LoadTestConfig, run_rate
+from loadtest import plots
+from loadtest.burst import BurstConfig, run_bursts
+from loadtest.replica_metrics import parse_replicas, per_minute, scrape
+from loadtest.runner import LoadTestConfig, run_trace, trace_for
 from loadtest.summary import markdown, summarise
-from sim.workload import WorkloadConfig
+from sim.workload import Request, WorkloadConfig, load, save
 
 DEMO_MODELS = "acme/support:prod,acme/support:next,globex/sales:prod"
+
+
+def trace_rate(trace: list[Request]) -> float:
+    """The mean arrival rate of a trace (requests over the span of its arrivals)."""
+    span = max((r.arrival_s for r in trace), default=0.0)
+    return round(len(trace) / span, 4) if span > 0 else float(len(trace))
 
 
 def run_loadtest(
@@ -26,24 +35,28 @@ def run_loadtest(
     rates: list[float],
     report: Path,
     progress: bool = True,
-    replicas: list[str] | None = None,
+    replicas: dict[str, str] | None = None,
+    trace: list[Request] | None = None,
+    burst: BurstConfig | None = None,
 ) -> dict[str, Any]:
-    """Every rate in turn; the summary is also written to report/summary.json."""
+    """Every rate in turn (or the one given trace), then the bursts; also written under report/."""
     report.mkdir(parents=True, exist_ok=True)
     summaries = []
+    traces = [(trace_rate(trace), trace)] if trace is not None else [(r, trace_for(cfg, r)) for r in rates]
     with (report / "requests.jsonl").open("w") as out:
-        for rate in rates:
-            total = int(rate * cfg.workload.duration_s)
-            before, start = scrape(replicas or []), time.perf_counter()
-            with tqdm(total=total, desc=f"{rate:g} req/s", disable=not progress) as bar:
-                records = asyncio.run(run_rate(cfg, rate, on_done=lambda _r: bar.update()))
+        for rate, requests in traces:
+            save(requests, report / f"trace-{rate:g}.jsonl")
+            before, start = scrape(replicas or {}), time.perf_counter()
+            with tqdm(total=len(requests), desc=f"{rate:g} req/s", disable=not progress) as bar:
+                records = asyncio.run(run_trace(cfg, requests, rate, on_done=lambda _r: bar.update()))
             for rec in records:
                 out.write(json.dumps(asdict(rec)) + "\n")
-            summaries.append(summarise(records, rate, cfg.workload.duration_s))
+            span = max((r.arrival_s for r in requests), default=0.0) if trace else cfg.workload.duration_s
+            summaries.append(summarise(records, rate, span or cfg.workload.duration_s))
             if replicas:
                 elapsed = time.perf_counter() - start
                 summaries[-1]["replica_cache_per_min"] = per_minute(before, scrape(replicas), elapsed)
-    summary = {
+    summary: dict[str, Any] = {
         "gateway": cfg.gateway,
         "models": list(cfg.models),
         "duration_s": cfg.workload.duration_s,
@@ -52,9 +65,18 @@ def run_loadtest(
         "output_mean": cfg.workload.output_mean,
         "rates": summaries,
     }
+    if burst is not None and burst.distinct:
+        total = burst.repeats * len([d for d in burst.distinct if d <= len(cfg.models)])
+        with tqdm(total=total, desc="bursts", disable=not progress) as bar:
+            summary["burst"] = asyncio.run(run_bursts(cfg, burst, replicas, on_burst=bar.update))
+    summary["plots"] = plots.write(summary, report)
     (report / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (report / "report.md").write_text(markdown(summary))
     return summary
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(",") if v.strip())
 
 
 def loadtest(
@@ -66,22 +88,56 @@ def loadtest(
     zipf: Annotated[float, typer.Option(help="Zipf exponent over the aliases.")] = 1.0,
     prompt_mean: Annotated[float, typer.Option(help="Mean prompt tokens.")] = 750.0,
     output_mean: Annotated[float, typer.Option(help="Mean output tokens.")] = 250.0,
+    temperature: Annotated[float | None, typer.Option(help="Sampling temperature (server default).")] = None,
     keys: Annotated[Path, typer.Option(help="JSON {tenant: api key}.")] = Path(".data/demo/keys.json"),
     seed: Annotated[int, typer.Option()] = 0,
+    trace_in: Annotated[
+        Path | None, typer.Option(help="Replay this JSONL trace (sim.workload) instead of --rates.")
+    ] = None,
+    setup: Annotated[
+        int, typer.Option(help="First make and register N adapters for --tenant and load-test them.")
+    ] = 0,
+    tenant: Annotated[str, typer.Option(help="The tenant --setup creates (limits for bursts).")] = "loadtest",
+    setup_rank: Annotated[int, typer.Option(help="Rank of the --setup adapters.")] = 16,
+    setup_only: Annotated[bool, typer.Option(help="Stop after --setup.")] = False,
+    burst: Annotated[
+        str, typer.Option(help="Distinct adapters per burst, comma-separated ('' skips the bursts).")
+    ] = "1,8,32",
+    burst_size: Annotated[int, typer.Option(help="Concurrent requests per burst.")] = 32,
+    burst_tokens: Annotated[int, typer.Option(help="max_tokens of a burst request.")] = 64,
+    burst_repeats: Annotated[int, typer.Option(help="Interleaved repeats of every burst.")] = 3,
     replica: Annotated[
         list[str] | None,
-        typer.Option(help="Replica URL whose /metrics give loads and evictions (repeatable)."),
+        typer.Option(
+            help="ID=URL of a replica: its /metrics give loads and evictions; bursts pre-warm it "
+            "(repeatable)."
+        ),
     ] = None,
+    replica_token: Annotated[str, typer.Option(help="The replicas' service token.")] = "dev-service-token",
     report: Annotated[
-        Path, typer.Option(help="Directory for summary.json, requests.jsonl, report.md.")
-    ] = Path(".data/loadtest"),
+        Path, typer.Option(help="Directory for summary.json, requests.jsonl, report.md and plots.")
+    ] = Path(".data/loadtest/report"),
 ) -> None:
     """Load-test a running deployment through its public API (streaming)."""
+    key_map = json.loads(keys.read_text()) if keys.is_file() else {}
     names = tuple(m.strip() for m in models.split(",") if m.strip())
+    if setup > 0:
+        from loadtest.setup import setup as make_tenant
+
+        aliases, tenant_keys = make_tenant(setup, tenant, setup_rank)
+        names, key_map = tuple(aliases), {**key_map, **tenant_keys}
+        typer.echo(f"{len(aliases)} adapters ready for tenant {tenant}: {','.join(aliases)}")
+        if setup_only:
+            return
     names = names[:adapters] if adapters > 0 else names
     workload = WorkloadConfig(
         zipf_s=zipf, duration_s=duration, prompt_mean=prompt_mean, output_mean=output_mean, seed=seed
     )
-    cfg = LoadTestConfig(gateway, names, json.loads(keys.read_text()), workload)
-    summary = run_loadtest(cfg, [float(r) for r in rates.split(",")], report, replicas=replica)
-    typer.echo(json.dumps(summary, indent=2))
+    cfg = LoadTestConfig(gateway, names, key_map, workload, temperature=temperature)
+    bursts = BurstConfig(_ints(burst), burst_size, burst_tokens, burst_repeats, replica_token)
+    trace = load(trace_in) if trace_in is not None else None
+    if trace is not None:
+        cfg = replace(cfg, workload=replace(workload, duration_s=max(r.arrival_s for r in trace)))
+    rate_list = [float(r) for r in rates.split(",") if r.strip()]
+    summary = run_loadtest(cfg, rate_list, report, True, parse_replicas(replica or []), trace, bursts)
+    typer.echo(json.dumps({k: v for k, v in summary.items() if k != "models"}, indent=2))

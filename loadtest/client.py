@@ -1,4 +1,5 @@
-"""One streamed chat completion through the public API, timed: TTFT, time per output token, tier, status."""
+"""One streamed chat completion through the public API, timed: TTFT, time per output token, tier, status,
+and the token counts the server reports in its usage chunk."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ class RequestRecord:
     request_id: int
     rate: float
     model: str
-    prompt_tokens: int
+    prompt_tokens: int  # the trace's prompt length (the words sent)
     max_tokens: int
+    arrival_s: float = 0.0  # the trace's arrival time, from the start of its rate
+    trace_adapter: str = ""  # the trace's adapter (sim.workload id by popularity rank)
     status: int = 0
     error: str = ""
     tier: str = ""
@@ -28,6 +31,8 @@ class RequestRecord:
     tpot_s: float = -1.0
     total_s: float = -1.0
     chunks: int = 0
+    usage_prompt_tokens: int = -1  # what the server counted (chat template included)
+    usage_completion_tokens: int = -1  # may be under max_tokens: the model can stop at its end token
 
 
 def prompt_text(tokens: int) -> str:
@@ -36,15 +41,33 @@ def prompt_text(tokens: int) -> str:
     return " ".join(words[i % len(words)] for i in range(max(1, tokens)))
 
 
-async def send(client: httpx.AsyncClient, req: Request, model: str, key: str, rate: float) -> RequestRecord:
-    """POST /v1/chat/completions with stream: true and time the content chunks as they arrive."""
-    rec = RequestRecord(req.request_id, rate, model, req.prompt_tokens, req.output_tokens)
+def chat_body(model: str, text: str, max_tokens: int, temperature: float | None) -> dict:
     body = {
         "model": model,
-        "messages": [{"role": "user", "content": prompt_text(req.prompt_tokens)}],
-        "max_tokens": req.output_tokens,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
         "stream": True,
+        "stream_options": {"include_usage": True},
     }
+    if temperature is not None:
+        body["temperature"] = temperature
+    return body
+
+
+async def send(
+    client: httpx.AsyncClient,
+    req: Request,
+    model: str,
+    key: str,
+    rate: float,
+    text: str | None = None,
+    temperature: float | None = None,
+) -> RequestRecord:
+    """POST /v1/chat/completions with stream: true and time the content chunks as they arrive."""
+    rec = RequestRecord(
+        req.request_id, rate, model, req.prompt_tokens, req.output_tokens, req.arrival_s, req.adapter_id
+    )
+    body = chat_body(model, text or prompt_text(req.prompt_tokens), req.output_tokens, temperature)
     start = time.perf_counter()
     first = last = 0.0
     try:
@@ -67,6 +90,9 @@ async def send(client: httpx.AsyncClient, req: Request, model: str, key: str, ra
                 if "error" in event:
                     rec.error = str(event["error"].get("code"))
                     continue
+                if event.get("usage"):
+                    rec.usage_prompt_tokens = event["usage"]["prompt_tokens"]
+                    rec.usage_completion_tokens = event["usage"]["completion_tokens"]
                 choices = event.get("choices") or []
                 if choices and (choices[0].get("delta") or {}).get("content"):
                     now = time.perf_counter()

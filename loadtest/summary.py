@@ -33,7 +33,15 @@ def summarise(records: list[RequestRecord], rate: float, duration_s: float) -> d
         "gpu_hit_rate": round(tiers["gpu"] / n, 4) if ok else None,
         "ram_hit_rate": round(tiers["ram"] / misses, 4) if misses else None,
         "output_tokens_per_s": round(sum(r.chunks for r in ok) / duration_s, 2),
+        "completion_tokens_mean": _mean(
+            [r.usage_completion_tokens for r in ok if r.usage_completion_tokens >= 0]
+        ),
+        "prompt_tokens_mean": _mean([r.usage_prompt_tokens for r in ok if r.usage_prompt_tokens >= 0]),
     }
+
+
+def _mean(values: list[int]) -> float | None:
+    return round(sum(values) / len(values), 2) if values else None
 
 
 def _fmt(v: float | None) -> str:
@@ -45,7 +53,7 @@ def markdown(summary: dict[str, Any]) -> str:
     lines = [
         "# Load test",
         "",
-        f"Gateway {summary['gateway']}, models {', '.join(summary['models'])}, "
+        f"Gateway {summary['gateway']}, {_models(summary['models'])}, "
         f"{summary['duration_s']} s per rate, Zipf s={summary['zipf_s']}.",
         "",
         "| rate (req/s) | requests | ok | TTFT p50 | TTFT p95 | TPOT p50 | TPOT p95 "
@@ -68,4 +76,34 @@ def markdown(summary: dict[str, Any]) -> str:
     if cache:
         lines += ["", "## Replica cache, per minute", "", "| rate | replica | counters |", "|---|---|---|"]
         lines += [f"| {r:g} | {url} | {', '.join(f'{k} {v}' for k, v in c.items())} |" for r, url, c in cache]
+    lines += _burst(summary.get("burst"))
+    if summary.get("plots"):
+        lines += ["", "## Plots", ""] + [f"![{p[:-4]}]({p})" for p in summary["plots"]]
     return "\n".join(lines) + "\n"
+
+
+def _models(models: list[str]) -> str:
+    if len(models) <= 6:
+        return f"models {', '.join(models)}"
+    return f"{len(models)} models ({models[0]} ... {models[-1]})"
+
+
+def _burst(burst: dict[str, Any] | None) -> list[str]:
+    if not burst or not burst.get("tokens_per_s"):
+        return []
+    ratios = burst.get("ratio_to_1_adapter") or {}
+    warm = "pre-warmed through the replicas" if burst["prewarmed"] else "warmed by an unmeasured burst"
+    lines = [
+        "",
+        f"## Distinct adapters in a burst of {burst['size']} concurrent requests",
+        "",
+        f"Output tokens/s, median of {burst['repeats']} interleaved repeats, {burst['max_tokens']} tokens "
+        f"each, temperature 0; {warm}.",
+        "",
+        "| distinct adapters | tokens/s | ratio to 1 adapter |",
+        "|---|---|---|",
+    ]
+    for d, tps in burst["tokens_per_s"].items():
+        lines.append(f"| {d} | {tps} | {ratios.get(d, '-')} |")
+    lines += ["", f"Ratio to base: {burst['base_note']}."]
+    return lines

@@ -1,0 +1,147 @@
+"""`lorafleet loadtest --setup N`: a load-test tenant with N ready adapters and one alias each, idempotently.
+
+The adapters are real PEFT LoRA folders made with peft on the served base (every projection the replica
+adapts, so they have the brief's shape: rank 16 on attention and MLP), each seeded by its index so adapter
+i has the same bytes whatever N is (a registered version is immutable). They are uploaded and registered
+through the internal API like any pipeline's; the registry validator marks them ready; aliases
+`<tenant>/a<i>:prod` point at them. The tenant's limits are high enough for bursts of concurrent requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import httpx
+
+from gateway.config import GatewayConfig
+from schemas.api import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+
+log = logging.getLogger(__name__)
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+REQUESTS_PER_S = 500.0  # a burst of 32 concurrent requests is one second's allowance many times over
+TOKENS_PER_MIN = 50_000_000
+
+
+def adapter_id(tenant: str, rank: int, i: int) -> str:
+    return f"{tenant}-r{rank}-a{i:03d}"
+
+
+def alias(tenant: str, i: int) -> str:
+    return f"{tenant}/a{i:03d}:prod"
+
+
+def make_adapters(model_dir: Path, root: Path, ids: list[str], base_hash: str, rank: int) -> dict[str, Path]:
+    """root/<id>/ PEFT folders; adapter ids[i] is seeded by i. Existing complete folders are kept."""
+    dirs = {aid: root / aid for aid in ids}
+    missing = [i for i, aid in enumerate(ids) if not (dirs[aid] / ADAPTER_WEIGHTS_NAME).is_file()]
+    if not missing:
+        return dirs
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS, lora_dropout=0.0)
+    peft_model = get_peft_model(model, cfg)
+    for i in missing:
+        gen = torch.Generator().manual_seed(i)
+        with torch.no_grad():  # B non-zero, small: each adapter changes the output a little
+            for name, p in peft_model.named_parameters():
+                if ".lora_A." in name:
+                    p.copy_(torch.randn(p.shape, generator=gen) * p.shape[1] ** -0.5)
+                elif ".lora_B." in name:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.01)
+        target = dirs[ids[i]]
+        peft_model.save_pretrained(target)
+        cfg_path = target / ADAPTER_CONFIG_NAME
+        raw = json.loads(cfg_path.read_text())
+        raw["base_model_hash"] = base_hash
+        cfg_path.write_text(json.dumps(raw, indent=2))
+    log.info("made %d PEFT adapters (rank %d) under %s", len(missing), rank, root)
+    return dirs
+
+
+async def tenant_key(config: GatewayConfig, tenant: str, keys_path: Path) -> str:
+    """The tenant with load-test limits, and a working key (reused from keys_path while it works)."""
+    import asyncpg
+
+    from gateway.tenants import create_key, create_tenant, find_caller, key_hash
+
+    saved = json.loads(keys_path.read_text()) if keys_path.is_file() else {}
+    pool = await asyncpg.create_pool(config.platform.database_url, min_size=1, max_size=2)
+    try:
+        await create_tenant(pool, tenant, REQUESTS_PER_S, TOKENS_PER_MIN)
+        secret = saved.get(tenant)
+        if secret is None or await find_caller(pool, key_hash(secret)) is None:
+            secret = (await create_key(pool, tenant)).secret
+    finally:
+        await pool.close()
+    keys_path.parent.mkdir(parents=True, exist_ok=True)
+    keys_path.write_text(json.dumps({**saved, tenant: secret}))
+    os.chmod(keys_path, 0o600)
+    return secret
+
+
+def register(
+    config: GatewayConfig, client: httpx.Client, tenant: str, dirs: dict[str, Path], wait_s: float
+) -> None:
+    """Upload and register each adapter not registered yet; wait until every one is ready."""
+    from gateway.cli import _upload, describe_peft_dir
+    from gateway.served_base import served_base_hash
+    from gateway.weights_uri import parse_s3_uri
+
+    base_hash = served_base_hash(config.gateway)
+    for aid, folder in dirs.items():
+        if client.get(f"/internal/adapters/{aid}").status_code == 200:
+            continue
+        location = parse_s3_uri(f"s3://{config.platform.s3_bucket}/adapters/{tenant}/{aid}")
+        body = {
+            "adapter_id": aid,
+            "tenant_id": tenant,
+            "version": 1,
+            "base_model_hash": base_hash,
+            "weights_uri": location.uri(),
+            "checksum": asyncio.run(_upload(config, folder, location)),
+            **describe_peft_dir(folder),
+        }
+        client.post("/internal/adapters", json=body).raise_for_status()
+    deadline = time.monotonic() + wait_s
+    for aid in dirs:
+        while (status := client.get(f"/internal/adapters/{aid}").json()["status"]) == "pending":
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{aid} is still pending; is the registry validator running?")
+            time.sleep(0.5)
+        if status != "ready":
+            raise RuntimeError(f"{aid} was {status}: {client.get(f'/internal/adapters/{aid}').text}")
+
+
+def setup(count: int, tenant: str, rank: int = 16, wait_s: float = 300.0) -> tuple[list[str], dict[str, str]]:
+    """Ensure `count` ready adapters with aliases for `tenant`; return (aliases, {tenant: key}).
+
+    Adapter folders and the tenant's key (mode 600) are kept under <data dir>/loadtest/."""
+    from replica.model.base_hash import base_model_hash
+    from replica.model.prepare import ensure_default_model
+
+    config = GatewayConfig.from_env()
+    model_dir = ensure_default_model()
+    ids = [adapter_id(tenant, rank, i) for i in range(count)]
+    home = config.platform.data_path / "loadtest"
+    dirs = make_adapters(model_dir, home / "adapters", ids, base_model_hash(model_dir), rank)
+    key = asyncio.run(tenant_key(config, tenant, home / "keys.json"))
+    token = config.gateway.service_token.get_secret_value()
+    with httpx.Client(
+        base_url=config.gateway.internal_base_url(), headers={"Authorization": f"Bearer {token}"}, timeout=60
+    ) as client:
+        register(config, client, tenant, dirs, wait_s)
+        names = [alias(tenant, i) for i in range(count)]
+        for name, aid in zip(names, ids, strict=True):
+            current = client.get(f"/internal/aliases/{name}")
+            if current.status_code != 200 or current.json().get("adapter_id") != aid:
+                client.put(f"/internal/aliases/{name}", json={"adapter_id": aid}).raise_for_status()
+    return names, {tenant: key}
