@@ -78,6 +78,12 @@ def simulate_cmd(
     adapter_mb: Annotated[float, typer.Option(help="Adapter size, MB.")] = 80.0,
     owners: Annotated[int, typer.Option(help="Default owners per adapter.")] = 2,
     spill_threshold: Annotated[int, typer.Option(help="Router spill threshold, tokens in flight.")] = 32_000,
+    replan_s: Annotated[
+        float,
+        typer.Option(
+            help="Re-plan placement this often from observed traffic (0: fixed from the whole trace)."
+        ),
+    ] = 0.0,
     gpu_hour_usd: Annotated[float, typer.Option(help="Price of one GPU-hour.")] = 2.5,
     calibration: Annotated[
         list[Path] | None, typer.Option(help="bench engine / bench load calibration JSON (repeatable).")
@@ -108,6 +114,7 @@ def simulate_cmd(
         sizes=sizes,
         warmup_s=warmup,
         seed=seed,
+        replan_s=replan_s,
     )
     result: dict[str, Any]
     if find:

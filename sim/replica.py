@@ -1,10 +1,14 @@
 """One simulated replica: the real cache bookkeeping (SlotTable for GPU slots with refcounts, ByteLru for
 host RAM and local disk) and continuous batching driven by the timing model.
 
-A request holds a pin on its adapter's slot from the moment the adapter is ready until it finishes, and a
-load holds one while it writes the slot, so only idle adapters are evicted (the SlotTable enforces it).
-Step k runs between boundaries k and k+1; a request admitted at boundary k has its prompt prefilled in
-step k, emits its first token at boundary k+1 and its last at boundary k + output_tokens.
+A miss is a load in two parts, as in replica.adapter_cache: bringing the file to host RAM (from disk or the
+object store: load_s[tier] - load_s["ram"]; loads overlap), then the slot write (load_s["ram"]), which
+reserves a slot (evicting the least recently used idle adapter) and runs ONE AT A TIME per replica, as the
+real GpuTier's write lock makes it. A request holds a pin on its adapter's slot from the moment the adapter
+is ready until it finishes, and a load holds one while it writes the slot, so only idle adapters are
+evicted (the SlotTable enforces it). Step k runs between boundaries k and k+1; a request admitted at
+boundary k has its prompt prefilled in step k, emits its first token at boundary k+1 and its last at
+boundary k + output_tokens.
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ class CacheSizes:
 
 Schedule = Callable[[float, int, object], None]  # (time, event kind, payload)
 STEP = 1
-LOAD_DONE = 2
+LOAD_DONE = 2  # a slot write finished
+FETCHED = 3  # a disk or object-store read reached host RAM
 
 
 class SimReplica:
@@ -67,7 +72,10 @@ class SimReplica:
         self.disk: ByteLru[str] = ByteLru(sizes.disk_bytes, "disk")
         self.loading: dict[str, list[SimRequest]] = {}  # adapter -> requests waiting for its slot write
         self.loading_from: dict[str, str] = {}
+        self.fetching: set[str] = set()  # loads still reading from disk or the object store
         self.blocked: deque[str] = deque()  # loads waiting for a slot (every slot pinned)
+        self.writes: deque[str] = deque()  # loads holding a reserved slot, waiting for the one writer
+        self.writing: str | None = None
         self.ready: deque[SimRequest] = deque()
         self.finishing: list[tuple[int, int, SimRequest]] = []
         self.rows: Counter[str] = Counter()  # adapter -> running rows
@@ -92,6 +100,36 @@ class SimReplica:
         """Put an owned adapter with steady traffic into a free GPU slot (no eviction)."""
         if self.slots.lookup(adapter_id) is None and len(self.slots.entries()) < self.sizes.gpu_slots:
             self.slots.place(adapter_id, self.sizes.rank, now)
+
+    def start_with(self, gpu: list[str], ram: list[str]) -> None:
+        """The cache a real replica reported before the run (least recently used first)."""
+        for adapter_id in ram:
+            self.ram_evictions += len(self.ram.add(adapter_id, self.sizes.adapter_bytes))
+        for i, adapter_id in enumerate(gpu):
+            if self.slots.lookup(adapter_id) is None and len(self.slots.entries()) < self.sizes.gpu_slots:
+                self.slots.place(adapter_id, self.sizes.rank, -1.0 + i * 1e-6)
+
+    def command(self, adapter_id: str, command: str, tier: str, now: float) -> None:
+        """A placement worker's command: load (own; at tier gpu, into a slot, evicting an idle adapter)
+        or unload (drop it everywhere when idle), as replica.control applies them."""
+        if command == "unload":
+            entry = self.slots.lookup(adapter_id)
+            if adapter_id in self.loading or (entry is not None and entry.ref_count):
+                return  # the real replica drains first; the next plan retries
+            if entry is not None:
+                self.slots.remove(adapter_id)
+            for tier_ in (self.ram, self.disk):
+                if adapter_id in tier_:
+                    tier_.remove(adapter_id)
+            self.cache_version += 1
+            return
+        if self.tier_of(adapter_id) in ("disk", "remote"):
+            self.own(adapter_id)
+            self.cache_version += 1
+        if tier == "gpu" and adapter_id not in self.loading and self.slots.lookup(adapter_id) is None:
+            self.loading[adapter_id] = []
+            self.loading_from[adapter_id] = "ram"
+            self._reserve(adapter_id, now)
 
     # what the router sees
 
@@ -126,9 +164,26 @@ class SimReplica:
             return
         self.loading[aid] = [sr]
         self.loading_from[aid] = sr.found_in
-        self._start_load(aid, now)
+        if sr.found_in == "ram":
+            self._reserve(aid, now)
+            return
+        self.fetching.add(aid)
+        fetch_s = max(self.timing.load_s[sr.found_in] - self.timing.load_s["ram"], 0.0)
+        self.schedule(now + fetch_s, FETCHED, (self, aid))
 
-    def _start_load(self, aid: str, now: float) -> None:
+    def fetched(self, aid: str, now: float) -> None:
+        """The file is in host RAM (and on disk, from the object store): now it wants a slot."""
+        self.fetching.discard(aid)
+        if self.loading_from[aid] == "remote":
+            self.disk_evictions += len(self.disk.add(aid, self.sizes.adapter_bytes))
+        if aid in self.ram:
+            self.ram.touch(aid)
+        else:
+            self.ram_evictions += len(self.ram.add(aid, self.sizes.adapter_bytes))
+        self.cache_version += 1
+        self._reserve(aid, now)
+
+    def _reserve(self, aid: str, now: float) -> None:
         try:
             self.slots.place(aid, self.sizes.rank, now)
         except NoFreeSlotError:
@@ -136,23 +191,26 @@ class SimReplica:
             return
         self.slots.pin(aid, now)  # the slot write's own hold
         self.cache_version += 1
-        source = self.loading_from[aid]
-        self.loads[source] += 1
-        if source == "remote":
-            self.disk_evictions += len(self.disk.add(aid, self.sizes.adapter_bytes))
+        self.loads[self.loading_from[aid]] += 1
         if aid in self.ram:
             self.ram.touch(aid)
-        else:
-            self.ram_evictions += len(self.ram.add(aid, self.sizes.adapter_bytes))
-        self.schedule(now + self.timing.load_s[source], LOAD_DONE, (self, aid))
+        self.writes.append(aid)
+        self._next_write(now)
+
+    def _next_write(self, now: float) -> None:
+        if self.writing is None and self.writes:
+            self.writing = self.writes.popleft()
+            self.schedule(now + self.timing.load_s["ram"], LOAD_DONE, (self, self.writing))
 
     def load_done(self, aid: str, now: float) -> None:
+        self.writing = None
         for sr in self.loading.pop(aid):
             self.slots.pin(aid, now)
             self.ready.append(sr)
         del self.loading_from[aid]
         self.cache_version += 1
         self.slots.unpin(aid, now)
+        self._next_write(now)
         self._kick(now)
 
     def _unblock(self, now: float) -> None:
@@ -160,7 +218,7 @@ class SimReplica:
             free = len(self.slots.entries()) < self.sizes.gpu_slots
             if not free and all(e.ref_count > 0 for e in self.slots.entries()):
                 return
-            self._start_load(self.blocked.popleft(), now)
+            self._reserve(self.blocked.popleft(), now)
 
     def _kick(self, now: float) -> None:
         if not self.busy:
@@ -218,8 +276,9 @@ class SimReplica:
         for sr in self.ready:
             holds[sr.req.adapter_id] += 1
         for aid in self.loading:
-            if aid not in self.blocked:
+            if aid not in self.blocked and aid not in self.fetching:
                 holds[aid] += 1
+        assert len(self.writes) + (self.writing is not None) <= len(self.loading)
         for aid, n in holds.items():
             entry = self.slots.lookup(aid)
             assert entry is not None and entry.ref_count == n, (aid, n, entry)

@@ -91,6 +91,7 @@ def build(result: SimResult, gpu_hour_usd: float = 2.5, headroom: float = 0.3) -
             "ram_bytes": cfg.sizes.ram_bytes,
             "warmup_s": cfg.warmup_s,
             "seed": cfg.seed,
+            "replan_s": cfg.replan_s,
         },
         "timing": {
             "step_base_s": result.timing.step_base_s,

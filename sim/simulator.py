@@ -1,6 +1,13 @@
 """Discrete-event fleet simulation: the real router (gateway.routing) picks a replica from live loads, the
 real placement (placement_worker.planner over schemas.rendezvous) decides owners, and each replica's cache
-is the real SlotTable / ByteLru bookkeeping (sim.replica), timed by sim.timing."""
+is the real SlotTable / ByteLru bookkeeping (sim.replica), timed by sim.timing.
+
+Placement is either fixed before the run from the whole trace's demand (replan_s = 0: a placement worker
+that already knows the traffic), or re-planned every replan_s from the traffic observed so far, as the real
+placement worker does from the stats stream's windows: each adapter's demand is the output tokens/s of its
+latest window (requests completed in it), forgotten after demand_ttl_s; the changes (planner.diff) go to
+the replicas as load/unload commands.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.routing import ROUTING_MODES, ReplicaLoad, RouterPolicy
-from placement_worker.planner import Policy, desired
-from sim.replica import LOAD_DONE, STEP, CacheSizes, SimReplica, SimRequest
+from placement_worker.planner import Placements, Policy, desired, diff
+from sim.replica import FETCHED, LOAD_DONE, STEP, CacheSizes, SimReplica, SimRequest
 from sim.timing import TimingModel
 from sim.workload import Request
 
 ARRIVE = 0
+REPLAN = 4
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,11 @@ class SimConfig:
     warmup_s: float = 60.0  # requests arriving earlier are simulated but not reported
     seed: int = 0
     check_every: int = 0  # run the replicas' invariant checks every N events (tests); 0 = never
+    replan_s: float = 0.0  # 0: placement fixed from the whole trace's demand; else re-plan this often
+    demand_ttl_s: float = 300.0  # the placement worker's LORAFLEET_PLACEMENT_DEMAND_TTL_S
+    gpu_tokens_per_s: float = 1.0  # its LORAFLEET_PLACEMENT_GPU_TOKENS_PER_S: steady traffic goes to GPU
+    # per replica (in order): (GPU adapters, least recently used first; RAM adapters) at the start
+    initial: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
 
 
 @dataclass
@@ -73,6 +86,11 @@ class Simulation:
         self.resident: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
         self.published: dict[str, int] = {}  # replica -> cache_version of its last report
         self.owners_per_adapter: dict[str, int] = {}
+        self.policy_place = Policy(cfg.owners_k, timing.decode_tokens_per_s(), cfg.gpu_tokens_per_s)
+        self.placements: Placements = {}
+        self.window_tokens: dict[str, int] = defaultdict(int)  # output tokens completed this window
+        self.latest: dict[str, float] = {}  # adapter -> end of its latest window with traffic
+        self.replans = 0
 
     def _schedule(self, t: float, kind: int, payload: object) -> None:
         self.seq += 1
@@ -82,12 +100,20 @@ class Simulation:
         self.inflight[sr.replica_id] -= sr.req.prompt_tokens + sr.req.output_tokens
         self.dirty.add(sr.replica_id)
         self.done.append(sr)
+        self.window_tokens[sr.req.adapter_id] += sr.req.output_tokens
 
     def place(self, duration_s: float) -> None:
-        """Owners from the real planner (counts raised with traffic) hold it in RAM; hot ones in GPU."""
+        """Owners from the real planner (counts raised with traffic) hold it in RAM; hot ones in GPU.
+
+        With re-planning the run starts from no traffic knowledge (every adapter at its default owners, in
+        RAM); otherwise from the whole trace's demand."""
+        for replica, (gpu, ram) in zip(self.replicas.values(), self.cfg.initial, strict=False):
+            replica.start_with(list(gpu), list(ram))
         demand = demand_from_trace(self.trace, duration_s)
-        policy = Policy(self.cfg.owners_k, self.timing.decode_tokens_per_s())
-        plan = desired(demand, list(self.replicas), policy)
+        if self.cfg.replan_s > 0:
+            demand = dict.fromkeys(demand, 0.0)
+        plan = desired(demand, list(self.replicas), self.policy_place)
+        self.placements = plan
         for adapter_id in sorted(plan, key=lambda a: -demand[a]):
             self.owners_per_adapter[adapter_id] = len(plan[adapter_id])
             for replica_id, tier in plan[adapter_id].items():
@@ -95,6 +121,27 @@ class Simulation:
                 replica.own(adapter_id)
                 if tier == "gpu":
                     replica.prewarm(adapter_id, 0.0)
+
+    def replan(self, now: float) -> None:
+        """Close the traffic window and re-plan, with the real planner, the adapters whose demand changed:
+        those with a new window, and those whose last window passed its TTL (as the worker does per
+        adapter.stats event and on its tick); send the changes to the replicas."""
+        demand = {a: tokens / self.cfg.replan_s for a, tokens in self.window_tokens.items()}
+        self.window_tokens.clear()
+        for adapter_id, end in list(self.latest.items()):
+            if adapter_id not in demand and now - end >= self.cfg.demand_ttl_s:
+                demand[adapter_id] = 0.0
+                del self.latest[adapter_id]
+        self.latest.update(dict.fromkeys((a for a, tps in demand.items() if tps > 0), now))
+        target = desired(demand, list(self.replicas), self.policy_place)
+        for change in diff({a: self.placements.get(a, {}) for a in target}, target):
+            self.replicas[change.replica_id].command(change.adapter_id, change.command, change.tier, now)
+        self.placements.update(target)
+        for adapter_id, owners_ in target.items():
+            self.owners_per_adapter[adapter_id] = max(
+                self.owners_per_adapter.get(adapter_id, 0), len(owners_)
+            )
+        self.replans += 1
 
     def _publish(self) -> None:
         """Every replica's state report: its resident adapters (loads come from the gateway's own count)."""
@@ -116,6 +163,8 @@ class Simulation:
         self.place(max(duration, 1e-9))
         for r in self.trace:
             self._schedule(r.arrival_s, ARRIVE, SimRequest(r))
+        if self.cfg.replan_s > 0:
+            self._schedule(self.cfg.replan_s, REPLAN, None)
         next_report, n = 0.0, 0
         events, replicas = self.events, list(self.replicas.values())
         now = 0.0
@@ -133,6 +182,13 @@ class Simulation:
             elif kind == LOAD_DONE:
                 replica, aid = payload  # type: ignore[misc]
                 replica.load_done(aid, now)
+            elif kind == FETCHED:
+                replica, aid = payload  # type: ignore[misc]
+                replica.fetched(aid, now)
+            elif kind == REPLAN:
+                self.replan(now)
+                if now + self.cfg.replan_s <= duration:
+                    self._schedule(now + self.cfg.replan_s, REPLAN, None)
             n += 1
             if self.cfg.check_every and n % self.cfg.check_every == 0:
                 for replica in replicas:

@@ -10,9 +10,9 @@ from replica.adapter_cache.lru import ByteLru
 from sim import report
 from sim.cli import find_replicas
 from sim.replica import CacheSizes
-from sim.simulator import SimConfig, simulate
+from sim.simulator import SimConfig, Simulation, simulate
 from sim.timing import TimingModel
-from sim.workload import WorkloadConfig, generate
+from sim.workload import Request, WorkloadConfig, adapter_id, generate
 
 WORKLOAD = WorkloadConfig(adapters=300, rate=8.0, zipf_s=1.0, duration_s=240.0, seed=11)
 SIZES = CacheSizes(gpu_slots=24, adapter_bytes=80, ram_bytes=80 * 60, disk_bytes=80 * 200)
@@ -103,3 +103,45 @@ def test_hot_adapter_gets_more_owners_and_the_router_uses_them() -> None:
     assert min(result.owners_per_adapter.values()) == 2  # the tail keeps the default
     served_by = {sr.replica_id for sr in result.requests if sr.req.adapter_id == top}
     assert len(served_by) >= result.owners_per_adapter[top]
+
+
+def _at(t: float, adapter: int, rid: int, prompt: int = 10, out: int = 4) -> Request:
+    return Request(rid, t, adapter_id(adapter), prompt, out)
+
+
+ONE = SimConfig(replicas=1, owners_k=1, sizes=SIZES, warmup_s=0.0, check_every=1, replan_s=1e9)
+
+
+def test_slot_writes_run_one_at_a_time() -> None:
+    timing = replace(TimingModel(), load_s={"gpu": 0.0, "ram": 0.1, "disk": 0.2, "remote": 0.5})
+    result = simulate(ONE, timing, [_at(0.0, 0, 0), _at(0.001, 1, 1)])  # both in RAM, GPU empty
+    first, second = sorted(result.requests, key=lambda sr: sr.req.request_id)
+    assert first.found_in == second.found_in == "ram"
+    assert 0.1 < first.first_token_s < 0.2  # its write: 0 -> 0.1, then one step
+    assert second.first_token_s > 0.2  # its write waited for the first: 0.1 -> 0.2
+
+
+def test_a_run_can_start_from_a_real_replicas_cache() -> None:
+    cfg = replace(ONE, initial=(((adapter_id(3),), (adapter_id(3), adapter_id(4))),))
+    result = simulate(cfg, TimingModel(), [_at(0.0, 3, 0), _at(0.5, 4, 1)])
+    assert [sr.found_in for sr in sorted(result.requests, key=lambda sr: sr.req.request_id)] == ["gpu", "ram"]
+
+
+def test_replanning_follows_observed_traffic_like_the_placement_worker() -> None:
+    # adapter 0: 2 req/s throughout; adapter 1: busy for the first 10 s only; 2 replicas own both
+    trace = [_at(i * 0.5, 0, i, out=8) for i in range(120)]
+    trace += [_at(i * 0.5 + 0.25, 1, 1000 + i, out=8) for i in range(20)]
+    trace.sort(key=lambda r: r.arrival_s)
+    cfg = replace(CFG, replicas=2, replan_s=10.0, demand_ttl_s=25.0, warmup_s=0.0)
+    sim = Simulation(cfg, TimingModel(), trace)
+    result = sim.run()
+    assert len(result.requests) == len(trace)
+    first = min(
+        (sr for sr in result.requests if sr.req.adapter_id == adapter_id(0)), key=lambda s: s.req.arrival_s
+    )
+    assert first.found_in == "ram"  # nothing known before the first window: no GPU pre-warm
+    assert sim.placements[adapter_id(0)] == {"replica-000": "gpu", "replica-001": "gpu"}
+    assert set(sim.placements[adapter_id(1)].values()) == {"ram"}  # its window passed the TTL
+    assert sim.replans == 5  # at 10, 20, ..., 50 s: the last arrival is at 59.5 s
+    for rep in result.replicas:  # the gpu commands loaded adapter 0 on both owners
+        assert rep.slots.lookup(adapter_id(0)) is not None
