@@ -52,7 +52,9 @@ def byte_bound(d: int, k: int, rank: int, distinct: int) -> float:
 def _decode_context(slot_of_row: torch.Tensor, rank: int) -> Context:
     """A context carrying only the LoRA metadata: the layer under test reads nothing else."""
     empty = torch.zeros(0, dtype=torch.long, device=slot_of_row.device)
-    meta = LoraBatchMeta({rank: slot_of_row})
+    meta = LoraBatchMeta(
+        {rank: slot_of_row}, {rank: ops.prepare(slot_of_row)}
+    )  # once per step, as the engine
     return Context(empty, [], empty, empty, empty, 0, lora=meta)
 
 
@@ -110,7 +112,9 @@ def bench_shape(d: int, k: int, cfg: LoraBenchConfig, device: torch.device) -> l
     base_med = median(base_times)
     rows = []
     for n in cfg.distinct:
-        ratio = median(lora_times[n]) / base_med
+        # each repeat times base and base + LoRA back to back: the median of those paired ratios resists
+        # a noisy neighbour better than a ratio of medians taken at different moments
+        ratio = median([lo / ba for lo, ba in zip(lora_times[n], base_times, strict=True)])
         bound = byte_bound(d, k, cfg.rank, n)
         target = TARGETS.get(n, bound * BOUND_SLACK)
         rows.append(
@@ -145,7 +149,8 @@ def run_lora_bench(cfg: LoraBenchConfig) -> dict[str, Any]:
             "rank": cfg.rank,
             "repeats": cfg.repeats,
             "inner": cfg.inner,
-            "timing": "median of interleaved repeats; each sample averages `inner` calls",
+            "timing": "ratio = median over repeats of paired (base + LoRA) / base times; a sample averages "
+            "`inner` calls; variants interleaved, order rotated each repeat",
         },
         "results": results,
     }

@@ -52,7 +52,7 @@ class ModelRunner:
                 prefills.append((s.row, offset, n, s.start_pos + n))
             offset += n
         span = max(dec_rows, default=-1) + 1
-        segmented = dev.type == "cuda" and offset > len(steps)
+        segmented = offset > len(steps)  # some row prefills: the Triton path launches per segment
         lora = build_batch_meta([(s.slot, len(s.token_ids)) for s in steps], dev, segmented)
         return Context(
             token_rows=torch.tensor(token_rows, dtype=torch.long, device=dev),

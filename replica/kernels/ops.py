@@ -4,9 +4,12 @@ Semantics (every implementation equals replica.kernels.reference):
     lora_shrink: t[i] = a_stack[s_i] @ x[i]                      (zeros where s_i == -1)
     lora_expand: out[i] += scale[s_i] * (b_stack[s_i] @ t[i])    (untouched where s_i == -1)
 
-On CUDA, with replica.kernels.triton_ops importable, the Triton kernels run. Elsewhere a torch path
-runs: when rows outnumber the distinct slots in use by DENSE_ROWS_PER_SLOT (prefill), one matmul against
-just those slots; otherwise (decode) the reference's per-row gather, in row chunks of at most CHUNK_BYTES.
+Once per forward pass and rank bucket, prepare(slot_of_row, segmented) builds the implementation's row
+layout, and every adapted layer passes it back to lora_shrink / lora_expand:
+- on CUDA, with replica.kernels.triton_ops importable, the Triton kernels run; their layout is the prefill
+  Segments (None for the per-row decode launch);
+- elsewhere the torch path runs (replica.kernels.grouped): rows grouped by slot, one bmm per layer.
+A layout of None is always accepted: the implementation then derives what it needs from slot_of_row.
 """
 
 from __future__ import annotations
@@ -18,43 +21,24 @@ from typing import Any
 
 import torch
 
-from replica.kernels.reference import lora_expand_ref, lora_shrink_ref
-from replica.kernels.segments import Segments
+from replica.kernels.grouped import GroupedRows, build_grouped, grouped_expand, grouped_shrink
+from replica.kernels.segments import Segments, build_segments
 
 log = logging.getLogger(__name__)
 
-CHUNK_BYTES = 64 << 20
-DENSE_ROWS_PER_SLOT = 4  # prefill-like batches: multiply by the used slots instead of gathering per row
+Layout = Segments | GroupedRows | None
 
 
-def _rows_per_chunk(stack: torch.Tensor) -> int:
-    per_row = stack.shape[1] * stack.shape[2] * 4  # gathered [rank, hidden] (or [hidden, rank]) in fp32
-    return max(1, CHUNK_BYTES // per_row)
-
-
-def _dense_over_used_slots(n: int, slot_of_row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """When many rows share few slots (prefill), return (used slots, row -> index in used); else None."""
-    used, inverse = torch.unique(slot_of_row, return_inverse=True)  # [num_used], [num_tokens]
-    if n < DENSE_ROWS_PER_SLOT * used.numel():
-        return None
-    return used.clamp(min=0).long(), inverse
+def _grouped_for(slot_of_row: torch.Tensor, layout: Layout) -> GroupedRows | None:
+    """The torch path's row grouping: the one prepared for this step, or built now (tests, one-off calls)."""
+    return layout if isinstance(layout, GroupedRows) else build_grouped(slot_of_row)
 
 
 def _torch_shrink(
-    x: torch.Tensor, a_stack: torch.Tensor, slot_of_row: torch.Tensor, segments: Segments | None = None
+    x: torch.Tensor, a_stack: torch.Tensor, slot_of_row: torch.Tensor, layout: Layout = None
 ) -> torch.Tensor:
     # x [num_tokens, hidden_in]; a_stack [num_slots, rank, hidden_in] -> t [num_tokens, rank]
-    n, rank = x.shape[0], a_stack.shape[1]
-    dense = _dense_over_used_slots(n, slot_of_row)
-    if dense is not None:  # one matmul against the few slots in use, no per-row gather of A
-        used, inverse = dense
-        a_used = a_stack[used].float().reshape(-1, a_stack.shape[2])  # [num_used * rank, hidden_in]
-        t_all = (x.float() @ a_used.T).view(n, used.numel(), rank)  # [num_tokens, num_used, rank]
-        t = t_all.gather(1, inverse.view(n, 1, 1).expand(n, 1, rank)).squeeze(1)  # [num_tokens, rank]
-        return (t * (slot_of_row >= 0).unsqueeze(-1)).to(x.dtype)
-    step = _rows_per_chunk(a_stack)
-    parts = [lora_shrink_ref(x[i : i + step], a_stack, slot_of_row[i : i + step]) for i in range(0, n, step)]
-    return torch.cat(parts)
+    return grouped_shrink(x, a_stack, _grouped_for(slot_of_row, layout))
 
 
 def _torch_expand(
@@ -63,39 +47,33 @@ def _torch_expand(
     b_stack: torch.Tensor,
     scale: torch.Tensor,
     slot_of_row: torch.Tensor,
-    segments: Segments | None = None,
+    layout: Layout = None,
 ) -> None:
     # out [num_tokens, hidden_out] (in place); t [num_tokens, rank]; b_stack [num_slots, hidden_out, rank]
-    n, rank = out.shape[0], b_stack.shape[2]
-    dense = _dense_over_used_slots(n, slot_of_row)
-    if dense is not None:
-        used, inverse = dense
-        valid = slot_of_row >= 0
-        row_scale = scale[slot_of_row.clamp(min=0).long()].float() * valid  # [num_tokens]
-        t_full = torch.zeros(n, used.numel(), rank, dtype=torch.float32, device=out.device)
-        t_full[torch.arange(n, device=out.device), inverse] = t.float() * row_scale.unsqueeze(-1)
-        b_used = (
-            b_stack[used].float().permute(1, 0, 2).reshape(b_stack.shape[1], -1)
-        )  # [hidden_out, used*rank]
-        out.add_((t_full.view(n, -1) @ b_used.T).to(out.dtype))
-        return
-    step = _rows_per_chunk(b_stack)
-    for i in range(0, n, step):
-        lora_expand_ref(out[i : i + step], t[i : i + step], b_stack, scale, slot_of_row[i : i + step])
+    grouped_expand(out, t, b_stack, scale, _grouped_for(slot_of_row, layout))
 
 
-def _triton() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
+def _torch_prepare(slot_of_row: torch.Tensor, segmented: bool) -> Layout:
+    return build_grouped(slot_of_row)
+
+
+def _triton_prepare(slot_of_row: torch.Tensor, segmented: bool) -> Layout:
+    return build_segments(slot_of_row) if segmented else None
+
+
+Implementation = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Layout]]
+
+
+def _triton() -> Implementation | None:
     try:
         mod = importlib.import_module("replica.kernels.triton_ops")
     except Exception as exc:  # no triton, no GPU driver, or the module not there yet
-        log.info("Triton LoRA kernels unavailable (%s); using the torch reference", exc)
+        log.info("Triton LoRA kernels unavailable (%s); using the torch path", exc)
         return None
-    return mod.lora_shrink, mod.lora_expand
+    return mod.lora_shrink, mod.lora_expand, _triton_prepare
 
 
-IMPLEMENTATIONS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
-    "torch": (_torch_shrink, _torch_expand)
-}
+IMPLEMENTATIONS: dict[str, Implementation] = {"torch": (_torch_shrink, _torch_expand, _torch_prepare)}
 _triton_impl = _triton() if torch.cuda.is_available() else None
 if _triton_impl is not None:
     IMPLEMENTATIONS["triton"] = _triton_impl
@@ -110,11 +88,16 @@ def implementation_for(device: torch.device) -> str:
     return DEVICE_IMPLEMENTATION.get(device.type, "torch")
 
 
+def prepare(slot_of_row: torch.Tensor, segmented: bool = False) -> Layout:
+    """Build the per-step row layout for one rank bucket (segmented: a prefill-shaped batch)."""
+    return IMPLEMENTATIONS[implementation_for(slot_of_row.device)][2](slot_of_row, segmented)
+
+
 def lora_shrink(
-    x: torch.Tensor, a_stack: torch.Tensor, slot_of_row: torch.Tensor, segments: Segments | None = None
+    x: torch.Tensor, a_stack: torch.Tensor, slot_of_row: torch.Tensor, layout: Layout = None
 ) -> torch.Tensor:
     """t [num_tokens, rank] = a_stack[slot] @ x per row; zeros for slot -1."""
-    return IMPLEMENTATIONS[implementation_for(x.device)][0](x, a_stack, slot_of_row, segments)
+    return IMPLEMENTATIONS[implementation_for(x.device)][0](x, a_stack, slot_of_row, layout)
 
 
 def lora_expand(
@@ -123,7 +106,7 @@ def lora_expand(
     b_stack: torch.Tensor,
     scale: torch.Tensor,
     slot_of_row: torch.Tensor,
-    segments: Segments | None = None,
+    layout: Layout = None,
 ) -> None:
     """out[i] += scale[slot] * b_stack[slot] @ t[i] in place; rows with slot -1 untouched."""
-    IMPLEMENTATIONS[implementation_for(out.device)][1](out, t, b_stack, scale, slot_of_row, segments)
+    IMPLEMENTATIONS[implementation_for(out.device)][1](out, t, b_stack, scale, slot_of_row, layout)

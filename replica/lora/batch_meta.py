@@ -6,16 +6,20 @@ from dataclasses import dataclass, field
 
 import torch
 
-from replica.kernels.segments import Segments, build_segments
+from replica.kernels import ops
 from replica.lora.slots import SlotRef
 
 
 @dataclass
 class LoraBatchMeta:
-    """slot_of_row[bucket] [num_tokens] int32: the token's slot in that bucket's pool, -1 when elsewhere."""
+    """slot_of_row[bucket] [num_tokens] int32: the token's slot in that bucket's pool, -1 when elsewhere.
+
+    layouts[bucket] is the adapter path's row layout for the step (ops.prepare), built once and shared by
+    every adapted layer; a missing entry makes the path derive it from slot_of_row.
+    """
 
     slot_of_row: dict[int, torch.Tensor]
-    segments: dict[int, Segments] = field(default_factory=dict)  # only for segmented (prefill) launches
+    layouts: dict[int, ops.Layout] = field(default_factory=dict)
 
 
 def build_batch_meta(
@@ -31,5 +35,5 @@ def build_batch_meta(
             ref.index if ref is not None and ref.bucket == bucket else -1 for ref, n in rows for _ in range(n)
         ]
         slot_of_row[bucket] = torch.tensor(per_token, dtype=torch.int32, device=device)  # [num_tokens]
-    segments = {b: build_segments(s) for b, s in slot_of_row.items()} if segmented else {}
-    return LoraBatchMeta(slot_of_row, segments)
+    layouts = {b: ops.prepare(s, segmented) for b, s in slot_of_row.items()}
+    return LoraBatchMeta(slot_of_row, layouts)

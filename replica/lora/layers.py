@@ -40,7 +40,7 @@ class LoraLinear(nn.Module):
             return y
         for bucket, slot_of_row in meta.slot_of_row.items():  # a loop over the few rank buckets, not adapters
             pool = self.pools[bucket]
-            segments = meta.segments.get(bucket)
-            t = ops.lora_shrink(x, pool.a, slot_of_row, segments)  # [num_tokens, bucket]
-            ops.lora_expand(y, t, pool.b, pool.scale, slot_of_row, segments)
+            layout = meta.layouts.get(bucket)
+            t = ops.lora_shrink(x, pool.a, slot_of_row, layout)  # [num_tokens, bucket]
+            ops.lora_expand(y, t, pool.b, pool.scale, slot_of_row, layout)
         return y

@@ -49,7 +49,8 @@ def test_model_logits_match_torch_path_when_kernels_run_in_the_layers(
     runner = tiny_runner()
     expected = run_steps(runner)
     # select the Triton implementation for CPU tensors from ops' own table (Triton's interpreter runs it)
-    monkeypatch.setitem(ops.IMPLEMENTATIONS, "triton", (triton_ops.lora_shrink, triton_ops.lora_expand))
+    triton = (triton_ops.lora_shrink, triton_ops.lora_expand, ops._triton_prepare)
+    monkeypatch.setitem(ops.IMPLEMENTATIONS, "triton", triton)
     monkeypatch.setitem(ops.DEVICE_IMPLEMENTATION, "cpu", "triton")
     got = run_steps(runner)
     for g, e in zip(got, expected, strict=True):
