@@ -152,6 +152,24 @@ def _cuda_peak_during(device: torch.device, fn: Callable[[], Any]) -> tuple[Any,
     return value, None if peak is None else round(peak - before / (1 << 20), 1)
 
 
+def weight_bytes_per_step(engine: LLMEngine, rank: int, distinct: int) -> dict[str, float]:
+    """Bytes a decode step must read: the base's matmul weights, and `distinct` adapters' A and B.
+
+    On hardware where decode is memory-bound, 1 / (1 + adapters / base) is the best ratio of D-adapter
+    to base throughput any implementation can reach; with small bases the adapters can outweigh the base.
+    """
+    model = engine.runner.model
+    item = model.lm_head.weight.element_size()
+    base = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)) * item
+    spec = AdapterSpec.for_model(model.config, ALL_TARGETS, rank, "")
+    per_adapter = spec.num_layers * sum(rank * (k + d) for k, d in spec.shapes.values()) * item
+    return {
+        "base_mib": round(base / (1 << 20), 1),
+        "adapter_mib": round(per_adapter / (1 << 20), 2),
+        "memory_bound_ceiling": round(1 / (1 + distinct * per_adapter / base), 3),
+    }
+
+
 def run_engine_bench(cfg: EngineBenchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """Measure ours (per D), transformers and PEFT mixed; return (result JSON, calibration JSON).
 
@@ -229,6 +247,7 @@ def run_engine_bench(cfg: EngineBenchConfig) -> tuple[dict[str, Any], dict[str, 
         },
         "decode_tokens_per_s": {name: round(v, 2) for name, v in tps.items()},
         "ratios": {k: round(v, 3) for k, v in ratios.items()},
+        "weight_bytes_per_decode_step": weight_bytes_per_step(engine, cfg.rank, max_d),
         "targets": TARGETS,
         "meets_targets": {k: ratios[k] >= t for k, t in TARGETS.items()},
         "greedy_rows_identical": {

@@ -69,6 +69,11 @@ def test_engine_bench_reports_ratios_memory_and_calibration(tmp_path: Path) -> N
         "adapters32_over_peft_mixed",
     }
     assert out["memory"]["peak_rss_mib"] > 0
+    weights = out["weight_bytes_per_decode_step"]  # SmolLM2: 2 rank-16 all-module adapters = 37 MiB
+    assert weights["adapter_mib"] == pytest.approx(18.63, abs=0.01) and weights["base_mib"] == pytest.approx(
+        513.0
+    )
+    assert weights["memory_bound_ceiling"] == pytest.approx(1 / (1 + 2 * 18.63 / 513.0), abs=1e-3)
     # fp32 greedy decoding agrees with the references row for row
     assert out["greedy_rows_identical"] == {"ours_base_vs_transformers": 1.0, "ours_2_vs_peft_mixed": 1.0}
     cal = json.loads(calib.read_text())
