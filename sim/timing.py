@@ -67,9 +67,37 @@ def apply_calibration(model: TimingModel, data: dict[str, Any]) -> TimingModel:
     return out
 
 
+def fit_steps(model: TimingModel, engine_runs: list[dict[str, Any]]) -> TimingModel:
+    """step = base + per_row * batch + per_adapter * distinct, least squares over every engine run's points
+    (needs runs at two or more batch sizes); max_batch is the largest batch measured."""
+    import numpy as np
+
+    rows, times = [], []
+    for data in engine_runs:
+        batch = int(data["batch"])
+        for d, v in data["decode_step_s"].items():
+            rows.append([1.0, batch, int(d)])
+            times.append(float(v["median"]))
+    (base, per_row, per_adapter), *_ = np.linalg.lstsq(np.array(rows), np.array(times), rcond=None)
+    return replace(
+        model,
+        step_base_s=max(float(base), 0.0),
+        per_row_s=max(float(per_row), 0.0),
+        per_adapter_s=max(float(per_adapter), 0.0),
+        max_batch=max(int(d["batch"]) for d in engine_runs),
+    )
+
+
 def load_timing(paths: list[Path]) -> TimingModel:
-    """The brief's model with each calibration file applied in order."""
+    """The brief's model with each calibration file applied in order; engine runs at two or more batch
+    sizes are fitted together, which separates the per-row cost from the fixed one."""
     model = TimingModel()
+    engine_runs = []
     for path in paths:
-        model = apply_calibration(model, json.loads(path.read_text()))
+        data = json.loads(path.read_text())
+        model = apply_calibration(model, data)
+        if "decode_step_s" in data:
+            engine_runs.append(data)
+    if len({int(d.get("batch", 0)) for d in engine_runs}) > 1:
+        model = fit_steps(model, engine_runs)
     return model

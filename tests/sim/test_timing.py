@@ -38,3 +38,19 @@ def test_load_calibration_overrides_tier_times(tmp_path: Path) -> None:
     model = load_timing([path])
     assert model.load_s == {"gpu": 0.0, "ram": 0.002, "disk": 0.01, "remote": 0.05}
     assert model.step_base_s == TimingModel().step_base_s
+
+
+def test_engine_runs_at_two_batch_sizes_separate_the_per_row_cost(tmp_path: Path) -> None:
+    def run(batch: int, distinct: list[int]) -> dict:  # made from step = 0.02 + 0.003 b + 0.001 d
+        steps = {str(d): {"median": 0.02 + 0.003 * batch + 0.001 * d} for d in distinct}
+        return {"batch": batch, "decode_step_s": steps, "prefill": {"1": {"tokens_per_s": 900.0}}}
+
+    paths = []
+    for i, data in enumerate((run(2, [1, 2]), run(8, [1, 8]))):
+        paths.append(tmp_path / f"engine{i}.json")
+        paths[-1].write_text(json.dumps(data))
+    model = load_timing(paths)
+    assert model.step_base_s == pytest.approx(0.02)
+    assert model.per_row_s == pytest.approx(0.003)
+    assert model.per_adapter_s == pytest.approx(0.001)
+    assert model.max_batch == 8 and model.prefill_tokens_per_s == 900.0

@@ -1,0 +1,177 @@
+"""Validate the fleet simulator against a real load test on the local stack, on one saved trace.
+
+    .venv/bin/python scripts/validate_sim.py --calibration .data/bench/engine-b2.json \\
+        --calibration .data/bench/engine-b8.json --calibration .data/bench/load_calibration.json
+
+1. Makes and registers --adapters PEFT adapters for a load-test tenant (lorafleet loadtest --setup).
+2. Generates a Zipf/Poisson trace with short prompts and outputs and saves it (out/trace.jsonl).
+3. Puts every replica's GPU slots into a known state (the --warm most popular adapters, loaded least
+   popular first through the replicas' own load API) and gives the simulator the same start.
+4. Replays the trace through the public API (lorafleet loadtest --trace-in), recording each request's
+   TTFT, tier and the server's token counts.
+5. Simulates the same trace, with the served token counts, on the local fleet: its replica count, its
+   replicas' slot count for the adapters' rank bucket, RAM budget and batch size, the gateway's router
+   settings, the placement worker re-planning every stats window, and the timing model from the
+   calibration files (bench engine at two batch sizes, bench load).
+6. Prints JSON with both sides and the verdict against the tolerance stated in sim.validation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from gateway.config import GatewaySettings  # noqa: E402
+from loadtest.cli import run_loadtest  # noqa: E402
+from loadtest.replica_metrics import parse_replicas  # noqa: E402
+from loadtest.runner import LoadTestConfig  # noqa: E402
+from loadtest.setup import adapter_id as setup_adapter_id  # noqa: E402
+from loadtest.setup import setup  # noqa: E402
+from replica.config import ReplicaSettings  # noqa: E402
+from replica.lora.slots import SlotTable  # noqa: E402
+from sim import validation  # noqa: E402
+from sim.replica import CacheSizes  # noqa: E402
+from sim.simulator import SimConfig, simulate  # noqa: E402
+from sim.timing import load_timing  # noqa: E402
+from sim.workload import WorkloadConfig, adapter_id, generate, load, save  # noqa: E402
+
+log = logging.getLogger("validate_sim")
+
+
+def args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--gateway", default="http://127.0.0.1:18080")
+    p.add_argument(
+        "--replica", action="append", default=None, help="ID=URL (default: the local stack's two replicas)"
+    )
+    p.add_argument("--replica-token", default="dev-service-token")
+    p.add_argument("--tenant", default="loadtest")
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--adapters", type=int, default=30)
+    p.add_argument("--zipf", type=float, default=1.0)
+    p.add_argument("--rate", type=float, default=0.5, help="requests/s (this machine's replicas are slow)")
+    p.add_argument("--duration", type=float, default=300.0, help="seconds of arrivals")
+    p.add_argument("--warmup", type=float, default=60.0, help="seconds of arrivals left out on both sides")
+    p.add_argument("--prompt-mean", type=float, default=32.0)
+    p.add_argument("--output-mean", type=float, default=16.0)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--warm", type=int, default=8, help="adapters in each replica's GPU slots at the start")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--trace-in", type=Path, default=None, help="replay this trace instead of generating")
+    p.add_argument("--replan-s", type=float, default=60.0, help="the stats window the placement worker uses")
+    p.add_argument("--calibration", type=Path, action="append", default=[])
+    p.add_argument("--out", type=Path, default=Path(".data/validate"))
+    return p.parse_args()
+
+
+def known_start(
+    replicas: dict[str, str], ids: list[str], warm: int, token: str
+) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]:
+    """Load the `warm` most popular adapters into every replica's slots, least popular first (so the
+    most popular is the most recently used); return the simulator's matching start (in trace ids)."""
+    hot = list(reversed(ids[:warm]))
+
+    async def warm_all() -> None:
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as c:
+            for rid, url in replicas.items():
+                for aid in hot:
+                    resp = await c.post(f"{url.rstrip('/')}/internal/replicas/{rid}/adapters/{aid}/load")
+                    resp.raise_for_status()
+
+    asyncio.run(warm_all())
+    trace_ids = {aid: adapter_id(i) for i, aid in enumerate(ids)}
+    states = [replica_state(rid, url, token) for rid, url in replicas.items()]
+    start = []
+    for state in states:
+        ram = tuple(trace_ids[a] for a in state["ram_adapters"] if a in trace_ids)
+        start.append((tuple(trace_ids[a] for a in hot), ram))
+    return tuple(start)
+
+
+def replica_state(rid: str, url: str, token: str) -> dict:
+    resp = httpx.get(
+        f"{url.rstrip('/')}/internal/replicas/{rid}/state", headers={"Authorization": f"Bearer {token}"}
+    )
+    resp.raise_for_status()
+    return resp.json()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    a = args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    replicas = parse_replicas(
+        a.replica or ["replica-0=http://127.0.0.1:18100", "replica-1=http://127.0.0.1:18101"]
+    )
+    aliases, keys = setup(a.adapters, a.tenant, a.rank)
+    ids = [setup_adapter_id(a.tenant, a.rank, i) for i in range(a.adapters)]
+    workload = WorkloadConfig(
+        adapters=a.adapters,
+        rate=a.rate,
+        zipf_s=a.zipf,
+        duration_s=a.duration,
+        prompt_mean=a.prompt_mean,
+        output_mean=a.output_mean,
+        seed=a.seed,
+    )
+    trace = load(a.trace_in) if a.trace_in else generate(workload)
+    save(trace, a.out / "trace.jsonl")
+
+    start = known_start(replicas, ids, a.warm, a.replica_token)
+    cfg = LoadTestConfig(a.gateway, tuple(aliases), keys, workload, temperature=a.temperature)
+    log.info("real run: %d requests over %.0f s", len(trace), max(r.arrival_s for r in trace))
+    run_loadtest(cfg, [], a.out / "real", progress=True, replicas=replicas, trace=trace)
+    records = [json.loads(line) for line in (a.out / "real" / "requests.jsonl").read_text().splitlines()]
+    served = validation.realized(trace, records)
+    save(served, a.out / "trace-served.jsonl")
+
+    rs, gs = ReplicaSettings(), GatewaySettings()
+    bucket = SlotTable(rs.lora_slots).bucket_for_rank(a.rank)
+    weights = REPO / ".data" / "loadtest" / "adapters" / ids[0] / "adapter_model.safetensors"
+    sizes = CacheSizes(
+        gpu_slots=rs.lora_slots[bucket],
+        rank=bucket,
+        adapter_bytes=weights.stat().st_size,
+        ram_bytes=rs.ram_budget_bytes,
+        disk_bytes=rs.disk_budget_bytes,
+    )
+    timing = replace(load_timing(a.calibration), max_batch=rs.max_num_seqs)
+    sim_cfg = SimConfig(
+        replicas=len(replicas),
+        routing=gs.routing_mode,
+        owners_k=gs.owners_k,
+        spill_threshold_tokens=gs.spill_threshold_tokens,
+        sizes=sizes,
+        warmup_s=a.warmup,
+        seed=a.seed,
+        replan_s=a.replan_s,
+        initial=start,
+    )
+    result = simulate(sim_cfg, timing, served)
+    real = validation.real_side(records, a.warmup)
+    sim = validation.sim_side(result.requests, a.warmup)
+    out = {
+        "command": " ".join(sys.argv),
+        "trace": {"requests": len(trace), "workload": asdict(workload), "file": str(a.out / "trace.jsonl")},
+        "fleet": {"replicas": list(replicas), "sizes": asdict(sizes), "timing": asdict(timing)},
+        "real": real,
+        "sim": sim,
+        "verdict": validation.verdict(real, sim, validation.Tolerance()),
+    }
+    (a.out / "validation.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
