@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from replica.adapter_cache.lru import ByteLru
 from replica.errors import NoFreeSlotError
 from replica.lora.slots import SlotTable
+from sim.host import SharedHost
 from sim.timing import TimingModel
 from sim.workload import Request
 
@@ -83,6 +84,10 @@ class SimReplica:
         self.cache_version = 0  # bumped whenever the GPU or RAM contents change (the router's view is cached)
         self.busy = False
         self.busy_since = 0.0
+        self.host: SharedHost | None = None  # set when replicas share one machine's compute
+        self.in_step: list[SimRequest] = []  # admitted in the running step (shared host: end not known yet)
+        self.step_start = 0.0
+        self.step_batch = 0
         self.busy_s = 0.0
         self.row_s = 0.0  # sum over steps of batch size x step time (mean batch = row_s / duration)
         self.loads: Counter[str] = Counter()  # source tier -> GPU loads
@@ -227,6 +232,11 @@ class SimReplica:
 
     def step(self, now: float) -> None:
         """A step boundary: finish requests, admit ready ones, schedule the next boundary."""
+        if self.host is not None:
+            for sr in self.in_step:
+                sr.first_token_s = now
+            self.row_s += self.step_batch * (now - self.step_start)
+            self.in_step, self.step_batch = [], 0
         finishing = self.finishing
         while finishing and finishing[0][0] <= self.step_no:
             sr = heapq.heappop(finishing)[2]
@@ -253,13 +263,19 @@ class SimReplica:
             self.rows[sr.req.adapter_id] += 1
             prompt += sr.req.prompt_tokens
         batch = len(finishing) + len(admitted)
-        end = now + self.timing.step_s(batch, len(self.rows)) + self.timing.prefill_s(prompt)
-        self.row_s += batch * (end - now)
+        work = self.timing.step_s(batch, len(self.rows)) + self.timing.prefill_s(prompt)
         for sr in admitted:
-            sr.first_token_s = end
             sr.finish_step = self.step_no + sr.req.output_tokens
             heapq.heappush(finishing, (sr.finish_step, sr.req.request_id, sr))
         self.step_no += 1
+        if self.host is not None:  # the end depends on the other replicas' steps: known when it comes
+            self.in_step, self.step_start, self.step_batch = admitted, now, batch
+            self.host.start(self, work, now)
+            return
+        end = now + work
+        self.row_s += batch * work
+        for sr in admitted:
+            sr.first_token_s = end
         self.schedule(end, STEP, self)
 
     def finish_busy(self, now: float) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from gateway.routing import ROUTING_MODES, ReplicaLoad, RouterPolicy
 from placement_worker.planner import Placements, Policy, desired, diff
+from sim.host import SharedHost
 from sim.replica import FETCHED, LOAD_DONE, STEP, CacheSizes, SimReplica, SimRequest
 from sim.timing import TimingModel
 from sim.workload import Request
@@ -43,6 +44,7 @@ class SimConfig:
     replan_s: float = 0.0  # 0: placement fixed from the whole trace's demand; else re-plan this often
     demand_ttl_s: float = 300.0  # the placement worker's LORAFLEET_PLACEMENT_DEMAND_TTL_S
     gpu_tokens_per_s: float = 1.0  # its LORAFLEET_PLACEMENT_GPU_TOKENS_PER_S: steady traffic goes to GPU
+    shared_host: bool = False  # every replica on one machine's compute (the local CPU stack): sim.host
     # per replica (in order): (GPU adapters, least recently used first; RAM adapters) at the start
     initial: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
 
@@ -80,6 +82,10 @@ class Simulation:
         self.replicas = {
             rid: SimReplica(rid, timing, cfg.sizes, self._schedule, self._complete) for rid in ids
         }
+        if cfg.shared_host:
+            host = SharedHost(self._schedule, STEP)
+            for replica in self.replicas.values():
+                replica.host = host
         self.inflight: dict[str, int] = dict.fromkeys(ids, 0)  # the gateway's reserved tokens per replica
         self.views: dict[str, ReplicaLoad] = {}
         self.dirty: set[str] = set(ids)
@@ -176,7 +182,12 @@ class Simulation:
                 if on_progress is not None:
                     on_progress(now)
             if kind == STEP:
-                payload.step(now)  # type: ignore[attr-defined]
+                if isinstance(payload, tuple):  # a step end timed by the shared host
+                    replica, version = payload
+                    if replica.host.end(replica, version, now):
+                        replica.step(now)
+                else:
+                    payload.step(now)  # type: ignore[attr-defined]
             elif kind == ARRIVE:
                 self._arrive(payload, now)  # type: ignore[arg-type]
             elif kind == LOAD_DONE:
