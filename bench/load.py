@@ -1,13 +1,14 @@
 """`lorafleet bench load`: time bringing one adapter into a GPU slot from each tier, beside its floor.
 
-For each tier, in one run and interleaved over repeats:
-  ram    -> slot: the cache's promotion      vs  one plain copy of the same bytes host -> device
-  disk   -> slot: verify, validate, pack, copy vs  one plain read of the same safetensors file
-  remote -> slot: GET, hash, commit, then disk vs  one plain GET of the same object (same S3 client)
-Medians are reported with ratio = tier / floor (target <= 1.2). The disk file is read from the page cache
-in both the tier path and its floor. Beside the plain floors, disk and remote also report a "verified floor"
-(the plain read or GET plus one sha256 of the bytes): the design re-hashes a file as it leaves disk, and on
-a CPU sha256 alone costs several plain reads, so that floor shows how much of the gap is the hash.
+Each tier is timed through the production code (AdapterCache.ensure(adapter, "gpu") after dropping the
+adapter from the faster tiers), and beside it, in the same run and interleaved over repeats, its floor:
+  ram    -> slot: metadata checks, copy into the slot    vs  one plain copy of the same bytes
+  disk   -> slot: identity check, one read, validate, copy vs  one plain read of the same safetensors file
+  remote -> slot: GET hashed as it streams, validate, copy vs  one plain GET of the same object (same client)
+Medians are reported with ratio = tier / floor and pass/fail against TARGET (1.2). The disk file is read
+from the page cache in both the tier path and its floor. The disk copy written behind a remote load is off
+the timed path (it runs after the slot is live); the bench waits for it (settle) before the next sample.
+Disk and remote also report a "verified floor" (plain read or GET plus one sha256 of the bytes) for context.
 --calibration-out writes per-tier load times for the simulator.
 Entry point: load(...).
 """
@@ -44,6 +45,7 @@ MODELS: dict[str, tuple[int, int, int, int, int]] = {
     "llama-7b": (4096, 11008, 4096, 4096, 32),
 }
 BASE_HASH = "sha256:" + "0" * 64
+TARGET = 1.2
 
 
 def _spec(model: str, rank: int) -> AdapterSpec:
@@ -131,6 +133,7 @@ async def _run(
         )
         aid = record.adapter_id
         await cache.ensure(aid, "gpu")  # warm-up: allocations, staging buffer, page cache
+        await cache.settle()
         host = cache.host.get(aid)
         assert host is not None
         floor_dst = torch.empty_like(host.flat, device=device)
@@ -147,7 +150,11 @@ async def _run(
             start = time.perf_counter()
             await cache.ensure(aid, "gpu")
             _sync(device)
-            return time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            await (
+                cache.settle()
+            )  # the disk copy behind a remote load: off the timed path, done before the next
+            return elapsed
 
         async def floor(tier: str) -> float:
             start = time.perf_counter()
@@ -198,7 +205,9 @@ async def _run(
                 "median_s": round(t, 6),
                 "floor_median_s": round(f, 6),
                 "ratio": round(t / f, 3),
-                "within_1_2x": t / f <= 1.2,
+                "within_1_2x": t / f <= TARGET,
+                "samples_ms": [round(x * 1e3, 3) for x in s["tier"]],
+                "floor_samples_ms": [round(x * 1e3, 3) for x in s["floor"]],
             }
             if s["verified"]:
                 v = median(s["verified"])
@@ -215,12 +224,18 @@ async def _run(
             "repeats": repeats,
             "object_store": "s3" if s3 is not None else "file (no S3 reachable: floor is a file read)",
             "floors": {
-                "ram": "one host->device copy of the packed bytes",
+                "ram": "one copy of the packed bytes into a device tensor of the same size",
                 "disk": "one read() of adapter_model.safetensors",
                 "remote": "one GET of adapter_model.safetensors",
                 "verified": "the disk or remote floor plus one sha256 of the bytes",
             },
+            "target_ratio": TARGET,
             "tiers": tiers,
+            "summary": {
+                t: f"{v['median_s'] * 1e3:.2f} ms / floor {v['floor_median_s'] * 1e3:.2f} ms = "
+                f"{v['ratio']:.2f}x {'PASS' if v['within_1_2x'] else 'FAIL'}"
+                for t, v in tiers.items()
+            },
             "environment": environment(device, dtype_name),
         }
     finally:

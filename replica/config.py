@@ -45,6 +45,8 @@ class ReplicaSettings(BaseSettings):
     cache_dir: Path | None = None  # local-disk tier; default .data/adapter-cache/<replica_id>
     disk_budget_bytes: int = Field(default=16 << 30, gt=0)
     ram_budget_bytes: int = Field(default=4 << 30, gt=0)  # validated adapters, packed for slot copies
+    # The scrubber re-hashes one disk-tier entry this often (silent media corruption; off the request path).
+    disk_scrub_interval_s: float = Field(default=60.0, gt=0)
 
     # Kafka control loop: replica.commands in, replica.state every state_interval_s and replica.events out
     control_enabled: bool = True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from contextlib import AsyncExitStack
@@ -15,6 +16,7 @@ from replica.adapter_cache.host import HostTier
 from replica.adapter_cache.local_source import FirstFound, LocalRecords, RecordSource
 from replica.adapter_cache.object_store import ObjectStore
 from replica.adapter_cache.registry_client import RegistryClient
+from replica.adapter_cache.scrubber import scrub_forever
 from replica.config import ReplicaSettings
 from replica.control.state_publisher import Load, build_state
 from replica.engine.async_engine import AsyncEngine
@@ -111,6 +113,16 @@ class Replica:
             self.gpu,
             on_event=self.metrics.cache_event,
         )
+        resources.push_async_callback(self.cache.settle)  # finish the disk copies behind loads
+        stop_scrub = asyncio.Event()
+        interval = self.settings.disk_scrub_interval_s
+        scrub = asyncio.create_task(scrub_forever(self.cache, interval, stop_scrub))
+
+        async def end_scrub() -> None:
+            stop_scrub.set()
+            await scrub
+
+        resources.push_async_callback(end_scrub)
         self._resources = resources
 
     async def stop(self) -> None:

@@ -1,11 +1,24 @@
 """AdapterCache: four tiers (GPU slots, host RAM, local disk, object store) behind one async interface.
 
-A miss promotes the adapter object store -> disk -> RAM -> GPU slot. Each step runs once however many
-callers want it (singleflight keyed by the step), in worker threads, so the event loop and the engine's
-decode steps keep running. The sha256 is checked when the file lands on disk and again when it leaves disk
-for RAM; shapes, rank, target modules and base hash are checked (replica.lora.weights) before a slot is
-written. Only idle adapters are evicted. Requests hold a pin from acquire() to release(); unload() waits
-for those pins to drain. Every load and eviction is reported to `on_event`.
+A miss promotes the adapter to where it is wanted. Each step runs once however many callers want it
+(singleflight keyed by the step), in worker threads, so the event loop and the engine's decode steps keep
+running. Only idle adapters are evicted. Requests hold a pin from acquire() to release(); unload() waits for
+those pins to drain. Every load and eviction is reported to `on_event`.
+
+Where the checks happen (the lead's decisions on issue 5, measured with `lorafleet bench load`):
+- sha256 once, when bytes enter the machine: the object store streams them into one buffer and hashes each
+  piece as it lands (replica.adapter_cache.object_store). Never a second pass.
+- Promotion from disk does not hash: the open files must show the identities the disk tier recorded at
+  verification (replica.adapter_cache.identity); a mismatch, a short read or a header or shape failure is
+  corruption: the entry is dropped and fetched again. A background scrubber (scrub_once, scrubber.py)
+  re-hashes one disk entry at a time to catch silent media corruption off the request path.
+- NaN/Inf, header and shape checks run once when bytes enter the RAM tier; a RAM entry is immutable and
+  carries that verdict, so RAM -> slot is a copy plus bookkeeping after cheap metadata checks (rank, base
+  hash, shapes: promote.check_fits).
+Critical paths: object store -> one buffer (hashed as it streams) -> RAM entry (a view of that buffer) ->
+slot, and the disk entry is written from the same buffer after the slot is live (a background write that
+own() and settle() wait for); disk -> one readinto of a preallocated buffer that becomes the RAM entry ->
+slot.
 """
 
 from __future__ import annotations
@@ -21,8 +34,8 @@ from replica.adapter_cache.disk import DiskTier
 from replica.adapter_cache.errors import AdapterNotRegisteredError, ChecksumMismatchError
 from replica.adapter_cache.gpu import GpuTier
 from replica.adapter_cache.host import HostAdapter, HostTier
-from replica.adapter_cache.object_store import ObjectStore
-from replica.adapter_cache.promote import read_entry
+from replica.adapter_cache.object_store import Fetched, ObjectStore
+from replica.adapter_cache.promote import Layout, check_fits, read_entry, validate_and_pack
 from replica.adapter_cache.record import AdapterRecord
 from replica.adapter_cache.tier import CacheEvent, RateWindow, Tier, satisfies
 from replica.errors import AdapterInUseError, NoFreeSlotError
@@ -79,6 +92,9 @@ class AdapterCache:
         self.gpu_evictions = RateWindow(clock=clock)
         self.gpu_loads = RateWindow(clock=clock)
         self._flights: dict[tuple[str, str], asyncio.Future[Any]] = {}
+        # digest -> verified bytes (and their layout) whose disk copy is not started yet
+        self._unwritten: dict[str, tuple[Fetched, Layout]] = {}
+        self._writes: dict[str, asyncio.Future[None]] = {}  # digest -> its background disk write
         self._pin_host = gpu.device.type == "cuda"
 
     # where adapters are
@@ -130,10 +146,11 @@ class AdapterCache:
     # commands
 
     async def own(self, adapter_id: str, target: Tier = "ram") -> Tier:
-        """This replica now owns the adapter: bring it to `target` (idempotent); return where it was."""
+        """Own the adapter: bring it to `target` and to disk (idempotent); return where it was."""
         self.owned.add(adapter_id)
         found = self.tier_of(adapter_id)
         await self.ensure(adapter_id, target)
+        await self.settle(adapter_id)
         return found
 
     async def unload(self, adapter_id: str, drain_timeout_s: float = 600.0) -> bool:
@@ -141,6 +158,7 @@ class AdapterCache:
         self.owned.discard(adapter_id)
         for key in [k for k in self._flights if k[1] == adapter_id]:
             await asyncio.gather(asyncio.shield(self._flights[key]), return_exceptions=True)
+        await self.settle(adapter_id)
         deadline = time.monotonic() + drain_timeout_s
         while True:
             try:
@@ -158,23 +176,43 @@ class AdapterCache:
                 await asyncio.to_thread(self.disk.remove, name)
         return True
 
+    async def settle(self, adapter_id: str | None = None) -> None:
+        """Wait for the disk writes behind loads (of this adapter, or all) to finish."""
+        self._start_writes()
+        record = self.records.get(adapter_id) if adapter_id is not None else None
+        if adapter_id is not None and record is None:
+            return
+        tasks = [t for d, t in self._writes.items() if record is None or d == record.digest]
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def scrub_once(self) -> str | None:
+        """Re-hash one disk entry (round robin) and drop it if it no longer matches; return its name."""
+        dropped = await asyncio.to_thread(self.disk.scrub_next)
+        if dropped is not None:
+            for other in self._ids_with_digest(dropped.split("_", 1)[0]):
+                self._emit("evict", other, "disk", None)
+        return dropped
+
     # promotion
 
     async def ensure(self, adapter_id: str, target: Tier) -> None:
         """Promote until the adapter is at least in `target` (each step singleflight)."""
         if satisfies(self.tier_of(adapter_id), target):
             return
-        if target == "gpu" and adapter_id in self.host:
-            await self._once("gpu", adapter_id, lambda: self._ram_to_gpu(adapter_id))
-            return
-        record = await self._once("record", adapter_id, lambda: self._record(adapter_id))
-        if target == "disk":
-            await self._disk_entry(record)
-            return
-        if adapter_id not in self.host:
-            await self._once("ram", adapter_id, lambda: self._to_ram(record))
-        if target == "gpu":
-            await self._once("gpu", adapter_id, lambda: self._ram_to_gpu(adapter_id))
+        try:
+            if target == "gpu" and adapter_id in self.host:
+                await self._once("gpu", adapter_id, lambda: self._ram_to_gpu(adapter_id))
+                return
+            record = await self._once("record", adapter_id, lambda: self._record(adapter_id))
+            if target == "disk":
+                await self._once("disk", record.digest, lambda: self._to_disk(record))
+                return
+            if adapter_id not in self.host:
+                await self._once("ram", adapter_id, lambda: self._to_ram(record))
+            if target == "gpu":
+                await self._once("gpu", adapter_id, lambda: self._ram_to_gpu(adapter_id))
+        finally:
+            self._start_writes()  # the disk copy is written once the slot (or RAM entry) is live
 
     async def _once(self, step: str, key: str, factory: Callable[[], Awaitable[T]]) -> T:
         flight_key = (step, key)
@@ -194,46 +232,64 @@ class AdapterCache:
             self.records[adapter_id] = record
         return record
 
-    async def _disk_entry(self, record: AdapterRecord) -> str:
-        name = self.disk.find(record.digest)
-        if name is None:
-            name = await self._once("fetch", record.digest, lambda: self._fetch(record))
-        return name
+    async def _fetch(self, record: AdapterRecord) -> Fetched:
+        return await self._once("fetch", record.digest, lambda: self.store.fetch(record, self._pin_host))
 
-    async def _fetch(self, record: AdapterRecord) -> str:
+    def _validate(self, fetched: Fetched, record: AdapterRecord) -> tuple[HostAdapter, Layout]:
+        """Worker thread: the checks a RAM entry carries, on bytes just fetched."""
+        return validate_and_pack(
+            fetched.weights,
+            fetched.config,
+            record.adapter_id,
+            record.base_model_hash,
+            self.spec,
+            self.gpu.dtype,
+            self._pin_host,
+            fetched.weights_digest,
+        )
+
+    async def _to_disk(self, record: AdapterRecord) -> str:
+        """Object store -> disk only (an owner warming its disk): verified and validated, not kept in RAM."""
+        await self.settle(record.adapter_id)
+        name = self.disk.find(record.digest)
+        if name is not None:
+            return name
         start = time.perf_counter()
-        name, evicted, nbytes = await self.store.fetch(record, self.disk)
-        self._emit("load", record.adapter_id, "remote", "disk", time.perf_counter() - start, nbytes)
-        for victim in evicted:
-            for other in self._ids_with_digest(victim.split("_", 1)[0]):
-                self._emit("evict", other, "disk", None)
-        return name
+        fetched = await self._fetch(record)
+        _host, layout = await asyncio.to_thread(self._validate, fetched, record)
+        return await self._write(fetched, layout, "remote", start)
 
     async def _to_ram(self, record: AdapterRecord) -> None:
-        for attempt in (0, 1):
-            name = await self._disk_entry(record)
-            start = time.perf_counter()
+        host, source, start, nbytes = None, "disk", time.perf_counter(), 0
+        name = self.disk.find(record.digest)
+        if name is not None:
             try:
-                item, nbytes = await asyncio.to_thread(self._read_verified, name, record)
-                break
-            except ChecksumMismatchError:
-                if attempt == 1:
-                    raise
+                host, nbytes = await asyncio.to_thread(self._read_disk, name, record)
+            except ChecksumMismatchError as exc:
                 log.warning(
-                    "adapter %s: local copy failed verification, fetching it again", record.adapter_id
+                    "adapter %s: local copy is corrupt (%s), fetching it again", record.adapter_id, exc
                 )
-        for victim in self.host.put(item):
+        if host is None:
+            source, start = "remote", time.perf_counter()
+            fetched = await self._fetch(record)
+            host, layout = await asyncio.to_thread(self._validate, fetched, record)
+            nbytes = fetched.nbytes
+            if self.disk.find(record.digest) is None:
+                self._unwritten[record.digest] = (fetched, layout)
+        for victim in self.host.put(host):
             self._emit("evict", victim, "ram", None)
-        self._emit("load", record.adapter_id, "disk", "ram", time.perf_counter() - start, nbytes)
+        self._emit("load", record.adapter_id, source, "ram", time.perf_counter() - start, nbytes)  # type: ignore[arg-type]
 
-    def _read_verified(self, name: str, record: AdapterRecord) -> tuple[HostAdapter, int]:
-        """Worker thread: read the disk entry once, re-hash it, validate it against the base, pack it."""
+    def _read_disk(self, name: str, record: AdapterRecord) -> tuple[HostAdapter, int]:
+        """Worker thread: one read of the disk entry, proven by its identities (or hashed if unverified)."""
         if not self.disk.pin(name):
             raise ChecksumMismatchError("the local copy was evicted before it was read")
         try:
+            verified = self.disk.verified(name)
             weights_digest, config_digest = self.disk.digests(name)
-            return read_entry(
+            host, nbytes, seen, layout = read_entry(
                 self.disk.path(name),
+                verified,
                 weights_digest,
                 config_digest,
                 record.adapter_id,
@@ -247,6 +303,38 @@ class AdapterCache:
             raise
         finally:
             self.disk.unpin(name)
+        if verified is None:
+            self.disk.settle(name, seen, layout)  # hashed just now: from here on its identities prove it
+        return host, nbytes
+
+    def _start_writes(self) -> None:
+        for digest in list(self._unwritten):
+            fetched, layout = self._unwritten.pop(digest)
+            if digest in self._writes:
+                continue
+            task = asyncio.ensure_future(self._background_write(fetched, layout))
+            self._writes[digest] = task
+            task.add_done_callback(
+                lambda t, d=digest: self._writes.pop(d, None) if self._writes.get(d) is t else None
+            )
+
+    async def _background_write(self, fetched: Fetched, layout: Layout) -> None:
+        try:
+            await self._write(fetched, layout, "ram", time.perf_counter())
+        except Exception:  # noqa: BLE001 - the RAM entry serves; the disk copy is fetched again when needed
+            log.exception("could not write adapter %s to the disk tier", fetched.weights_digest[:16])
+
+    async def _write(self, fetched: Fetched, layout: Layout, source: Tier, start: float) -> str:
+        weights = memoryview(fetched.weights.numpy()).cast("B")
+        name, evicted = await asyncio.to_thread(
+            self.disk.write, weights, fetched.config, fetched.weights_digest, fetched.config_digest, layout
+        )
+        for victim in evicted:
+            for other in self._ids_with_digest(victim.split("_", 1)[0]):
+                self._emit("evict", other, "disk", None)
+        for adapter_id in self._ids_with_digest(fetched.weights_digest):
+            self._emit("load", adapter_id, source, "disk", time.perf_counter() - start, fetched.nbytes)
+        return name
 
     async def _ram_to_gpu(self, adapter_id: str) -> None:
         item = self.host.get_pinned(adapter_id)
@@ -256,6 +344,7 @@ class AdapterCache:
             assert item is not None
         try:
             start = time.perf_counter()
+            check_fits(item, self.spec)
             _ref, evicted = await asyncio.to_thread(self.gpu.load, item)
         finally:
             self.host.unpin(adapter_id)

@@ -4,7 +4,9 @@ A load reserves its slot under the lock (a free slot, or the least recently used
 and not yet ready, then writes the weights with the lock released: a forward pass reads only the slots
 of its rows, and no row holds a reserved slot. On CUDA the write runs on a side stream: one host-to-device
 copy of the packed buffer into a staging tensor, then batched device copies into the slot views
-(one foreach copy for all pools, with slot-view plans cached per (slot, signature)).
+(one foreach copy for all pools, with slot-view plans cached per (slot, signature)). When the pools are in
+host memory (CPU), the same plan runs as memmoves (replica.adapter_cache.slot_copy): torch's per-op cost
+over ~630 small copies would otherwise match the cost of the bytes.
 The scheduler pins through acquire/release (the AdapterPins protocol); requests pin before admission too.
 """
 
@@ -16,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from replica.adapter_cache import slot_copy
 from replica.adapter_cache.host import HostAdapter
 from replica.errors import AdapterNotFoundError
 from replica.lora.layers import LoraLinear
@@ -49,7 +52,7 @@ class GpuTier:
         self.dtype = first.base.weight.dtype if first is not None else torch.float32
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._staging: torch.Tensor | None = None
-        self._plans: dict[PlanKey, Plan] = {}
+        self._plans: dict[PlanKey, Plan | slot_copy.BytePlan] = {}
 
     # the scheduler's side (engine thread)
 
@@ -152,9 +155,15 @@ class GpuTier:
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plan(ref, host)
+            if self.device.type == "cpu":
+                offsets = [offset for offset, _ in host.chunks]
+                plan = slot_copy.build(*plan, offsets, host.flat.numel(), self.dtype)
             if len(self._plans) >= MAX_PLANS:
                 self._plans.clear()
             self._plans[key] = plan
+        if isinstance(plan, slot_copy.BytePlan):
+            slot_copy.run(plan, flat, scales)
+            return
         zeros, dsts, picks, scale_dsts = plan
         chunks = flat.split(host.chunk_sizes)  # one view per tensor, in buffer order
         srcs = [chunks[j] if shape is None else chunks[j].view(shape) for j, shape in picks]

@@ -1,5 +1,7 @@
 """Host-RAM tier: validated adapters packed into one flat (pinned, when a GPU is present) buffer each.
 
+An entry exists only after it passed every check (replica.adapter_cache.promote) and is never written
+afterwards: holding one is the verdict, so RAM -> slot checks only its metadata (rank, base hash, shapes).
 Packing once at promotion means the copy into a GPU slot is one host-to-device transfer of the same bytes,
 followed by device-side copies into the slot views (replica.adapter_cache.gpu).
 """
@@ -38,6 +40,7 @@ class HostAdapter:
     flat: torch.Tensor
     scales: torch.Tensor
     modules: tuple[PackedModule, ...]
+    base_model_hash: str = ""  # the served base it was validated against
 
     @property
     def nbytes(self) -> int:
@@ -56,15 +59,16 @@ class HostAdapter:
     @cached_property
     def chunk_sizes(self) -> list[int]:
         """The numel of every A and B in buffer order: flat.split(chunk_sizes) gives one view per tensor."""
-        return [n for _, n in self._chunks]
+        return [n for _, n in self.chunks]
 
     @cached_property
     def chunk_order(self) -> dict[int, int]:
         """Buffer offset of a tensor -> its index in flat.split(chunk_sizes)."""
-        return {offset: j for j, (offset, _) in enumerate(self._chunks)}
+        return {offset: j for j, (offset, _) in enumerate(self.chunks)}
 
     @cached_property
-    def _chunks(self) -> list[tuple[int, int]]:
+    def chunks(self) -> list[tuple[int, int]]:
+        """(offset, numel) of every A and B, in buffer order; they tile the buffer."""
         spans = [(m.a_offset, m.a_shape[0] * m.a_shape[1]) for m in self.modules]
         spans += [(m.b_offset, m.b_shape[0] * m.b_shape[1]) for m in self.modules]
         spans.sort()
@@ -94,7 +98,9 @@ def pack(weights: AdapterWeights, digest: str, dtype: torch.dtype, pin: bool) ->
         modules.append(PackedModule(key, a_shape[0], a_off, a_shape, b_off, b_shape))  # type: ignore[arg-type]
     flat = torch.empty(offset, dtype=dtype, pin_memory=pin)  # [numel]
     scales = torch.empty(len(modules), dtype=torch.float32, pin_memory=pin)  # [num_modules]
-    host = HostAdapter(weights.adapter_id, digest, weights.rank, flat, scales, tuple(modules))
+    host = HostAdapter(
+        weights.adapter_id, digest, weights.rank, flat, scales, tuple(modules), weights.base_model_hash
+    )
     for i, (m, (a, b)) in enumerate(zip(modules, host.views(flat), strict=True)):
         lora = weights.modules[m.key]
         a.copy_(lora.a)

@@ -1,9 +1,11 @@
-"""Object-store tier: fetch an adapter's two files into the disk tier's staging folder, hashing as they land.
+"""Object-store tier: fetch an adapter's two files into memory, hashing the bytes as they stream in.
 
-The weights must hash to the registered digest before they are committed to disk; otherwise the staging
-folder is deleted and ChecksumMismatchError is raised, so bad bytes never reach any tier. Reads are capped
-in bytes. s3:// URIs go through aioboto3 (lorafleet.s3); file:// URIs serve the single-machine default and
-are read only under the roots this replica was configured with.
+This is where bytes enter the machine, so this is where the sha256 is verified, once (issue 5). The weights
+stream into one preallocated buffer (pinned when a GPU is present), sized from the object's length and
+capped; each piece is hashed on a worker thread as soon as it lands, so hashing overlaps the transfer and
+no byte is read twice. Bytes that do not hash to the registered digest raise ChecksumMismatchError and
+never reach any tier. s3:// URIs go through aioboto3 (lorafleet.s3); file:// URIs serve the single-machine
+default and are read only under the roots this replica was configured with.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from replica.adapter_cache.disk import DiskTier
+import torch
+
 from replica.adapter_cache.errors import (
     AdapterCacheError,
     ArtifactTooLargeError,
@@ -28,8 +33,59 @@ from schemas.api import artifact_keys
 
 log = logging.getLogger(__name__)
 
-CHUNK = 8 << 20
+READ_CHUNK = 4 << 20  # file:// reads
+HASH_STEP = 1 << 20  # hash in pieces of at least this many bytes
 MAX_CONFIG_BYTES = 1 << 20
+# One hashing thread: pieces of one buffer are hashed in order, beside the transfer of the next ones.
+_HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adapter-sha256")
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """An adapter's files in memory, verified: weights [file bytes] uint8 (pinned with a GPU) and config."""
+
+    weights: torch.Tensor
+    config: bytes
+    weights_digest: str
+    config_digest: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.weights.numel() + len(self.config)
+
+
+class StreamHasher:
+    """sha256 of a buffer that fills from the front: feed(filled) hashes the new bytes on the hash thread."""
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+        self._h = hashlib.sha256()
+        self._hashed = 0
+        self._last: Future[None] | None = None
+
+    def feed(self, filled: int, final: bool = False) -> None:
+        if filled - self._hashed >= HASH_STEP or (final and filled > self._hashed):
+            piece = self._view[self._hashed : filled]
+            self._last = _HASHER.submit(self._h.update, piece)
+            self._hashed = filled
+
+    def hexdigest_sync(self, filled: int) -> str:
+        self.feed(filled, final=True)
+        if self._last is not None:
+            self._last.result()
+        return self._h.hexdigest()
+
+    async def hexdigest(self, filled: int) -> str:
+        self.feed(filled, final=True)
+        if self._last is not None:
+            await asyncio.wrap_future(self._last)
+        return self._h.hexdigest()
+
+
+def new_buffer(size: int, pin: bool) -> tuple[torch.Tensor, memoryview]:
+    """buf [size] uint8 (pinned when asked) and a writable byte view of it."""
+    buf = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
+    return buf, memoryview(buf.numpy()).cast("B")
 
 
 class ObjectStore:
@@ -42,63 +98,69 @@ class ObjectStore:
         self.file_roots = [Path(r).resolve() for r in file_roots or []]
         self.max_bytes = max_bytes
 
-    async def fetch(
-        self, record: AdapterRecord, disk: DiskTier, pinned: bool = False
-    ) -> tuple[str, list[str], int]:
-        """Download, verify and commit; return (disk entry name, disk entries evicted, bytes fetched)."""
-        staging = await asyncio.to_thread(disk.staging_dir)
-        try:
-            weights_digest, size = await self._copy(record.weights_uri, WEIGHTS_NAME, staging, self.max_bytes)
-            if weights_digest != record.digest:
-                raise ChecksumMismatchError(
-                    f"adapter {record.adapter_id!r}: fetched weights do not match the registered checksum"
-                )
-            config_digest, config_size = await self._copy(
-                record.weights_uri, CONFIG_NAME, staging, MAX_CONFIG_BYTES
-            )
-            name, evicted = await asyncio.to_thread(
-                disk.commit, staging, weights_digest, config_digest, pinned
-            )
-            return name, evicted, size + config_size
-        except BaseException:
-            await asyncio.to_thread(disk.discard, staging)
-            raise
-
-    async def _copy(self, uri: str, filename: str, staging: Path, cap: int) -> tuple[str, int]:
-        parsed = urlparse(uri)
+    async def fetch(self, record: AdapterRecord, pin: bool = False) -> Fetched:
+        """Download both files into memory and verify the weights against the registered digest."""
+        parsed = urlparse(record.weights_uri)
         if parsed.scheme == "s3" and self.s3 is not None:
-            return await self._copy_s3(
-                parsed.netloc, parsed.path.lstrip("/"), filename, staging / filename, cap
+            bucket, prefix = parsed.netloc, parsed.path.lstrip("/")
+            config_key, weights_key = artifact_keys(prefix)
+            (weights, digest), config = await asyncio.gather(
+                self._get_s3(bucket, weights_key, WEIGHTS_NAME, pin),
+                self._get_s3_small(bucket, config_key, CONFIG_NAME),
             )
-        if parsed.scheme == "file":
-            return await asyncio.to_thread(
-                self._copy_file, Path(parsed.path) / filename, staging / filename, cap
+        elif parsed.scheme == "file":
+            root = Path(parsed.path)
+            weights, digest = await asyncio.to_thread(self._read_file, root / WEIGHTS_NAME, pin)
+            config = await asyncio.to_thread(self._read_small_file, root / CONFIG_NAME)
+        else:
+            raise UnsupportedUriError(f"this replica cannot read weights_uri scheme {parsed.scheme!r}")
+        if digest != record.digest:
+            raise ChecksumMismatchError(
+                f"adapter {record.adapter_id!r}: fetched weights do not match the registered checksum"
             )
-        raise UnsupportedUriError(f"this replica cannot read weights_uri scheme {parsed.scheme!r}")
+        return Fetched(weights, config, digest, hashlib.sha256(config).hexdigest())
 
-    async def _copy_s3(
-        self, bucket: str, prefix: str, filename: str, dest: Path, cap: int
-    ) -> tuple[str, int]:
-        config_key, weights_key = artifact_keys(prefix)
-        key = weights_key if filename == WEIGHTS_NAME else config_key
+    async def _open_s3(self, bucket: str, key: str, filename: str, cap: int) -> tuple[Any, int]:
         try:
-            resp = await self.s3.get_object(Bucket=bucket, Key=key)
+            resp = await self.s3.get_object(Bucket=bucket, Key=key)  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - botocore raises many types; all mean "not fetched now"
             raise AdapterCacheError(f"object store GET failed for {filename}: {type(exc).__name__}") from exc
-        if resp.get("ContentLength", 0) > cap:
-            raise ArtifactTooLargeError(f"{filename} is {resp['ContentLength']} bytes, over the cap of {cap}")
-        h, size = hashlib.sha256(), 0
-        body = resp["Body"]
-        with open(dest, "wb") as f:
-            async with body:
-                while chunk := await body.read(CHUNK):
-                    size += len(chunk)
-                    if size > cap:
-                        raise ArtifactTooLargeError(f"{filename} is over the cap of {cap} bytes")
-                    await asyncio.to_thread(_write_and_hash, f, h, chunk)
-        return h.hexdigest(), size
+        length = int(resp.get("ContentLength", 0))
+        if length > cap:
+            resp["Body"].close()
+            raise ArtifactTooLargeError(f"{filename} is {length} bytes, over the cap of {cap}")
+        return resp["Body"], length
 
-    def _copy_file(self, src: Path, dest: Path, cap: int) -> tuple[str, int]:
+    async def _get_s3(self, bucket: str, key: str, filename: str, pin: bool) -> tuple[torch.Tensor, str]:
+        body, length = await self._open_s3(bucket, key, filename, self.max_bytes)
+        buf, view = new_buffer(length, pin)
+        hasher, filled = StreamHasher(view), 0
+        try:
+            async with body:
+                while filled < length:
+                    n = await body.readinto(view[filled:])
+                    if n == 0:
+                        break
+                    filled += n
+                    hasher.feed(filled)
+        except AdapterCacheError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken stream: not fetched now
+            raise AdapterCacheError(f"object store read failed for {filename}: {type(exc).__name__}") from exc
+        digest = await hasher.hexdigest(filled)
+        if filled != length:
+            raise AdapterCacheError(f"{filename}: the object store sent {filled} of {length} bytes")
+        return buf, digest
+
+    async def _get_s3_small(self, bucket: str, key: str, filename: str) -> bytes:
+        body, _length = await self._open_s3(bucket, key, filename, MAX_CONFIG_BYTES)
+        async with body:
+            data = await body.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ArtifactTooLargeError(f"{filename} is over the cap of {MAX_CONFIG_BYTES} bytes")
+        return data
+
+    def _checked_path(self, src: Path, cap: int) -> Path:
         real = src.resolve()
         if not any(real.is_relative_to(root) for root in self.file_roots):
             raise UnsupportedUriError("file:// weights_uri outside the configured roots")
@@ -106,16 +168,24 @@ class ObjectStore:
             raise AdapterCacheError(f"{src.name} is missing from the object store")
         if real.stat().st_size > cap:
             raise ArtifactTooLargeError(f"{src.name} is over the cap of {cap} bytes")
-        h, size = hashlib.sha256(), 0
-        with open(real, "rb") as fin, open(dest, "wb") as fout:
-            while chunk := fin.read(CHUNK):
-                size += len(chunk)
-                if size > cap:
-                    raise ArtifactTooLargeError(f"{src.name} is over the cap of {cap} bytes")
-                _write_and_hash(fout, h, chunk)
-        return h.hexdigest(), size
+        return real
 
+    def _read_file(self, src: Path, pin: bool) -> tuple[torch.Tensor, str]:
+        real = self._checked_path(src, self.max_bytes)
+        with open(real, "rb", buffering=0) as f:
+            size = real.stat().st_size
+            buf, view = new_buffer(size, pin)
+            hasher, filled = StreamHasher(view), 0
+            while filled < size:
+                n = f.readinto(view[filled : filled + READ_CHUNK])
+                if not n:
+                    break
+                filled += n
+                hasher.feed(filled)
+            digest = hasher.hexdigest_sync(filled)
+            if filled != size or f.read(1):
+                raise AdapterCacheError(f"{src.name} changed size while it was read")
+        return buf, digest
 
-def _write_and_hash(f: Any, h: Any, chunk: bytes) -> None:
-    f.write(chunk)
-    h.update(chunk)
+    def _read_small_file(self, src: Path) -> bytes:
+        return self._checked_path(src, MAX_CONFIG_BYTES).read_bytes()

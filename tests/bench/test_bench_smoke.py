@@ -78,3 +78,13 @@ def test_engine_bench_reports_ratios_memory_and_calibration(tmp_path: Path) -> N
     assert out["greedy_rows_identical"] == {"ours_base_vs_transformers": 1.0, "ours_2_vs_peft_mixed": 1.0}
     cal = json.loads(calib.read_text())
     assert set(cal["decode_step_s"]) == {"0", "2"} and cal["prefill"]["0"]["tokens_per_s"] > 0
+
+
+def test_load_bench_times_each_tier_through_the_cache_beside_its_floor(tmp_path: Path) -> None:
+    out = _run(["load", "--repeats", "1", "--device", "cpu", "--no-s3", "--out", str(tmp_path / "load.json")])
+    assert out["benchmark"] == "load" and out["target_ratio"] == 1.2
+    assert set(out["tiers"]) == {"ram", "disk", "remote"} == set(out["summary"])
+    for tier in out["tiers"].values():
+        assert tier["median_s"] > 0 and tier["floor_median_s"] > 0
+        assert tier["within_1_2x"] == (tier["median_s"] / tier["floor_median_s"] <= 1.2)
+    assert json.loads((tmp_path / "load.json").read_text()) == out

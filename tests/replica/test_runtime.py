@@ -73,6 +73,7 @@ async def test_a_request_pulls_its_adapter_through_the_tiers_and_holds_it_until_
         use = await replica.acquire("a1")
         assert use.tier == "remote" and replica.cache is not None
         assert replica.cache.gpu.ref_count("a1") == 1
+        await replica.cache.settle()  # the disk copy is written behind the slot load
         state = replica.state()
         assert (
             "a1" in state["gpu_adapters"] and "a1" in state["ram_adapters"] and "a1" in state["disk_adapters"]

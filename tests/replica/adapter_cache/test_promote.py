@@ -1,4 +1,5 @@
-"""The one-read disk -> RAM path packs what read_adapter validates and refuses what it refuses, error for error."""
+"""Bytes -> RAM entry packs what read_adapter validates and refuses what it refuses, error for error, from a
+download (validate_and_pack) and from disk (read_entry); a disk entry is proven by its identities, not hashed."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import hashlib
 import json
 import struct
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,8 @@ from safetensors.torch import load_file, save_file
 from replica.adapter_cache.errors import ChecksumMismatchError
 from replica.adapter_cache.gpu import GpuTier
 from replica.adapter_cache.host import HostAdapter, PackedModule, pack
-from replica.adapter_cache.promote import read_entry
+from replica.adapter_cache.identity import FileIdentity
+from replica.adapter_cache.promote import Layout, check_fits, read_entry, validate_and_pack
 from replica.errors import (
     AdapterBaseMismatchError,
     AdapterConfigError,
@@ -37,9 +40,12 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _read(folder: Path, dtype: torch.dtype = torch.float32, digest: str | None = None):
-    return read_entry(
+def _read(folder: Path, dtype: torch.dtype = torch.float32, digest: str | None = None, identities=None):
+    """An unverified disk entry (hashed on this read), or a verified one when identities are given."""
+    verified = None if identities is None else (identities, _layout(folder))
+    host, nbytes, _seen, _layout_read = read_entry(
         folder,
+        verified,
         digest or _sha(folder / WEIGHTS),
         _sha(folder / "adapter_config.json"),
         "a",
@@ -47,6 +53,32 @@ def _read(folder: Path, dtype: torch.dtype = torch.float32, digest: str | None =
         SPEC,
         dtype,
         pin=False,
+    )
+    return host, nbytes
+
+
+def _downloaded(folder: Path, dtype: torch.dtype = torch.float32) -> HostAdapter:
+    """The same bytes as they arrive from the object store: one buffer, then validate_and_pack."""
+    buf = torch.frombuffer(bytearray((folder / WEIGHTS).read_bytes()), dtype=torch.uint8)
+    config = (folder / "adapter_config.json").read_bytes()
+    return validate_and_pack(buf, config, "a", BASE_HASH, SPEC, dtype, False, _sha(folder / WEIGHTS))[0]
+
+
+_LAYOUTS: dict[Path, Layout] = {}
+
+
+def _layout(folder: Path) -> Layout:
+    """The layout validation learned the first time these bytes were checked."""
+    if folder not in _LAYOUTS:
+        buf = torch.frombuffer(bytearray((folder / WEIGHTS).read_bytes()), dtype=torch.uint8)
+        config = (folder / "adapter_config.json").read_bytes()
+        _LAYOUTS[folder] = validate_and_pack(buf, config, "a", BASE_HASH, SPEC, torch.float32, False, "d")[1]
+    return _LAYOUTS[folder]
+
+
+def _identities(folder: Path) -> tuple[FileIdentity, FileIdentity]:
+    return FileIdentity.of((folder / WEIGHTS).stat()), FileIdentity.of(
+        (folder / "adapter_config.json").stat()
     )
 
 
@@ -111,6 +143,9 @@ def test_each_bad_file_gets_the_same_error_as_read_adapter(case: str, tmp_path: 
     with pytest.raises(error) as slow:
         read_adapter(tmp_path, "a", SPEC, BASE_HASH)
     assert type(fast.value) is type(slow.value) is error
+    with pytest.raises(error) as downloaded:
+        _downloaded(tmp_path)
+    assert type(downloaded.value) is error
     if case == "non_finite":
         assert Q_A in str(fast.value) and Q_A in str(slow.value)
 
@@ -118,7 +153,7 @@ def test_each_bad_file_gets_the_same_error_as_read_adapter(case: str, tmp_path: 
 def test_the_wrong_base_hash_is_refused(tmp_path: Path) -> None:
     write_peft(tmp_path, seed=1)
     with pytest.raises(AdapterBaseMismatchError):
-        read_entry(tmp_path, _sha(tmp_path / WEIGHTS), _sha(tmp_path / "adapter_config.json"), "a",
+        read_entry(tmp_path, None, _sha(tmp_path / WEIGHTS), _sha(tmp_path / "adapter_config.json"), "a",
                    "sha256:" + "c" * 64, SPEC, torch.float32, pin=False)  # fmt: skip
 
 
@@ -131,6 +166,52 @@ def test_a_digest_mismatch_wins_over_a_validation_error(tmp_path: Path) -> None:
     write_peft(tmp_path, seed=1)
     with pytest.raises(ChecksumMismatchError):
         _read(tmp_path, digest="0" * 64)
+
+
+def test_a_verified_entry_is_proven_by_its_identities_and_any_change_is_corruption(tmp_path: Path) -> None:
+    write_peft(tmp_path, seed=1)
+    _layout(tmp_path)
+    ids = _identities(tmp_path)
+    host, _ = _read(tmp_path, digest="0" * 64, identities=ids)  # not hashed: a wrong digest goes unseen
+    assert host.rank == 4
+    raw = bytearray((tmp_path / WEIGHTS).read_bytes())
+    raw[-3] ^= 0xFF  # the same size, still parses, still finite: only the identity tells
+    (tmp_path / WEIGHTS).write_bytes(bytes(raw))
+    with pytest.raises(ChecksumMismatchError):
+        _read(tmp_path, identities=ids)
+    _read(tmp_path, identities=_identities(tmp_path))  # what a scrubber would have to catch
+    (tmp_path / "adapter_config.json").write_text('{"r": 4, "lora_alpha": 8}')
+    with pytest.raises(ChecksumMismatchError):
+        _read(tmp_path, identities=(_identities(tmp_path)[0], ids[1]))
+
+
+def test_a_verified_entry_whose_header_or_values_went_bad_is_corruption_not_a_bad_adapter(
+    tmp_path: Path,
+) -> None:
+    write_peft(tmp_path, seed=1)
+    _layout(tmp_path)
+    _header_too_long(tmp_path)  # a header that is not the one validated
+    with pytest.raises(ChecksumMismatchError):  # dropped and fetched again by the cache
+        _read(tmp_path, identities=_identities(tmp_path))
+    write_peft(tmp_path, seed=1)
+    _tensors(_nan)(tmp_path)  # same header, an Inf in the data: the NaN/Inf check on entering RAM
+    assert (tmp_path / WEIGHTS).read_bytes()[: _layout(tmp_path).start] == _layout(tmp_path).header
+    with pytest.raises(ChecksumMismatchError):
+        _read(tmp_path, identities=_identities(tmp_path))
+
+
+def test_metadata_checks_before_a_slot_refuse_an_entry_that_does_not_fit(tmp_path: Path) -> None:
+    write_peft(tmp_path, seed=1)
+    host, _ = _read(tmp_path)
+    check_fits(host, SPEC)
+    with pytest.raises(AdapterBaseMismatchError):
+        check_fits(replace(host, base_model_hash="sha256:" + "c" * 64), SPEC)
+    with pytest.raises(AdapterRankTooLargeError):
+        check_fits(host, replace(SPEC, max_rank=2))
+    with pytest.raises(AdapterShapeError):
+        check_fits(host, replace(SPEC, shapes={**SPEC.shapes, "q_proj": (16, 32)}))
+    with pytest.raises(AdapterTargetModuleError):
+        check_fits(host, replace(SPEC, num_layers=1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -72,9 +72,9 @@ async def test_state_lists_every_tier_and_events_carry_tier_duration_and_bytes(t
     while not publisher.queue.empty():
         events.append(publisher.queue.get_nowait())
     assert [(e.adapter_id, e.from_tier, e.to_tier) for e in events] == [
-        ("a1", "remote", "disk"),
-        ("a1", "disk", "ram"),
+        ("a1", "remote", "ram"),  # verified as it streamed in, then validated into RAM
         ("a1", "ram", "gpu"),
+        ("a1", "ram", "disk"),  # the disk copy is written from the same bytes behind the slot load
         ("a2", "remote", "disk"),
     ]
     assert all(e.kind == "load" and e.bytes > 0 and e.duration_s > 0 for e in events)
