@@ -88,9 +88,24 @@ def fit_steps(model: TimingModel, engine_runs: list[dict[str, Any]]) -> TimingMo
     )
 
 
+def marginal_prefill(model: TimingModel, engine_runs: list[dict[str, Any]]) -> float | None:
+    """Prefill tokens/s beyond the step's own cost: the bench times its prefill as one whole forward pass,
+    which pays step_s(batch, distinct) as well, and the model adds prompt tokens / rate on top of that."""
+    rates = []
+    for data in engine_runs:
+        batch = int(data.get("batch", model.max_batch))
+        for d, v in data.get("prefill", {}).items():
+            if "median_s" in v and "tokens" in v:
+                extra = float(v["median_s"]) - model.step_s(batch, int(d))
+                if extra > 0:
+                    rates.append(float(v["tokens"]) / extra)
+    return sorted(rates)[len(rates) // 2] if rates else None
+
+
 def load_timing(paths: list[Path]) -> TimingModel:
     """The brief's model with each calibration file applied in order; engine runs at two or more batch
-    sizes are fitted together, which separates the per-row cost from the fixed one."""
+    sizes are fitted together, which separates the per-row cost from the fixed one, and the prefill rate
+    is taken net of the step cost."""
     model = TimingModel()
     engine_runs = []
     for path in paths:
@@ -100,4 +115,5 @@ def load_timing(paths: list[Path]) -> TimingModel:
             engine_runs.append(data)
     if len({int(d.get("batch", 0)) for d in engine_runs}) > 1:
         model = fit_steps(model, engine_runs)
-    return model
+    rate = marginal_prefill(model, engine_runs)
+    return model if rate is None else replace(model, prefill_tokens_per_s=rate)

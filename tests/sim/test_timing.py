@@ -41,9 +41,17 @@ def test_load_calibration_overrides_tier_times(tmp_path: Path) -> None:
 
 
 def test_engine_runs_at_two_batch_sizes_separate_the_per_row_cost(tmp_path: Path) -> None:
-    def run(batch: int, distinct: list[int]) -> dict:  # made from step = 0.02 + 0.003 b + 0.001 d
-        steps = {str(d): {"median": 0.02 + 0.003 * batch + 0.001 * d} for d in distinct}
-        return {"batch": batch, "decode_step_s": steps, "prefill": {"1": {"tokens_per_s": 900.0}}}
+    def step(batch: int, d: int) -> float:
+        return 0.02 + 0.003 * batch + 0.001 * d
+
+    def run(batch: int, distinct: list[int]) -> dict:  # prefill: one forward, its step plus 40 tokens a row
+        steps = {str(d): {"median": step(batch, d)} for d in distinct}
+        prefill = {
+            str(d): {"tokens": 40 * batch, "median_s": (t := step(batch, d) + 40 * batch / 500.0)}
+            | {"tokens_per_s": 40 * batch / t}
+            for d in distinct
+        }
+        return {"batch": batch, "decode_step_s": steps, "prefill": prefill}
 
     paths = []
     for i, data in enumerate((run(2, [1, 2]), run(8, [1, 8]))):
@@ -53,4 +61,5 @@ def test_engine_runs_at_two_batch_sizes_separate_the_per_row_cost(tmp_path: Path
     assert model.step_base_s == pytest.approx(0.02)
     assert model.per_row_s == pytest.approx(0.003)
     assert model.per_adapter_s == pytest.approx(0.001)
-    assert model.max_batch == 8 and model.prefill_tokens_per_s == 900.0
+    assert model.max_batch == 8
+    assert model.prefill_tokens_per_s == pytest.approx(500.0)  # net of the step the forward pass also pays
