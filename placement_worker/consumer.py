@@ -5,13 +5,13 @@ replica.state -> heartbeat, replan everything when the member set changed; alias
 and the previous target, then prewarm the new target on its owners. Placement rows and their replica.commands
 commit together (outbox), under one lock.
 
-Old versions: every replan reads the aliases table (the truth, not the event, so replays and reordered events
-agree) and gives a retired version (an alias moved away from it and no alias points at it now) no owners: its
-placements are dropped and its owners get `unload` (the replica's cache waits for running requests to drain).
-A rollback makes it aliased again, and the same replan loads it back. A ready version that no alias ever moved
-away from is placed at registration as before, because a pending deploy may point an alias at it any moment.
-Known gap: the aliases table keeps one previous_adapter_id, so after v1 -> v2 -> v3 a full replan (fleet
-change) no longer sees v1 as retired and places it again; a persistent retired mark needs a migration.
+Old versions: every replan reads retired_versions (the truth, not the event, so replays and reordered events
+agree; a trigger on aliases keeps it, schemas/sql/003) and gives a retired version (an alias moved away from
+it and no alias points at it now) no owners: its placements are dropped and its owners get `unload` (the
+replica's cache waits for running requests to drain). The mark persists across every later move, so after
+v1 -> v2 -> v3 a full replan (restart, fleet change) leaves v1 and v2 unloaded. A rollback points an alias at
+the version again, which un-retires it, and the same replan loads it back. A ready version that no alias ever
+moved away from is placed at registration as before, because a pending deploy may point an alias at it.
 """
 
 from __future__ import annotations

@@ -75,12 +75,9 @@ async def demand(conn: asyncpg.Connection, adapter_ids: list[str] | None, ttl_s:
 
 
 async def retired(conn: asyncpg.Connection, adapter_ids: list[str] | None) -> frozenset[str]:
-    """Versions an alias moved away from (some alias's previous_adapter_id) that no alias points at now."""
+    """Versions an alias moved away from that no alias points at now (retired_versions, kept by a trigger)."""
     rows = await conn.fetch(
-        """SELECT DISTINCT p.previous_adapter_id AS adapter_id FROM aliases p
-           WHERE p.previous_adapter_id IS NOT NULL
-             AND ($1::text[] IS NULL OR p.previous_adapter_id = ANY($1))
-             AND NOT EXISTS (SELECT 1 FROM aliases a WHERE a.adapter_id = p.previous_adapter_id)""",
+        "SELECT adapter_id FROM retired_versions WHERE ($1::text[] IS NULL OR adapter_id = ANY($1))",
         adapter_ids,
     )
     return frozenset(r["adapter_id"] for r in rows)
