@@ -1,7 +1,7 @@
 """Validate the fleet simulator against a real load test on the local stack, on one saved trace.
 
-    .venv/bin/python scripts/validate_sim.py --calibration .data/bench/engine-b2.json \\
-        --calibration .data/bench/engine-b8.json --calibration .data/bench/load_calibration.json
+    .venv/bin/python scripts/validate_sim.py --calibration .data/bench/replica-steps.json \\
+        --calibration .data/bench/load-calibration.json
 
 1. Makes and registers --adapters PEFT adapters for a load-test tenant (lorafleet loadtest --setup).
 2. Generates a Zipf/Poisson trace with short prompts and outputs and saves it (out/trace.jsonl).
@@ -12,7 +12,7 @@
 5. Simulates the same trace, with the served token counts, on the local fleet: its replica count, its
    replicas' slot count for the adapters' rank bucket, RAM budget and batch size, the gateway's router
    settings, the placement worker re-planning every stats window, and the timing model from the
-   calibration files (bench engine at two batch sizes, bench load).
+   calibration files (bench/replica_steps.py or bench engine at two batch sizes; bench load).
 6. Prints JSON with both sides and the verdict against the tolerance stated in sim.validation.
 """
 
@@ -147,6 +147,8 @@ def main() -> None:
         disk_bytes=rs.disk_budget_bytes,
     )
     timing = replace(load_timing(a.calibration), max_batch=rs.max_num_seqs)
+    contention = [json.loads(p.read_text()).get("host_contention") for p in a.calibration]
+    contention = [c for c in contention if c is not None]
     sim_cfg = SimConfig(
         replicas=len(replicas),
         routing=gs.routing_mode,
@@ -157,6 +159,7 @@ def main() -> None:
         seed=a.seed,
         replan_s=a.replan_s,
         initial=start,
+        host_contention=contention[-1] if contention else None,
     )
     result = simulate(sim_cfg, timing, served)
     real = validation.real_side(records, a.warmup)
@@ -164,7 +167,13 @@ def main() -> None:
     out = {
         "command": " ".join(sys.argv),
         "trace": {"requests": len(trace), "workload": asdict(workload), "file": str(a.out / "trace.jsonl")},
-        "fleet": {"replicas": list(replicas), "sizes": asdict(sizes), "timing": asdict(timing)},
+        "fleet": {
+            "replicas": list(replicas),
+            "sizes": asdict(sizes),
+            "timing": asdict(timing),
+            "host_contention": sim_cfg.host_contention,
+            "calibration": [str(p) for p in a.calibration],
+        },
         "real": real,
         "sim": sim,
         "verdict": validation.verdict(real, sim, validation.Tolerance()),

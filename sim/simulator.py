@@ -44,7 +44,9 @@ class SimConfig:
     replan_s: float = 0.0  # 0: placement fixed from the whole trace's demand; else re-plan this often
     demand_ttl_s: float = 300.0  # the placement worker's LORAFLEET_PLACEMENT_DEMAND_TTL_S
     gpu_tokens_per_s: float = 1.0  # its LORAFLEET_PLACEMENT_GPU_TOKENS_PER_S: steady traffic goes to GPU
-    shared_host: bool = False  # every replica on one machine's compute (the local CPU stack): sim.host
+    # every replica on one machine's compute (the local CPU stack): how much two steps at once slow each
+    # other (sim.host; 1 = even sharing); None: a device per replica, as on a GPU fleet
+    host_contention: float | None = None
     # per replica (in order): (GPU adapters, least recently used first; RAM adapters) at the start
     initial: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
 
@@ -82,8 +84,8 @@ class Simulation:
         self.replicas = {
             rid: SimReplica(rid, timing, cfg.sizes, self._schedule, self._complete) for rid in ids
         }
-        if cfg.shared_host:
-            host = SharedHost(self._schedule, STEP)
+        if cfg.host_contention is not None:
+            host = SharedHost(self._schedule, STEP, cfg.host_contention)
             for replica in self.replicas.values():
                 replica.host = host
         self.inflight: dict[str, int] = dict.fromkeys(ids, 0)  # the gateway's reserved tokens per replica

@@ -1,6 +1,7 @@
 """Replica timing model: prefill throughput, decode step time by batch size and distinct adapters, and the
 time to bring an adapter into a GPU slot from each tier. Defaults are the brief's; a calibration file
-(`lorafleet bench engine --calibration-out`, `lorafleet bench load --calibration-out`) overrides them."""
+(`lorafleet bench engine --calibration-out`, `lorafleet bench load --calibration-out`, or
+bench/replica_steps.py for a serving replica) overrides them."""
 
 from __future__ import annotations
 
@@ -110,9 +111,10 @@ def load_timing(paths: list[Path]) -> TimingModel:
     engine_runs = []
     for path in paths:
         data = json.loads(path.read_text())
-        model = apply_calibration(model, data)
-        if "decode_step_s" in data:
-            engine_runs.append(data)
+        for part in data.get("runs", [data]):  # bench/replica_steps.py writes one run per batch size
+            model = apply_calibration(model, part)
+            if "decode_step_s" in part:
+                engine_runs.append(part)
     if len({int(d.get("batch", 0)) for d in engine_runs}) > 1:
         model = fit_steps(model, engine_runs)
     rate = marginal_prefill(model, engine_runs)

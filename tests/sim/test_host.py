@@ -34,12 +34,21 @@ def test_processor_sharing_retimes_running_steps() -> None:
     assert not host.end("b", 1, now=6.0)  # b's first end was superseded
 
 
+def test_partial_contention_slows_side_by_side_steps_less() -> None:
+    events: list[tuple[float, int, object]] = []
+    host = SharedHost(lambda t, kind, payload: events.append((t, kind, payload)), 1, contention=0.3)
+    host.start("a", 1.0, now=0.0)
+    host.start("b", 1.0, now=0.0)
+    assert current_ends(events, host) == {"a": pytest.approx(1.3), "b": pytest.approx(1.3)}
+
+
 def test_two_replicas_on_one_host_take_twice_as_long_side_by_side() -> None:
     trace = [Request(0, 0.0, "adapter-00000", 8, 3), Request(1, 0.0, "adapter-00001", 8, 3)]
     timing = replace(TimingModel(), load_s={"gpu": 0.0, "ram": 0.0, "disk": 0.0, "remote": 0.0})
     cfg = SimConfig(replicas=2, sizes=CacheSizes(gpu_slots=4), warmup_s=0.0, check_every=1)
     alone = simulate(cfg, timing, trace)
-    shared = simulate(replace(cfg, shared_host=True), timing, trace)
+    shared = simulate(replace(cfg, host_contention=1.0), timing, trace)
+    apart = simulate(replace(cfg, host_contention=0.0), timing, trace)
     assert {sr.replica_id for sr in alone.requests} == {"replica-000", "replica-001"}
     for a, s in zip(
         sorted(alone.requests, key=lambda r: r.req.request_id),
@@ -48,3 +57,4 @@ def test_two_replicas_on_one_host_take_twice_as_long_side_by_side() -> None:
     ):
         assert s.first_token_s == pytest.approx(2 * a.first_token_s)
         assert s.finish_s == pytest.approx(2 * a.finish_s)
+    assert [r.finish_s for r in apart.requests] == pytest.approx([r.finish_s for r in alone.requests])

@@ -1,0 +1,153 @@
+"""Step times of serving replicas, for the simulator's timing model: what `bench engine` measures, but on
+the replica processes as they serve (their KV sizing, slot pools, streaming and state publishing in the
+same process), through their own internal generate API.
+
+    .venv/bin/python -m bench.replica_steps --adapter loadtest-r16-a000 --adapter loadtest-r16-a001 ... \\
+        --calibration-out .data/bench/replica-steps.json
+
+For each batch size b and each distinct count d in {1, b}: b concurrent requests (temperature 0,
+ignore_eos, --tokens each) to the first replica, request i on adapter i % d, pre-warmed into GPU slots
+first. Decode step = median over requests of (last token - first token) / (tokens - 1); prefill = the
+median time to first token with b prompts admitted together. Then the same batch on every replica at once,
+against one alone, gives the host contention (sim.host): how much replicas sharing this machine's cores
+slow each other. Repeats interleave; medians. Prints JSON; --calibration-out writes the timing runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+PROMPT = "Tell me a long story about a dragon who guards a library."
+
+
+async def generate(c: httpx.AsyncClient, rid: str, url: str, adapter: str, tokens: int) -> dict[str, Any]:
+    body = {
+        "messages": [{"role": "user", "content": PROMPT}],
+        "adapter_id": adapter,
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
+    start = time.perf_counter()
+    times, prompt_tokens = [], 0
+    async with c.stream("POST", f"{url}/internal/replicas/{rid}/generate", json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.strip():
+                continue
+            event = json.loads(line)
+            if event.get("type") in ("token", "done"):
+                times.append(time.perf_counter())
+            if event.get("type") == "done":
+                prompt_tokens = event["usage"]["prompt_tokens"]
+    return {
+        "ttft_s": times[0] - start,
+        "step_s": (times[-1] - times[0]) / (len(times) - 1),
+        "prompt_tokens": prompt_tokens,
+    }
+
+
+async def batch_on(
+    c: httpx.AsyncClient, replicas: dict[str, str], adapters: list[str], b: int, tokens: int
+) -> list[dict[str, Any]]:
+    """b requests on each of the given replicas, all at once."""
+    jobs = [
+        generate(c, rid, url, adapters[i % len(adapters)], tokens)
+        for rid, url in replicas.items()
+        for i in range(b)
+    ]
+    return list(await asyncio.gather(*jobs))
+
+
+async def run(a: argparse.Namespace) -> dict[str, Any]:
+    replicas = dict(spec.split("=", 1) for spec in a.replica)
+    first = dict([next(iter(replicas.items()))])
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {a.token}"}, timeout=600) as c:
+        for rid, url in replicas.items():
+            for aid in a.adapter:
+                (await c.post(f"{url}/internal/replicas/{rid}/adapters/{aid}/load")).raise_for_status()
+        await batch_on(c, first, a.adapter[:1], 1, 2)  # warm-up
+        samples: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        shared: dict[int, list[float]] = {}
+        alone: dict[int, list[float]] = {}
+        for _ in range(a.repeats):
+            for b in a.batches:
+                for d in sorted({1, min(b, len(a.adapter))}):
+                    samples.setdefault((b, d), []).extend(
+                        await batch_on(c, first, a.adapter[:d], b, a.tokens)
+                    )
+                if len(replicas) > 1:
+                    one = await batch_on(c, first, a.adapter[:1], b, a.tokens)
+                    both = await batch_on(c, replicas, a.adapter[:1], b, a.tokens)
+                    alone.setdefault(b, []).append(statistics.median(r["step_s"] for r in one))
+                    shared.setdefault(b, []).append(statistics.median(r["step_s"] for r in both))
+    runs = []
+    for b in a.batches:
+        points = {d: rs for (bb, d), rs in samples.items() if bb == b}
+        runs.append(
+            {
+                "batch": b,
+                "decode_step_s": {
+                    str(d): {"median": statistics.median(r["step_s"] for r in rs)} for d, rs in points.items()
+                },
+                "prefill": {
+                    str(d): {
+                        "tokens": b * statistics.median(r["prompt_tokens"] for r in rs),
+                        "median_s": statistics.median(r["ttft_s"] for r in rs),
+                    }
+                    for d, rs in points.items()
+                },
+            }
+        )
+    ratios = {b: statistics.median(shared[b]) / statistics.median(alone[b]) for b in shared}
+    contention = (
+        min(max(statistics.median(ratios.values()) - 1.0, 0.0), 1.0)
+        if ratios and len(replicas) == 2
+        else None
+    )
+    return {
+        "source": "bench/replica_steps.py",
+        "replicas": list(replicas),
+        "adapters": len(a.adapter),
+        "tokens": a.tokens,
+        "repeats": a.repeats,
+        "runs": runs,
+        "two_replicas_over_one": {str(b): round(v, 3) for b, v in ratios.items()},
+        "host_contention": None if contention is None else round(contention, 3),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--replica",
+        action="append",
+        default=None,
+        help="ID=URL (default: the local stack's replica-0 and replica-1); the first one is timed alone",
+    )
+    p.add_argument("--token", default="dev-service-token")
+    p.add_argument("--adapter", action="append", required=True, help="a ready adapter id (repeatable)")
+    p.add_argument("--batches", default="1,4,8")
+    p.add_argument("--tokens", type=int, default=24)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--calibration-out", type=Path, default=None)
+    a = p.parse_args()
+    a.replica = a.replica or ["replica-0=http://127.0.0.1:18100", "replica-1=http://127.0.0.1:18101"]
+    a.batches = [int(b) for b in a.batches.split(",")]
+    result = asyncio.run(run(a))
+    text = json.dumps(result, indent=2)
+    if a.calibration_out is not None:
+        a.calibration_out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
