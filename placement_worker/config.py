@@ -21,6 +21,8 @@ class PlacementSettings(BaseSettings):
     membership_ttl_s: float = Field(default=10.0, gt=0)
     # Traffic windows older than this no longer raise the owner count.
     demand_ttl_s: float = Field(default=300.0, gt=0)
+    # A spill copy (an adapter a replica holds without owning it) unused this long is unloaded there.
+    spill_idle_s: float = Field(default=600.0, gt=0)
     # Only replicas whose id starts with this belong to the fleet this worker places for.
     replica_id_prefix: str = ""
     tick_s: float = Field(default=1.0, gt=0)

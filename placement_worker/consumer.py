@@ -12,6 +12,12 @@ replica's cache waits for running requests to drain). The mark persists across e
 v1 -> v2 -> v3 a full replan (restart, fleet change) leaves v1 and v2 unloaded. A rollback points an alias at
 the version again, which un-retires it, and the same replan loads it back. A ready version that no alias ever
 moved away from is placed at registration as before, because a pending deploy may point an alias at it.
+
+Spill placements (role `spill`, placement_worker/spill.py has the design): a newer replica.state records
+the copies a replica holds without owning them (the router's spills left them there); requests.completed
+keeps last_used_at of the placement that served each request; a spill copy unused for spill_idle_s is
+unloaded, a replica that leaves the fleet loses its spill rows, and a retired version's spill copies are
+unloaded with its owners. The router is unchanged: it already counts replicas holding an adapter.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from placement_worker import producer, store
 from placement_worker.config import PlacementSettings
 from placement_worker.membership import members
 from placement_worker.planner import Change, Policy, desired, diff
-from schemas.events import AdapterStats, AdapterValidated, AliasChanged, Event, ReplicaState
+from placement_worker.spill import idle, resident_tiers
+from schemas.events import AdapterStats, AdapterValidated, AliasChanged, Event, ReplicaState, RequestCompleted
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +51,13 @@ class PlacementWorker:
             settings.default_owners, settings.replica_capacity_tokens_per_s, settings.gpu_tokens_per_s
         )
         self._members: list[str] | None = None
+        self._next_expiry = 0.0
         self._handlers: dict[type[Event], Callable[[Event], Awaitable[None]]] = {
             AdapterValidated: self.on_validated,
             AdapterStats: self.on_stats,
             ReplicaState: self.on_replica_state,
             AliasChanged: self.on_alias_changed,
+            RequestCompleted: self.on_request_completed,
         }
 
     async def handle(self, event: Event) -> None:
@@ -73,6 +82,10 @@ class PlacementWorker:
             target[adapter_id] = {}  # placed but no longer ready here: cannot happen, but never leave strays
         changes = diff(current, target)
         await store.apply_changes(conn, changes)
+        unowned = sorted(a for a, want in target.items() if not want)  # retired: no copy may stay anywhere
+        changes += await store.take_spills(
+            conn, await store.spills_of(conn, unowned, self._s.replica_id_prefix)
+        )
         await producer.emit_changes(conn, changes)
         return changes
 
@@ -114,23 +127,52 @@ class PlacementWorker:
     async def on_replica_state(self, event: ReplicaState) -> None:
         if not event.replica_id.startswith(self._s.replica_id_prefix):
             return
-        async with self._pool.acquire() as conn:
-            await store.upsert_heartbeat(conn, event.replica_id, event.url, event.status, event.occurred_at)
+        async with self._pool.acquire() as conn, conn.transaction():
+            newer = await store.upsert_heartbeat(
+                conn, event.replica_id, event.url, event.status, event.occurred_at
+            )
+            if newer:  # a replayed or reordered older state must not bring back an evicted copy
+                held = resident_tiers(event.gpu_adapters, event.ram_adapters, event.disk_adapters)
+                await store.sync_spills(
+                    conn, event.replica_id, held if event.status == "ready" else {}, event.occurred_at
+                )
         await self.tick()
 
+    async def on_request_completed(self, event: RequestCompleted) -> None:
+        replica_id = event.replica_id
+        if replica_id is not None and replica_id.startswith(self._s.replica_id_prefix):
+            await store.touch_used(self._pool, event.adapter_id, replica_id, event.occurred_at)
+
     async def tick(self) -> list[Change]:
-        """Replan everything when the member set changed since the last look (joins, leaves, timeouts)."""
+        """Replan everything when the member set changed since the last look (joins, leaves, timeouts);
+        at most once a second, unload spill copies that went idle."""
+        changes = await self._expire_spills()
         beats = await store.heartbeats(self._pool, self._s.replica_id_prefix)
         now_members = members(beats, time.time(), self._s.membership_ttl_s)
         if now_members == self._members:
-            return []
+            return changes
         async with self._pool.acquire() as conn, conn.transaction():
-            changes = await self.replan(conn, None)
+            changes += await self.replan(conn, None)
+            dropped = await store.drop_spills(conn, self._s.replica_id_prefix, now_members)
         log.info(
-            "fleet is now %d replicas (was %s): %d placement changes",
+            "fleet is now %d replicas (was %s): %d placement changes, %d spill copies forgotten",
             len(now_members),
             None if self._members is None else len(self._members),
             len(changes),
+            dropped,
         )
         self._members = now_members
+        return changes
+
+    async def _expire_spills(self) -> list[Change]:
+        if time.monotonic() < self._next_expiry:
+            return []
+        self._next_expiry = time.monotonic() + 1.0
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", store.PLAN_LOCK_KEY)
+            rows = await store.spills(conn, self._s.replica_id_prefix)
+            changes = await store.take_spills(conn, idle(rows, store.utc(time.time()), self._s.spill_idle_s))
+            await producer.emit_changes(conn, changes)
+        if changes:
+            log.info("unloaded %d idle spill copies", len(changes))
         return changes

@@ -1,5 +1,5 @@
-"""`lorafleet placement-worker`: consume validated adapters, alias changes, replica state and adapter stats;
-keep placements and emit replica commands. Offsets are committed after each batch is applied."""
+"""`lorafleet placement-worker`: consume validated adapters, alias changes, replica state, adapter stats and
+completed requests; keep placements and emit replica commands. Offsets are committed after each batch."""
 
 from __future__ import annotations
 
@@ -19,7 +19,13 @@ from schemas.events import EventValidationError, parse_event
 
 log = logging.getLogger(__name__)
 
-TOPICS = (topics.ADAPTERS_VALIDATED, topics.ALIASES_CHANGED, topics.REPLICA_STATE, topics.ADAPTER_STATS)
+TOPICS = (
+    topics.ADAPTERS_VALIDATED,
+    topics.ALIASES_CHANGED,
+    topics.REPLICA_STATE,
+    topics.ADAPTER_STATS,
+    topics.REQUESTS_COMPLETED,  # which replica served each request: spill placements' last use
+)
 
 
 async def run_worker(

@@ -1,4 +1,4 @@
-"""The placement worker's reads and writes in PostgreSQL: heartbeats, demand, placements."""
+"""The placement worker's reads and writes in PostgreSQL: heartbeats, demand, placements (owner and spill)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncpg
 
 from placement_worker.membership import Heartbeat
 from placement_worker.planner import Change, Placements
+from placement_worker.spill import SpillRow
 
 # One planner at a time: replans from several worker instances must not interleave.
 PLAN_LOCK_KEY = 0x706C616E  # "plan"
@@ -121,6 +122,92 @@ async def owners_of(conn: asyncpg.Connection, adapter_id: str, prefix: str) -> l
         prefix,
     )
     return [r["replica_id"] for r in rows]
+
+
+async def sync_spills(
+    conn: asyncpg.Connection, replica_id: str, resident: dict[str, str], at: datetime
+) -> None:
+    """Make a replica's spill rows what its newest state lists: each ready, unretired adapter it holds and
+    does not own (new rows used at `at`, tiers refreshed); rows for adapters it no longer holds go."""
+    ids = sorted(resident)
+    await conn.execute(
+        """INSERT INTO placements (adapter_id, replica_id, role, tier, last_used_at)
+           SELECT r.adapter_id, $1, 'spill', r.tier, $4
+           FROM unnest($2::text[], $3::text[]) AS r (adapter_id, tier)
+           JOIN adapters a ON a.adapter_id = r.adapter_id AND a.status = 'ready'
+           WHERE NOT EXISTS (SELECT 1 FROM retired_versions v WHERE v.adapter_id = r.adapter_id)
+           ON CONFLICT (adapter_id, replica_id) DO UPDATE SET tier = EXCLUDED.tier
+               WHERE placements.role = 'spill' AND placements.tier <> EXCLUDED.tier""",
+        replica_id,
+        ids,
+        [resident[i] for i in ids],
+        at,
+    )
+    await conn.execute(
+        """DELETE FROM placements
+           WHERE replica_id = $1 AND role = 'spill' AND NOT (adapter_id = ANY($2::text[]))""",
+        replica_id,
+        ids,
+    )
+
+
+async def touch_used(
+    conn: asyncpg.Connection | asyncpg.Pool, adapter_id: str, replica_id: str, at: datetime
+) -> None:
+    """A request for the adapter completed on the replica at `at`: its placement there was used."""
+    await conn.execute(
+        """UPDATE placements SET last_used_at = $3
+           WHERE adapter_id = $1 AND replica_id = $2 AND (last_used_at IS NULL OR last_used_at < $3)""",
+        adapter_id,
+        replica_id,
+        at,
+    )
+
+
+async def spills(conn: asyncpg.Connection, prefix: str) -> list[SpillRow]:
+    rows = await conn.fetch(
+        """SELECT adapter_id, replica_id, tier, last_used_at FROM placements
+           WHERE role = 'spill' AND starts_with(replica_id, $1)""",
+        prefix,
+    )
+    return [SpillRow(r["adapter_id"], r["replica_id"], r["tier"], r["last_used_at"]) for r in rows]
+
+
+async def take_spills(conn: asyncpg.Connection, rows: list[SpillRow]) -> list[Change]:
+    """Delete these spill rows (each only if unchanged since read); an unload for each one deleted."""
+    changes: list[Change] = []
+    for r in rows:
+        gone = await conn.fetchval(
+            """DELETE FROM placements WHERE adapter_id = $1 AND replica_id = $2 AND role = 'spill'
+               AND last_used_at = $3 RETURNING true""",
+            r.adapter_id,
+            r.replica_id,
+            r.last_used_at,
+        )
+        if gone:
+            changes.append(Change(r.adapter_id, r.replica_id, "unload", r.tier))
+    return changes
+
+
+async def spills_of(conn: asyncpg.Connection, adapter_ids: list[str], prefix: str) -> list[SpillRow]:
+    rows = await conn.fetch(
+        """SELECT adapter_id, replica_id, tier, last_used_at FROM placements
+           WHERE role = 'spill' AND adapter_id = ANY($1::text[]) AND starts_with(replica_id, $2)""",
+        adapter_ids,
+        prefix,
+    )
+    return [SpillRow(r["adapter_id"], r["replica_id"], r["tier"], r["last_used_at"]) for r in rows]
+
+
+async def drop_spills(conn: asyncpg.Connection | asyncpg.Pool, prefix: str, keep_on: list[str]) -> int:
+    """Forget spill rows on replicas outside keep_on (they left the fleet: no command); return how many."""
+    rows = await conn.fetch(
+        """DELETE FROM placements WHERE role = 'spill' AND starts_with(replica_id, $1)
+           AND NOT (replica_id = ANY($2::text[])) RETURNING 1""",
+        prefix,
+        keep_on,
+    )
+    return len(rows)
 
 
 def utc(ts: float) -> datetime:
