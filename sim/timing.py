@@ -5,6 +5,7 @@ bench/replica_steps.py for a serving replica) overrides them."""
 
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,6 +22,9 @@ class TimingModel:
 
     Brief defaults: 32 rows of one adapter (merged speed) take 40 ms a step, 32 rows of 32 distinct
     adapters 50 ms, so 640 output tokens/s per replica at batch 32; prefill 8,000 tokens/s.
+    With batch_steps (measured (batch, seconds) with one adapter, from calibration runs at several batch
+    sizes) the batch term is interpolated between the measurements instead: a CPU replica's step grows
+    far from linearly with its rows.
     """
 
     step_base_s: float = 0.035
@@ -29,8 +33,11 @@ class TimingModel:
     prefill_tokens_per_s: float = 8000.0
     max_batch: int = 32
     load_s: dict[str, float] = field(default_factory=_brief_load_s)
+    batch_steps: tuple[tuple[int, float], ...] = ()  # ascending batch sizes
 
     def step_s(self, batch: int, distinct: int) -> float:
+        if self.batch_steps:
+            return _interpolate(self.batch_steps, batch) + self.per_adapter_s * max(distinct - 1, 0)
         return self.step_base_s + self.per_row_s * batch + self.per_adapter_s * distinct
 
     def prefill_s(self, tokens: int) -> float:
@@ -39,6 +46,15 @@ class TimingModel:
     def decode_tokens_per_s(self) -> float:
         """Output tokens/s of one replica at a full batch of distinct adapters (the brief's 640)."""
         return self.max_batch / self.step_s(self.max_batch, self.max_batch)
+
+
+def _interpolate(points: tuple[tuple[int, float], ...], x: int) -> float:
+    """Piecewise linear through the points; flat below the first, the last segment's slope past the last."""
+    if x <= points[0][0] or len(points) == 1:
+        return points[0][1] if x <= points[0][0] else points[-1][1]
+    i = min(bisect.bisect_left([p[0] for p in points], x), len(points) - 1)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 def _fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -63,14 +79,18 @@ def apply_calibration(model: TimingModel, data: dict[str, Any]) -> TimingModel:
         out = replace(out, step_base_s=max(intercept, 0.0), per_row_s=0.0, per_adapter_s=max(slope, 0.0))
         out = replace(out, max_batch=batch)
     if "prefill" in data:
-        rates = sorted(float(v["tokens_per_s"]) for v in data["prefill"].values())
+        rates = sorted(
+            float(v["tokens_per_s"]) if "tokens_per_s" in v else v["tokens"] / v["median_s"]
+            for v in data["prefill"].values()
+        )
         out = replace(out, prefill_tokens_per_s=rates[len(rates) // 2])
     return out
 
 
 def fit_steps(model: TimingModel, engine_runs: list[dict[str, Any]]) -> TimingModel:
-    """step = base + per_row * batch + per_adapter * distinct, least squares over every engine run's points
-    (needs runs at two or more batch sizes); max_batch is the largest batch measured."""
+    """per_adapter_s (and the linear base and per-row terms) by least squares over every run's points, and
+    the measured step at each batch size for interpolation (needs runs at two or more batch sizes);
+    max_batch is the largest batch measured."""
     import numpy as np
 
     rows, times = [], []
@@ -80,12 +100,20 @@ def fit_steps(model: TimingModel, engine_runs: list[dict[str, Any]]) -> TimingMo
             rows.append([1.0, batch, int(d)])
             times.append(float(v["median"]))
     (base, per_row, per_adapter), *_ = np.linalg.lstsq(np.array(rows), np.array(times), rcond=None)
+    per_adapter = max(float(per_adapter), 0.0)
+    at_batch: dict[int, list[float]] = {}  # each point brought back to one adapter
+    for data in engine_runs:
+        for d, v in data["decode_step_s"].items():
+            at_batch.setdefault(int(data["batch"]), []).append(
+                float(v["median"]) - per_adapter * (int(d) - 1)
+            )
     return replace(
         model,
         step_base_s=max(float(base), 0.0),
         per_row_s=max(float(per_row), 0.0),
-        per_adapter_s=max(float(per_adapter), 0.0),
-        max_batch=max(int(d["batch"]) for d in engine_runs),
+        per_adapter_s=per_adapter,
+        max_batch=max(at_batch),
+        batch_steps=tuple((b, sum(v) / len(v)) for b, v in sorted(at_batch.items())),
     )
 
 

@@ -63,3 +63,13 @@ def test_engine_runs_at_two_batch_sizes_separate_the_per_row_cost(tmp_path: Path
     assert model.per_adapter_s == pytest.approx(0.001)
     assert model.max_batch == 8
     assert model.prefill_tokens_per_s == pytest.approx(500.0)  # net of the step the forward pass also pays
+    assert model.step_s(4, 3) == pytest.approx(step(4, 3))  # interpolated between the measured batches
+    assert model.step_s(16, 1) == pytest.approx(step(16, 1))  # past the last: its segment's slope
+
+
+def test_measured_batch_steps_are_interpolated_not_fitted_by_a_line() -> None:
+    model = TimingModel(per_adapter_s=0.01, batch_steps=((1, 0.15), (4, 0.30), (8, 0.36)))
+    assert model.step_s(1, 1) == 0.15 and model.step_s(8, 1) == 0.36
+    assert model.step_s(2, 1) == pytest.approx(0.20)
+    assert model.step_s(6, 3) == pytest.approx(0.33 + 0.02)
+    assert model.step_s(12, 1) == pytest.approx(0.42)
