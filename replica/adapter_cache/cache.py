@@ -33,7 +33,7 @@ from typing import Any, Protocol, TypeVar
 from replica.adapter_cache.disk import DiskTier
 from replica.adapter_cache.errors import AdapterNotRegisteredError, ChecksumMismatchError
 from replica.adapter_cache.gpu import GpuTier
-from replica.adapter_cache.host import HostAdapter, HostTier
+from replica.adapter_cache.host import HostAdapter, HostTier, PackedModule
 from replica.adapter_cache.object_store import Fetched, ObjectStore
 from replica.adapter_cache.promote import Layout, check_fits, read_entry, validate_and_pack
 from replica.adapter_cache.record import AdapterRecord
@@ -95,6 +95,7 @@ class AdapterCache:
         # digest -> verified bytes (and their layout) whose disk copy is not started yet
         self._unwritten: dict[str, tuple[Fetched, Layout]] = {}
         self._writes: dict[str, asyncio.Future[None]] = {}  # digest -> its background disk write
+        self._fitting: dict[int, tuple[tuple[PackedModule, ...], int]] = {}  # layouts check_fits passed
         self._pin_host = gpu.device.type == "cuda"
 
     # where adapters are
@@ -344,7 +345,7 @@ class AdapterCache:
             assert item is not None
         try:
             start = time.perf_counter()
-            check_fits(item, self.spec)
+            check_fits(item, self.spec, self._fitting)
             _ref, evicted = await asyncio.to_thread(self.gpu.load, item)
         finally:
             self.host.unpin(adapter_id)

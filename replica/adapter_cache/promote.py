@@ -225,18 +225,33 @@ def _check_digests(weights: str, want: str, config: bytes, want_config: str) -> 
         raise ChecksumMismatchError("local copy does not match its digest")
 
 
-def check_fits(host: HostAdapter, spec: AdapterSpec) -> None:
+def check_fits(
+    host: HostAdapter, spec: AdapterSpec, known: dict[int, tuple[tuple[PackedModule, ...], int]]
+) -> None:
     """Before a slot is written: the entry's base hash, rank and every module's shapes fit the served model.
 
-    Metadata only (the bytes were checked when they entered RAM); the same errors as validation.
+    Metadata only (the bytes were checked when they entered RAM); the same errors as validation. `known`
+    maps module tuples already checked against this spec to their largest rank (entries packed from one
+    layout share one immutable tuple), so the per-module loop runs once per layout; the dict keeps each
+    tuple alive, so its id is not reused.
     """
     check_base_hash(spec.base_model_hash, host.base_model_hash)
-    if host.rank > spec.max_rank or host.rank != max(m.rank for m in host.modules):
+    if host.rank > spec.max_rank:
         raise AdapterRankTooLargeError(f"rank {host.rank} exceeds the cap {spec.max_rank}", param="r")
-    for m in host.modules:
-        layer, name = m.key
-        fit = spec.shapes.get(name)
-        if fit is None or layer >= spec.num_layers:
-            raise AdapterTargetModuleError(f"layer {layer} {name} is not adapted on this replica")
-        if m.a_shape != (m.rank, fit[0]) or m.b_shape != (fit[1], m.rank):
-            raise AdapterShapeError(f"layer {layer} {name}: {m.a_shape} / {m.b_shape} do not fit {fit}")
+    modules, rank = known.get(id(host.modules), ((), 0))
+    if modules is not host.modules:
+        for m in host.modules:
+            layer, name = m.key
+            fit = spec.shapes.get(name)
+            if fit is None or layer >= spec.num_layers:
+                raise AdapterTargetModuleError(f"layer {layer} {name} is not adapted on this replica")
+            if m.a_shape != (m.rank, fit[0]) or m.b_shape != (fit[1], m.rank):
+                raise AdapterShapeError(f"layer {layer} {name}: {m.a_shape} / {m.b_shape} do not fit {fit}")
+        rank = max(m.rank for m in host.modules)
+        if len(known) >= 4096:
+            known.clear()
+        known[id(host.modules)] = (host.modules, rank)
+    if host.rank != rank:
+        raise AdapterRankTooLargeError(
+            f"rank {host.rank} is not the adapter's largest rank {rank}", param="r"
+        )

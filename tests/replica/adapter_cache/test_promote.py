@@ -203,15 +203,26 @@ def test_a_verified_entry_whose_header_or_values_went_bad_is_corruption_not_a_ba
 def test_metadata_checks_before_a_slot_refuse_an_entry_that_does_not_fit(tmp_path: Path) -> None:
     write_peft(tmp_path, seed=1)
     host, _ = _read(tmp_path)
-    check_fits(host, SPEC)
+    check_fits(host, SPEC, {})
     with pytest.raises(AdapterBaseMismatchError):
-        check_fits(replace(host, base_model_hash="sha256:" + "c" * 64), SPEC)
+        check_fits(replace(host, base_model_hash="sha256:" + "c" * 64), SPEC, {})
     with pytest.raises(AdapterRankTooLargeError):
-        check_fits(host, replace(SPEC, max_rank=2))
+        check_fits(host, replace(SPEC, max_rank=2), {})
     with pytest.raises(AdapterShapeError):
-        check_fits(host, replace(SPEC, shapes={**SPEC.shapes, "q_proj": (16, 32)}))
+        check_fits(host, replace(SPEC, shapes={**SPEC.shapes, "q_proj": (16, 32)}), {})
     with pytest.raises(AdapterTargetModuleError):
-        check_fits(host, replace(SPEC, num_layers=1))
+        check_fits(host, replace(SPEC, num_layers=1), {})
+    known: dict = {}
+    check_fits(host, SPEC, known)  # the shapes of this layout are checked once...
+    with pytest.raises(AdapterBaseMismatchError):  # ...the base hash and rank every time
+        check_fits(replace(host, base_model_hash="sha256:" + "c" * 64), SPEC, known)
+    with pytest.raises(AdapterRankTooLargeError):
+        check_fits(replace(host, rank=9), SPEC, known)
+    with pytest.raises(AdapterRankTooLargeError):  # a rank that is not its modules' (the wrong bucket)
+        check_fits(replace(host, rank=2), SPEC, known)
+    bad = replace(host, modules=(replace(host.modules[0], a_shape=(4, 3)), *host.modules[1:]))
+    with pytest.raises(AdapterShapeError):  # another layout is checked in full
+        check_fits(bad, SPEC, known)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
