@@ -204,7 +204,9 @@ class AdapterCache:
             if target == "gpu" and adapter_id in self.host:
                 await self._once("gpu", adapter_id, lambda: self._ram_to_gpu(adapter_id))
                 return
-            record = await self._once("record", adapter_id, lambda: self._record(adapter_id))
+            record = self.records.get(adapter_id) or await self._once(
+                "record", adapter_id, lambda: self._record(adapter_id)
+            )
             if target == "disk":
                 await self._once("disk", record.digest, lambda: self._to_disk(record))
                 return

@@ -2,9 +2,10 @@
 
 On CPU, torch's per-op dispatch (a few microseconds each) over an adapter's ~630 A, B and scale copies cost
 about as much as moving the bytes; memmoves of precomputed (destination, source offset, length) triples run
-at memory speed, split over torch's intra-op thread count like torch's own large copies. A plan is built
-from the same slot views as the device path (GpuTier._plan) and holds them, so the memory its pointers name
-stays alive as long as the plan.
+at memory speed. One thread: splitting the list over two measured no faster on the 2-core development
+machine (each memmove is a few microseconds, so the threads queue for the GIL between them). A plan is
+built from the same slot views as the device path (GpuTier._plan) and holds them, so the memory its
+pointers name stays alive as long as the plan.
 
 Semantics (what run(plan, flat, scales) equals):
     for dst, chunk in zip(dsts, flat.split(chunk_sizes)[picked]): dst.copy_(chunk.view(dst.shape))
@@ -15,19 +16,17 @@ Semantics (what run(plan, flat, scales) equals):
 from __future__ import annotations
 
 import ctypes
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 Copy = tuple[int, int, int]  # (destination address, byte offset in the source buffer, bytes)
-_HELPERS = ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads() - 1), thread_name_prefix="slot-copy")
 
 
 @dataclass(frozen=True)
 class BytePlan:
     keep: tuple[torch.Tensor, ...]  # every slot view the addresses point into
-    flat_copies: tuple[tuple[Copy, ...], ...]  # one group per thread, about equal in bytes
+    flat_copies: tuple[Copy, ...]
     scale_copies: tuple[Copy, ...]
     strided: tuple[tuple[torch.Tensor, int, tuple[int, int]], ...]  # padded: (dst, element offset, shape)
     zeros: tuple[torch.Tensor, ...]
@@ -62,28 +61,9 @@ def build(
         scale_copies.append((dst.data_ptr(), 4 * i, 4))
     keep = (*dsts, *scale_dsts, *zeros)
     return BytePlan(
-        keep, _split(copies, torch.get_num_threads()), tuple(scale_copies), tuple(strided), tuple(zeros),
-        flat_numel * item, 4 * len(scale_dsts), dtype,
+        keep, tuple(copies), tuple(scale_copies), tuple(strided), tuple(zeros), flat_numel * item,
+        4 * len(scale_dsts), dtype,
     )  # fmt: skip
-
-
-def _split(copies: list[Copy], parts: int) -> tuple[tuple[Copy, ...], ...]:
-    """Consecutive groups of about equal bytes (at most `parts`, none empty)."""
-    total = sum(n for _, _, n in copies)
-    groups: list[list[Copy]] = [[]]
-    done = 0
-    for c in copies:
-        if groups[-1] and done + c[2] / 2 > total * len(groups) / max(1, parts):
-            groups.append([])
-        groups[-1].append(c)
-        done += c[2]
-    return tuple(tuple(g) for g in groups if g)
-
-
-def _moves(copies: tuple[Copy, ...], base: int) -> None:
-    move = ctypes.memmove  # a C call that releases the GIL
-    for dst, offset, n in copies:
-        move(dst, base + offset, n)
 
 
 def run(plan: BytePlan, flat: torch.Tensor, scales: torch.Tensor) -> None:
@@ -92,13 +72,13 @@ def run(plan: BytePlan, flat: torch.Tensor, scales: torch.Tensor) -> None:
         raise ValueError("the buffer does not have the layout this plan was built for")
     if not (flat.is_contiguous() and scales.is_contiguous() and scales.dtype == torch.float32):
         raise ValueError("slot copies need contiguous fp32 scales and a contiguous buffer")
+    move = ctypes.memmove  # a C call that releases the GIL
     base = flat.data_ptr()
-    helpers = [_HELPERS.submit(_moves, group, base) for group in plan.flat_copies[1:]]
-    if plan.flat_copies:
-        _moves(plan.flat_copies[0], base)
-    _moves(plan.scale_copies, scales.data_ptr())
-    for done in helpers:
-        done.result()
+    for dst, offset, n in plan.flat_copies:
+        move(dst, base + offset, n)
+    base = scales.data_ptr()
+    for dst, offset, n in plan.scale_copies:
+        move(dst, base + offset, n)
     for dst, offset, shape in plan.strided:
         dst.copy_(flat[offset : offset + shape[0] * shape[1]].view(shape))
     if plan.zeros:
