@@ -7,10 +7,12 @@ same process), through their own internal generate API.
 
 For each batch size b and each distinct count d in {1, b}: b concurrent requests (temperature 0,
 ignore_eos, --tokens each) to the first replica, request i on adapter i % d, pre-warmed into GPU slots
-first. Decode step = median over requests of (last token - first token) / (tokens - 1); prefill = the
-median time to first token with b prompts admitted together. Then the same batch on every replica at once,
-against one alone, gives the host contention (sim.host): how much replicas sharing this machine's cores
-slow each other. Repeats interleave; medians. Prints JSON; --calibration-out writes the timing runs.
+first. Decode step = median over requests of (last token - first token) / (tokens - 1). Alone on the
+replica, one request's time to first token at several prompt lengths gives the prefill rate and the fixed
+cost of admitting a request (HTTP, chat template, tokenizer, the hand-over to the engine thread):
+ttft = admit + step(1 row) + prompt tokens / rate. Then the same batch on every replica at once, against
+one alone, gives the host contention (sim.host): how much replicas sharing this machine's cores slow each
+other. Repeats interleave; medians. Prints JSON; --calibration-out writes the timing runs.
 """
 
 from __future__ import annotations
@@ -26,11 +28,18 @@ from typing import Any
 import httpx
 
 PROMPT = "Tell me a long story about a dragon who guards a library."
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
 
 
-async def generate(c: httpx.AsyncClient, rid: str, url: str, adapter: str, tokens: int) -> dict[str, Any]:
+def prompt_of(words: int) -> str:
+    return PROMPT if words <= 0 else " ".join(WORDS[i % len(WORDS)] for i in range(words))
+
+
+async def generate(
+    c: httpx.AsyncClient, rid: str, url: str, adapter: str, tokens: int, words: int = 0
+) -> dict[str, Any]:
     body = {
-        "messages": [{"role": "user", "content": PROMPT}],
+        "messages": [{"role": "user", "content": prompt_of(words)}],
         "adapter_id": adapter,
         "max_tokens": tokens,
         "ignore_eos": True,
@@ -78,7 +87,11 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         samples: dict[tuple[int, int], list[dict[str, Any]]] = {}
         shared: dict[int, list[float]] = {}
         alone: dict[int, list[float]] = {}
+        lengths: dict[int, list[dict[str, Any]]] = {}
+        (rid0, url0), aid0 = next(iter(first.items())), a.adapter[0]
         for _ in range(a.repeats):
+            for words in a.prompt_words:
+                lengths.setdefault(words, []).append(await generate(c, rid0, url0, aid0, 2, words))
             for b in a.batches:
                 for d in sorted({1, min(b, len(a.adapter))}):
                     samples.setdefault((b, d), []).extend(
@@ -98,7 +111,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
                 "decode_step_s": {
                     str(d): {"median": statistics.median(r["step_s"] for r in rs)} for d, rs in points.items()
                 },
-                "prefill": {
+                "batch_prefill": {
                     str(d): {
                         "tokens": b * statistics.median(r["prompt_tokens"] for r in rs),
                         "median_s": statistics.median(r["ttft_s"] for r in rs),
@@ -113,8 +126,16 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         if ratios and len(replicas) == 2
         else None
     )
+    by_length = [
+        {
+            "prompt_tokens": statistics.median(r["prompt_tokens"] for r in rs),
+            "ttft_s": statistics.median(r["ttft_s"] for r in rs),
+        }
+        for _, rs in sorted(lengths.items())
+    ]
     return {
         "source": "bench/replica_steps.py",
+        "prefill_by_length": by_length,
         "replicas": list(replicas),
         "adapters": len(a.adapter),
         "tokens": a.tokens,
@@ -138,10 +159,12 @@ def main() -> None:
     p.add_argument("--batches", default="1,4,8")
     p.add_argument("--tokens", type=int, default=24)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--prompt-words", default="8,32,96,192", help="prompt lengths for the prefill fit")
     p.add_argument("--calibration-out", type=Path, default=None)
     a = p.parse_args()
     a.replica = a.replica or ["replica-0=http://127.0.0.1:18100", "replica-1=http://127.0.0.1:18101"]
     a.batches = [int(b) for b in a.batches.split(",")]
+    a.prompt_words = [int(w) for w in a.prompt_words.split(",")]
     result = asyncio.run(run(a))
     text = json.dumps(result, indent=2)
     if a.calibration_out is not None:

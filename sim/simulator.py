@@ -26,6 +26,7 @@ from sim.workload import Request
 
 ARRIVE = 0
 REPLAN = 4
+REACH = 5  # a routed request reaches its replica's queue (after timing.admit_s)
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,9 @@ class Simulation:
             elif kind == FETCHED:
                 replica, aid = payload  # type: ignore[misc]
                 replica.fetched(aid, now)
+            elif kind == REACH:
+                replica, sr = payload  # type: ignore[misc]
+                replica.arrive(sr, now)
             elif kind == REPLAN:
                 self.replan(now)
                 if now + self.cfg.replan_s <= duration:
@@ -216,7 +220,10 @@ class Simulation:
         sr.route_reason = plan.reason
         self.inflight[target] += sr.req.prompt_tokens + sr.req.output_tokens
         self.dirty.add(target)
-        self.replicas[target].arrive(sr, now)
+        if self.timing.admit_s > 0:
+            self._schedule(now + self.timing.admit_s, REACH, (self.replicas[target], sr))
+        else:
+            self.replicas[target].arrive(sr, now)
 
 
 def simulate(cfg: SimConfig, timing: TimingModel, trace: list[Request]) -> SimResult:

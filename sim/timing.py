@@ -34,6 +34,9 @@ class TimingModel:
     max_batch: int = 32
     load_s: dict[str, float] = field(default_factory=_brief_load_s)
     batch_steps: tuple[tuple[int, float], ...] = ()  # ascending batch sizes
+    # from a request reaching the replica to its place in the queue for the next step: HTTP, chat template,
+    # tokenizer, the hand-over to the engine thread (milliseconds on a GPU host; measured on CPU)
+    admit_s: float = 0.0
 
     def step_s(self, batch: int, distinct: int) -> float:
         if self.batch_steps:
@@ -131,19 +134,36 @@ def marginal_prefill(model: TimingModel, engine_runs: list[dict[str, Any]]) -> f
     return sorted(rates)[len(rates) // 2] if rates else None
 
 
+def fit_admission(model: TimingModel, by_length: list[dict[str, float]]) -> TimingModel:
+    """ttft = admit_s + step_s(1, 1) + prompt tokens / rate, least squares over single requests' times to
+    first token at several prompt lengths (bench/replica_steps.py)."""
+    import numpy as np
+
+    rows = [[1.0, p["prompt_tokens"]] for p in by_length]
+    extra = [p["ttft_s"] - model.step_s(1, 1) for p in by_length]
+    (admit, per_token), *_ = np.linalg.lstsq(np.array(rows), np.array(extra), rcond=None)
+    rate = 1.0 / float(per_token) if per_token > 0 else model.prefill_tokens_per_s
+    return replace(model, admit_s=max(float(admit), 0.0), prefill_tokens_per_s=rate)
+
+
 def load_timing(paths: list[Path]) -> TimingModel:
     """The brief's model with each calibration file applied in order; engine runs at two or more batch
-    sizes are fitted together, which separates the per-row cost from the fixed one, and the prefill rate
-    is taken net of the step cost."""
+    sizes are fitted together, which separates the per-row cost from the fixed one; the prefill rate is
+    taken net of the step cost, and with single-request times at several prompt lengths the fixed cost of
+    admitting a request is separated from it too."""
     model = TimingModel()
     engine_runs = []
+    by_length: list[dict[str, float]] = []
     for path in paths:
         data = json.loads(path.read_text())
+        by_length += data.get("prefill_by_length", [])
         for part in data.get("runs", [data]):  # bench/replica_steps.py writes one run per batch size
             model = apply_calibration(model, part)
             if "decode_step_s" in part:
                 engine_runs.append(part)
     if len({int(d.get("batch", 0)) for d in engine_runs}) > 1:
         model = fit_steps(model, engine_runs)
+    if len({p["prompt_tokens"] for p in by_length}) > 1:
+        return fit_admission(model, by_length)
     rate = marginal_prefill(model, engine_runs)
     return model if rate is None else replace(model, prefill_tokens_per_s=rate)

@@ -145,3 +145,11 @@ def test_replanning_follows_observed_traffic_like_the_placement_worker() -> None
     assert sim.replans == 5  # at 10, 20, ..., 50 s: the last arrival is at 59.5 s
     for rep in result.replicas:  # the gpu commands loaded adapter 0 on both owners
         assert rep.slots.lookup(adapter_id(0)) is not None
+
+
+def test_admission_time_delays_the_first_token_by_exactly_that() -> None:
+    trace = [_at(0.0, 0, 0), _at(5.0, 1, 1)]
+    base = simulate(ONE, TimingModel(), trace)
+    later = simulate(ONE, replace(TimingModel(), admit_s=0.2), trace)
+    for a, b in zip(base.requests, later.requests, strict=True):
+        assert b.first_token_s - b.req.arrival_s == pytest.approx(a.first_token_s - a.req.arrival_s + 0.2)

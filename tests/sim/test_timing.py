@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.timing import TimingModel, apply_calibration, load_timing
+from sim.timing import TimingModel, apply_calibration, fit_admission, load_timing
 
 
 def test_brief_defaults_give_640_tokens_per_s_at_batch_32() -> None:
@@ -73,3 +73,13 @@ def test_measured_batch_steps_are_interpolated_not_fitted_by_a_line() -> None:
     assert model.step_s(2, 1) == pytest.approx(0.20)
     assert model.step_s(6, 3) == pytest.approx(0.33 + 0.02)
     assert model.step_s(12, 1) == pytest.approx(0.42)
+
+
+def test_single_request_times_separate_admission_from_prefill(tmp_path: Path) -> None:
+    model = TimingModel(step_base_s=0.1, per_row_s=0.0, per_adapter_s=0.0)
+    points = [{"prompt_tokens": n, "ttft_s": 0.05 + 0.1 + n / 400.0} for n in (20, 60, 180)]
+    path = tmp_path / "steps.json"
+    path.write_text(json.dumps({"prefill_by_length": points}))
+    fitted = fit_admission(model, points)
+    assert fitted.admit_s == pytest.approx(0.05) and fitted.prefill_tokens_per_s == pytest.approx(400.0)
+    assert load_timing([path]).prefill_tokens_per_s == pytest.approx(400.0)  # whatever the step model
