@@ -93,11 +93,12 @@ def grouped_shrink(x: torch.Tensor, a_stack: torch.Tensor, g: GroupedRows | None
     if g is None:
         return x.new_zeros(x.shape[0], rank)
     xc = _compute_dtype(x)
-    xp = xc.unsqueeze(0) if g.in_order else xc[g.gather]  # [num_chunks, width, hidden_in]
+    if g.in_order:  # one adapter over the whole batch: a plain matmul against the slot's A
+        assert g.single_slot is not None
+        return (xc @ _compute_dtype(a_stack[g.single_slot]).T).to(x.dtype)  # [num_tokens, rank]
+    xp = xc[g.gather]  # [num_chunks, width, hidden_in]
     tp = torch.bmm(xp, _compute_dtype(_per_chunk(a_stack, g)).transpose(1, 2))  # [num_chunks, width, rank]
     flat = tp.view(-1, rank)
-    if g.in_order:
-        return flat.to(x.dtype)
     t = x.new_zeros(x.shape[0], rank)
     t[g.out_rows] = (flat if g.out_pos is None else flat[g.out_pos]).to(x.dtype)
     return t
@@ -111,6 +112,10 @@ def grouped_expand(
     if g is None:
         return
     tc = _compute_dtype(t)
+    if g.in_order and out.dtype == torch.float32 and out.device.type == "cpu":
+        assert g.single_slot is not None  # one fused multiply-add into out (scale read on the host: no sync)
+        out.addmm_(tc, b_stack[g.single_slot].T, alpha=float(scale[g.single_slot]))
+        return
     tp = tc.unsqueeze(0) if g.in_order else tc[g.gather]  # [num_chunks, width, rank]
     tp = tp * scale[g.chunk_slot].float().view(-1, 1, 1)
     delta = torch.bmm(tp, _compute_dtype(_per_chunk(b_stack, g)).transpose(1, 2))  # [chunks, width, out]

@@ -56,14 +56,17 @@ def test_torch_path_equals_loop(pattern: str, n: int, with_layout: bool) -> None
     assert ops.implementation_for(torch.device("cpu")) == "torch"
 
 
+@pytest.mark.parametrize("one_adapter", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_accumulates_in_fp32(dtype: torch.dtype) -> None:
+def test_half_precision_accumulates_in_fp32(dtype: torch.dtype, one_adapter: bool) -> None:
     gen = torch.Generator().manual_seed(1)
     n, k, d, r, s = 12, 32, 24, 8, 3
     x = torch.randn(n, k, generator=gen).to(dtype)
     a, b = torch.randn(s, r, k, generator=gen).to(dtype), torch.randn(s, d, r, generator=gen).to(dtype)
     scale = torch.rand(s, generator=gen) + 0.5
     slots = torch.randint(-1, s, (n,), generator=gen, dtype=torch.int32)
+    if one_adapter:
+        slots = torch.full((n,), 1, dtype=torch.int32)
     out = torch.zeros(n, d, dtype=dtype)
     ops.lora_expand(out, ops.lora_shrink(x, a, slots), b, scale, slots)
     expected = lora_loop_ref(x, a, b, scale, slots)
