@@ -12,7 +12,9 @@ replica, one request's time to first token at several prompt lengths gives the p
 cost of admitting a request (HTTP, chat template, tokenizer, the hand-over to the engine thread):
 ttft = admit + step(1 row) + prompt tokens / rate. Then the same batch on every replica at once, against
 one alone, gives the host contention (sim.host): how much replicas sharing this machine's cores slow each
-other. Repeats interleave; medians. Prints JSON; --calibration-out writes the timing runs.
+other. Every decode step over its batch's median step gives the host's step-time spread (step_jitter, 200
+quantiles): a CPU shared with other processes has a heavy tail (GC, neighbours), which p95 TTFT feels.
+Repeats interleave; medians. Prints JSON; --calibration-out writes the timing runs.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ async def generate(
     return {
         "ttft_s": times[0] - start,
         "step_s": (times[-1] - times[0]) / (len(times) - 1),
+        "gaps": [b - a for a, b in zip(times, times[1:], strict=False)],  # one decode step each
         "prompt_tokens": prompt_tokens,
     }
 
@@ -121,6 +124,13 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
             }
         )
     ratios = {b: statistics.median(shared[b]) / statistics.median(alone[b]) for b in shared}
+    jitter = []  # every decode step over the median step of its batch: this host's step-time spread
+    for rs in samples.values():
+        gaps = [g for r in rs for g in r["gaps"]]
+        mid = statistics.median(gaps)
+        jitter += [g / mid for g in gaps]
+    jitter.sort()
+    quantiles = [round(jitter[min(len(jitter) - 1, int(q / 200 * len(jitter)))], 3) for q in range(200)]
     contention = (
         min(max(statistics.median(ratios.values()) - 1.0, 0.0), 1.0)
         if ratios and len(replicas) == 2
@@ -142,6 +152,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         "repeats": a.repeats,
         "runs": runs,
         "two_replicas_over_one": {str(b): round(v, 3) for b, v in ratios.items()},
+        "step_jitter": quantiles,
         "host_contention": None if contention is None else round(contention, 3),
     }
 

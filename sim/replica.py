@@ -14,6 +14,7 @@ boundary k + output_tokens.
 from __future__ import annotations
 
 import heapq
+import random
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,8 +65,10 @@ class SimReplica:
         sizes: CacheSizes,
         schedule: Schedule,
         on_complete: Callable[[SimRequest], None],
+        seed: int = 0,
     ) -> None:
         self.replica_id = replica_id
+        self.rng = random.Random(f"{seed}:{replica_id}")  # step-time jitter, when the timing has some
         self.timing, self.sizes = timing, sizes
         self.schedule, self.on_complete = schedule, on_complete
         self.slots = SlotTable({sizes.rank: sizes.gpu_slots})
@@ -264,6 +267,8 @@ class SimReplica:
             prompt += sr.req.prompt_tokens
         batch = len(finishing) + len(admitted)
         work = self.timing.step_s(batch, len(self.rows)) + self.timing.prefill_s(prompt)
+        if self.timing.step_jitter:
+            work *= self.rng.choice(self.timing.step_jitter)
         for sr in admitted:
             sr.finish_step = self.step_no + sr.req.output_tokens
             heapq.heappush(finishing, (sr.finish_step, sr.req.request_id, sr))

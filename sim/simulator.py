@@ -83,7 +83,7 @@ class Simulation:
         self.done: list[SimRequest] = []
         ids = [f"replica-{i:03d}" for i in range(cfg.replicas)]
         self.replicas = {
-            rid: SimReplica(rid, timing, cfg.sizes, self._schedule, self._complete) for rid in ids
+            rid: SimReplica(rid, timing, cfg.sizes, self._schedule, self._complete, cfg.seed) for rid in ids
         }
         if cfg.host_contention is not None:
             host = SharedHost(self._schedule, STEP, cfg.host_contention)

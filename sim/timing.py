@@ -37,6 +37,9 @@ class TimingModel:
     # from a request reaching the replica to its place in the queue for the next step: HTTP, chat template,
     # tokenizer, the hand-over to the engine thread (milliseconds on a GPU host; measured on CPU)
     admit_s: float = 0.0
+    # each step takes its modelled time times one of these, drawn at random (measured step / median step
+    # on the host); empty: every step takes exactly its modelled time
+    step_jitter: tuple[float, ...] = ()
 
     def step_s(self, batch: int, distinct: int) -> float:
         if self.batch_steps:
@@ -81,6 +84,8 @@ def apply_calibration(model: TimingModel, data: dict[str, Any]) -> TimingModel:
         # The bench measures one batch size, so the per-row share is not separable: fold it into the base.
         out = replace(out, step_base_s=max(intercept, 0.0), per_row_s=0.0, per_adapter_s=max(slope, 0.0))
         out = replace(out, max_batch=batch)
+    if data.get("step_jitter"):
+        out = replace(out, step_jitter=tuple(float(x) for x in data["step_jitter"]))
     if "prefill" in data:
         rates = sorted(
             float(v["tokens_per_s"]) if "tokens_per_s" in v else v["tokens"] / v["median_s"]

@@ -153,3 +153,14 @@ def test_admission_time_delays_the_first_token_by_exactly_that() -> None:
     later = simulate(ONE, replace(TimingModel(), admit_s=0.2), trace)
     for a, b in zip(base.requests, later.requests, strict=True):
         assert b.first_token_s - b.req.arrival_s == pytest.approx(a.first_token_s - a.req.arrival_s + 0.2)
+
+
+def test_step_jitter_draws_each_steps_time_from_the_measured_spread(trace) -> None:
+    short = trace[:300]
+    steady = simulate(replace(CFG, check_every=0), TimingModel(), short)
+    same = simulate(replace(CFG, check_every=0), replace(TimingModel(), step_jitter=(1.0,)), short)
+    noisy = replace(TimingModel(), step_jitter=(1.0, 1.0, 1.0, 4.0))
+    a, b = (simulate(replace(CFG, check_every=0), noisy, short) for _ in range(2))
+    assert [r.finish_s for r in same.requests] == [r.finish_s for r in steady.requests]
+    assert [r.finish_s for r in a.requests] == [r.finish_s for r in b.requests]  # seeded
+    assert report.build(a)["ttft"]["p95_s"] > report.build(steady)["ttft"]["p95_s"]
