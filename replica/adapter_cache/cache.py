@@ -211,8 +211,9 @@ class AdapterCache:
                 await self._once("disk", record.digest, lambda: self._to_disk(record))
                 return
             if adapter_id not in self.host:
-                await self._once("ram", adapter_id, lambda: self._to_ram(record))
-            if target == "gpu":
+                slot = target == "gpu"
+                await self._once("ram", adapter_id, lambda: self._to_ram(record, slot))
+            if target == "gpu" and not self.gpu.contains(adapter_id):
                 await self._once("gpu", adapter_id, lambda: self._ram_to_gpu(adapter_id))
         finally:
             self._start_writes()  # the disk copy is written once the slot (or RAM entry) is live
@@ -238,9 +239,11 @@ class AdapterCache:
     async def _fetch(self, record: AdapterRecord) -> Fetched:
         return await self._once("fetch", record.digest, lambda: self.store.fetch(record, self._pin_host))
 
-    def _validate(self, fetched: Fetched, record: AdapterRecord) -> tuple[HostAdapter, Layout]:
-        """Worker thread: the checks a RAM entry carries, on bytes just fetched."""
-        return validate_and_pack(
+    def _validate(
+        self, fetched: Fetched, record: AdapterRecord, slot: bool = False
+    ) -> tuple[HostAdapter, Layout, tuple[str | None, float] | None]:
+        """Worker thread: the checks a RAM entry carries, on bytes just fetched (then the slot, if asked)."""
+        host, layout = validate_and_pack(
             fetched.weights,
             fetched.config,
             record.adapter_id,
@@ -250,6 +253,7 @@ class AdapterCache:
             self._pin_host,
             fetched.weights_digest,
         )
+        return host, layout, self._into_slot(host, slot)
 
     async def _to_disk(self, record: AdapterRecord) -> str:
         """Object store -> disk only (an owner warming its disk): verified and validated, not kept in RAM."""
@@ -259,15 +263,17 @@ class AdapterCache:
             return name
         start = time.perf_counter()
         fetched = await self._fetch(record)
-        _host, layout = await asyncio.to_thread(self._validate, fetched, record)
+        _host, layout, _ = await asyncio.to_thread(self._validate, fetched, record)
         return await self._write(fetched, layout, "remote", start)
 
-    async def _to_ram(self, record: AdapterRecord) -> None:
-        host, source, start, nbytes = None, "disk", time.perf_counter(), 0
+    async def _to_ram(self, record: AdapterRecord, slot: bool = False) -> None:
+        """Disk (or, failing that, the object store) -> RAM; with `slot`, also into a GPU slot, in the same
+        worker-thread call (one hop fewer on a request's critical path)."""
+        host, source, start, nbytes, slotted = None, "disk", time.perf_counter(), 0, None
         name = self.disk.find(record.digest)
         if name is not None:
             try:
-                host, nbytes = await asyncio.to_thread(self._read_disk, name, record)
+                host, nbytes, slotted = await asyncio.to_thread(self._read_disk, name, record, slot)
             except ChecksumMismatchError as exc:
                 log.warning(
                     "adapter %s: local copy is corrupt (%s), fetching it again", record.adapter_id, exc
@@ -275,15 +281,43 @@ class AdapterCache:
         if host is None:
             source, start = "remote", time.perf_counter()
             fetched = await self._fetch(record)
-            host, layout = await asyncio.to_thread(self._validate, fetched, record)
+            host, layout, slotted = await asyncio.to_thread(self._validate, fetched, record, slot)
             nbytes = fetched.nbytes
             if self.disk.find(record.digest) is None:
                 self._unwritten[record.digest] = (fetched, layout)
+        ram_s = time.perf_counter() - start - (slotted[1] if slotted is not None else 0.0)
         for victim in self.host.put(host):
             self._emit("evict", victim, "ram", None)
-        self._emit("load", record.adapter_id, source, "ram", time.perf_counter() - start, nbytes)  # type: ignore[arg-type]
+        self._emit("load", record.adapter_id, source, "ram", ram_s, nbytes)  # type: ignore[arg-type]
+        if slotted is not None:
+            self._slotted(host, *slotted)
 
-    def _read_disk(self, name: str, record: AdapterRecord) -> tuple[HostAdapter, int]:
+    def _into_slot(self, host: HostAdapter, slot: bool) -> tuple[str | None, float] | None:
+        """Worker thread, after a RAM entry was made: metadata checks and the copy into a slot.
+
+        Returns (idle adapter evicted, seconds), or None when not asked or no slot is free now (the
+        caller's GPU step tries again and waits for one).
+        """
+        if not slot:
+            return None
+        start = time.perf_counter()
+        try:
+            check_fits(host, self.spec, self._fitting)
+            _ref, evicted = self.gpu.load(host)
+        except NoFreeSlotError:
+            return None
+        return evicted, time.perf_counter() - start
+
+    def _slotted(self, host: HostAdapter, evicted: str | None, seconds: float) -> None:
+        if evicted is not None:
+            self.gpu_evictions.mark()
+            self._emit("evict", evicted, "gpu", "ram" if evicted in self.host else None)
+        self.gpu_loads.mark()
+        self._emit("load", host.adapter_id, "ram", "gpu", seconds, host.nbytes)
+
+    def _read_disk(
+        self, name: str, record: AdapterRecord, slot: bool
+    ) -> tuple[HostAdapter, int, tuple[str | None, float] | None]:
         """Worker thread: one read of the disk entry, proven by its identities (or hashed if unverified)."""
         if not self.disk.pin(name):
             raise ChecksumMismatchError("the local copy was evicted before it was read")
@@ -308,7 +342,7 @@ class AdapterCache:
             self.disk.unpin(name)
         if verified is None:
             self.disk.settle(name, seen, layout)  # hashed just now: from here on its identities prove it
-        return host, nbytes
+        return host, nbytes, self._into_slot(host, slot)
 
     def _start_writes(self) -> None:
         for digest in list(self._unwritten):
@@ -351,11 +385,7 @@ class AdapterCache:
             _ref, evicted = await asyncio.to_thread(self.gpu.load, item)
         finally:
             self.host.unpin(adapter_id)
-        if evicted is not None:
-            self.gpu_evictions.mark()
-            self._emit("evict", evicted, "gpu", "ram" if evicted in self.host else None)
-        self.gpu_loads.mark()
-        self._emit("load", adapter_id, "ram", "gpu", time.perf_counter() - start, item.nbytes)
+        self._slotted(item, evicted, time.perf_counter() - start)
 
     def _ids_with_digest(self, digest: str) -> list[str]:
         return [r.adapter_id for r in self.records.values() if r.digest == digest]

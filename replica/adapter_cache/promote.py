@@ -44,6 +44,7 @@ from replica.errors import (
 from replica.lora.spec import MODULE_PARENTS, AdapterSpec
 from replica.lora.weights import (
     CONFIG_NAME,
+    WEIGHTS_NAME,
     ModuleKey,
     alpha_for,
     check_base_hash,
@@ -181,7 +182,8 @@ def read_entry(
     Returns (RAM entry, bytes read, the files' identities as read, the layout): the caller records the
     last two when the entry was unverified.
     """
-    wpath = weights_path(path)
+    # a verified entry's file is proven by its identity; an unverified folder gets the full check (no pickles)
+    wpath = path / WEIGHTS_NAME if verified is not None else weights_path(path)
     try:
         with open(wpath, "rb", buffering=0) as f:
             before = FileIdentity.of(os.fstat(f.fileno()))
