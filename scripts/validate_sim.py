@@ -1,7 +1,7 @@
 """Validate the fleet simulator against a real load test on the local stack, on one saved trace.
 
-    .venv/bin/python scripts/validate_sim.py --calibration .data/bench/replica-steps.json \\
-        --calibration .data/bench/load-calibration.json
+    .venv/bin/lorafleet bench load --calibration-out .data/bench/load-calibration.json
+    .venv/bin/python scripts/validate_sim.py --calibrate --calibration .data/bench/load-calibration.json
 
 1. Makes and registers --adapters PEFT adapters for a load-test tenant (lorafleet loadtest --setup).
 2. Generates a Zipf/Poisson trace with short prompts and outputs and saves it (out/trace.jsonl).
@@ -12,7 +12,8 @@
 5. Simulates the same trace, with the served token counts, on the local fleet: its replica count, its
    replicas' slot count for the adapters' rank bucket, RAM budget and batch size, the gateway's router
    settings, the placement worker re-planning every stats window, and the timing model from the
-   calibration files (bench/replica_steps.py or bench engine at two batch sizes; bench load).
+   calibration files (bench/replica_steps.py, run first with --calibrate, or bench engine at two batch
+   sizes; bench load).
 6. Prints JSON with both sides and the verdict against the tolerance stated in sim.validation.
 """
 
@@ -31,6 +32,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import replica_steps  # noqa: E402
 from gateway.config import GatewaySettings  # noqa: E402
 from loadtest.cli import run_loadtest  # noqa: E402
 from loadtest.replica_metrics import parse_replicas  # noqa: E402
@@ -70,6 +72,12 @@ def args() -> argparse.Namespace:
     p.add_argument("--trace-in", type=Path, default=None, help="replay this trace instead of generating")
     p.add_argument("--replan-s", type=float, default=60.0, help="the stats window the placement worker uses")
     p.add_argument("--calibration", type=Path, action="append", default=[])
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="first measure the replicas' steps (bench/replica_steps.py) into out/replica-steps.json and "
+        "use it (this machine's speed drifts with its other users: calibrate right before the run)",
+    )
     p.add_argument("--out", type=Path, default=Path(".data/validate"))
     return p.parse_args()
 
@@ -127,6 +135,19 @@ def main() -> None:
     )
     trace = load(a.trace_in) if a.trace_in else generate(workload)
     save(trace, a.out / "trace.jsonl")
+    if a.calibrate:
+        steps = argparse.Namespace(
+            replica=[f"{rid}={url}" for rid, url in replicas.items()],
+            token=a.replica_token,
+            adapter=ids[:8],
+            batches=[1, 2, 3, 4, 8],
+            tokens=16,
+            repeats=2,
+            prompt_words=[8, 32, 96, 192],
+        )
+        log.info("calibrating: bench/replica_steps.py")
+        (a.out / "replica-steps.json").write_text(json.dumps(asyncio.run(replica_steps.run(steps)), indent=2))
+        a.calibration = [a.out / "replica-steps.json", *a.calibration]
 
     start = known_start(replicas, ids, a.warm, a.replica_token)
     cfg = LoadTestConfig(a.gateway, tuple(aliases), keys, workload, temperature=a.temperature)
