@@ -24,6 +24,7 @@ import asyncio
 import json
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -33,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import replica_steps  # noqa: E402
-from gateway.config import GatewaySettings  # noqa: E402
+from gateway.config import GatewayConfig, GatewaySettings  # noqa: E402
 from loadtest.cli import run_loadtest  # noqa: E402
 from loadtest.replica_metrics import parse_replicas  # noqa: E402
 from loadtest.runner import LoadTestConfig  # noqa: E402
@@ -83,10 +84,17 @@ def args() -> argparse.Namespace:
 
 
 def known_start(
-    replicas: dict[str, str], ids: list[str], warm: int, token: str
+    replicas: dict[str, str],
+    ids: list[str],
+    warm: int,
+    token: str,
+    bucket_of: Callable[[str], int],
+    bucket: int,
 ) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]:
-    """Load the `warm` most popular adapters into every replica's slots, least popular first (so the
-    most popular is the most recently used); return the simulator's matching start (in trace ids)."""
+    """Load the `warm` most popular adapters into every replica's slots, least popular first (so the most
+    popular is the most recently used), then read what each replica holds and give the simulator the same
+    start: every adapter in the trace adapters' slot bucket (other tenants' too: they take slots), those
+    loaded before this run first (their order is not reported), then the warm ones; RAM as reported."""
     hot = list(reversed(ids[:warm]))
 
     async def warm_all() -> None:
@@ -98,12 +106,30 @@ def known_start(
 
     asyncio.run(warm_all())
     trace_ids = {aid: adapter_id(i) for i, aid in enumerate(ids)}
-    states = [replica_state(rid, url, token) for rid, url in replicas.items()]
     start = []
-    for state in states:
-        ram = tuple(trace_ids[a] for a in state["ram_adapters"] if a in trace_ids)
-        start.append((tuple(trace_ids[a] for a in hot), ram))
+    for rid, url in replicas.items():
+        state = replica_state(rid, url, token)
+        older = [a for a in state["gpu_adapters"] if a not in hot and bucket_of(a) == bucket]
+        gpu = tuple(trace_ids.get(a, a) for a in [*older, *hot])
+        start.append((gpu, tuple(trace_ids.get(a, a) for a in state["ram_adapters"])))
     return tuple(start)
+
+
+def registered_rank(config: GatewayConfig) -> Callable[[str], int]:
+    """adapter id -> its registered rank (the internal API), cached."""
+    token = config.gateway.service_token.get_secret_value()
+    client = httpx.Client(
+        base_url=config.gateway.internal_base_url(), headers={"Authorization": f"Bearer {token}"}, timeout=30
+    )
+    cache: dict[str, int] = {}
+
+    def rank(adapter: str) -> int:
+        if adapter not in cache:
+            resp = client.get(f"/internal/adapters/{adapter}")
+            cache[adapter] = int(resp.json()["rank"]) if resp.status_code == 200 else -1
+        return cache[adapter]
+
+    return rank
 
 
 def replica_state(rid: str, url: str, token: str) -> dict:
@@ -149,7 +175,16 @@ def main() -> None:
         (a.out / "replica-steps.json").write_text(json.dumps(asyncio.run(replica_steps.run(steps)), indent=2))
         a.calibration = [a.out / "replica-steps.json", *a.calibration]
 
-    start = known_start(replicas, ids, a.warm, a.replica_token)
+    rs = ReplicaSettings()
+    table = SlotTable(rs.lora_slots)
+    bucket = table.bucket_for_rank(a.rank)
+    rank_of = registered_rank(GatewayConfig.from_env())
+
+    def bucket_of(adapter: str) -> int:
+        r = rank_of(adapter)
+        return table.bucket_for_rank(r) if r > 0 else -1
+
+    start = known_start(replicas, ids, a.warm, a.replica_token, bucket_of, bucket)
     cfg = LoadTestConfig(a.gateway, tuple(aliases), keys, workload, temperature=a.temperature)
     log.info("real run: %d requests over %.0f s", len(trace), max(r.arrival_s for r in trace))
     run_loadtest(cfg, [], a.out / "real", progress=True, replicas=replicas, trace=trace)
@@ -157,8 +192,7 @@ def main() -> None:
     served = validation.realized(trace, records)
     save(served, a.out / "trace-served.jsonl")
 
-    rs, gs = ReplicaSettings(), GatewaySettings()
-    bucket = SlotTable(rs.lora_slots).bucket_for_rank(a.rank)
+    gs = GatewaySettings()
     weights = REPO / ".data" / "loadtest" / "adapters" / ids[0] / "adapter_model.safetensors"
     sizes = CacheSizes(
         gpu_slots=rs.lora_slots[bucket],
@@ -188,6 +222,7 @@ def main() -> None:
     out = {
         "command": " ".join(sys.argv),
         "trace": {"requests": len(trace), "workload": asdict(workload), "file": str(a.out / "trace.jsonl")},
+        "start": {rid: {"gpu": list(g), "ram": len(r)} for rid, (g, r) in zip(replicas, start, strict=True)},
         "fleet": {
             "replicas": list(replicas),
             "sizes": asdict(sizes),
