@@ -7,7 +7,10 @@ same process), through their own internal generate API.
 
 For each batch size b and each distinct count d in {1, b}: b concurrent requests (temperature 0,
 ignore_eos, --tokens each) to the first replica, request i on adapter i % d, pre-warmed into GPU slots
-first. Decode step = median over requests of (last token - first token) / (tokens - 1). Alone on the
+first. With --gateway, the one-adapter points (and the single requests below) go through the public API
+instead, as a client sees them (the gateway's relaying shares this machine's cores): the first adapter is
+then unloaded from the other replicas so the router sends them all to the first. Decode step = median
+over requests of (last token - first token) / (tokens - 1). Alone on the
 replica, one request's time to first token at several prompt lengths gives the prefill rate and the fixed
 cost of admitting a request (HTTP, chat template, tokenizer, the hand-over to the engine thread):
 ttft = admit + step(1 row) + prompt tokens / rate. Then the same batch on every replica at once, against
@@ -28,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from loadtest.client import chat_body
 
 PROMPT = "Tell me a long story about a dragon who guards a library."
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
@@ -55,16 +60,42 @@ async def generate(
             if not line.strip():
                 continue
             event = json.loads(line)
-            if event.get("type") in ("token", "done"):
+            if event.get("type") == "token":  # a "length" finish sends its last token, then "done"
                 times.append(time.perf_counter())
             if event.get("type") == "done":
                 prompt_tokens = event["usage"]["prompt_tokens"]
+    return _timing(start, times, prompt_tokens)
+
+
+def _timing(start: float, times: list[float], prompt_tokens: int) -> dict[str, Any]:
     return {
         "ttft_s": times[0] - start,
-        "step_s": (times[-1] - times[0]) / (len(times) - 1),
+        "step_s": (times[-1] - times[0]) / max(len(times) - 1, 1),
         "gaps": [b - a for a, b in zip(times, times[1:], strict=False)],  # one decode step each
         "prompt_tokens": prompt_tokens,
     }
+
+
+async def via_gateway(
+    c: httpx.AsyncClient, a: argparse.Namespace, tokens: int, words: int = 0
+) -> dict[str, Any]:
+    """The same request through the public API as a client sees it (SSE content chunks, usage chunk)."""
+    body = chat_body(a.model, prompt_of(words), tokens, 0.0)
+    start = time.perf_counter()
+    times, prompt_tokens = [], 0
+    headers = {"Authorization": f"Bearer {a.key}"}
+    async with c.stream("POST", f"{a.gateway}/v1/chat/completions", json=body, headers=headers) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:") or line.endswith("[DONE]"):
+                continue
+            event = json.loads(line[5:])
+            choices = event.get("choices") or []
+            if choices and (choices[0].get("delta") or {}).get("content"):
+                times.append(time.perf_counter())
+            if event.get("usage"):
+                prompt_tokens = event["usage"]["prompt_tokens"]
+    return _timing(start, times, prompt_tokens)
 
 
 async def batch_on(
@@ -79,6 +110,17 @@ async def batch_on(
     return list(await asyncio.gather(*jobs))
 
 
+async def one_adapter(
+    c: httpx.AsyncClient, a: argparse.Namespace, first: dict[str, str], b: int, tokens: int, words: int = 0
+) -> list[dict[str, Any]]:
+    """b requests on the first adapter: through the gateway when one is given, else straight to the first
+    replica."""
+    if a.gateway:
+        return list(await asyncio.gather(*(via_gateway(c, a, tokens, words) for _ in range(b))))
+    (rid, url), aid = next(iter(first.items())), a.adapter[0]
+    return list(await asyncio.gather(*(generate(c, rid, url, aid, tokens, words) for _ in range(b))))
+
+
 async def run(a: argparse.Namespace) -> dict[str, Any]:
     replicas = dict(spec.split("=", 1) for spec in a.replica)
     first = dict([next(iter(replicas.items()))])
@@ -86,23 +128,31 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         for rid, url in replicas.items():
             for aid in a.adapter:
                 (await c.post(f"{url}/internal/replicas/{rid}/adapters/{aid}/load")).raise_for_status()
-        await batch_on(c, first, a.adapter[:1], 1, 2)  # warm-up
+        if a.gateway:  # the router then sends every request for a.model to the first replica
+            for rid, url in list(replicas.items())[1:]:
+                resp = await c.post(f"{url}/internal/replicas/{rid}/adapters/{a.adapter[0]}/unload")
+                resp.raise_for_status()
+            await asyncio.sleep(2.5)  # the replicas' next state report reaches the router
+        await one_adapter(c, a, first, 1, 2)  # warm-up
         samples: dict[tuple[int, int], list[dict[str, Any]]] = {}
         shared: dict[int, list[float]] = {}
         alone: dict[int, list[float]] = {}
         lengths: dict[int, list[dict[str, Any]]] = {}
-        (rid0, url0), aid0 = next(iter(first.items())), a.adapter[0]
+        direct: list[list[float]] = []  # decode-step gaps straight from the replicas (for the spread)
+        other = a.adapter[-1:]
         for _ in range(a.repeats):
             for words in a.prompt_words:
-                lengths.setdefault(words, []).append(await generate(c, rid0, url0, aid0, 2, words))
+                lengths.setdefault(words, []).extend(await one_adapter(c, a, first, 1, 2, words))
             for b in a.batches:
-                for d in sorted({1, min(b, len(a.adapter))}):
-                    samples.setdefault((b, d), []).extend(
-                        await batch_on(c, first, a.adapter[:d], b, a.tokens)
-                    )
+                samples.setdefault((b, 1), []).extend(await one_adapter(c, a, first, b, a.tokens))
+                if min(b, len(a.adapter)) > 1:
+                    rs = await batch_on(c, first, a.adapter[:b], b, a.tokens)
+                    samples.setdefault((b, min(b, len(a.adapter))), []).extend(rs)
+                    direct.append([g for r in rs for g in r["gaps"]])
                 if len(replicas) > 1:
-                    one = await batch_on(c, first, a.adapter[:1], b, a.tokens)
-                    both = await batch_on(c, replicas, a.adapter[:1], b, a.tokens)
+                    one = await batch_on(c, first, other, b, a.tokens)
+                    both = await batch_on(c, replicas, other, b, a.tokens)
+                    direct += [[g for r in rs for g in r["gaps"]] for rs in (one, both)]
                     alone.setdefault(b, []).append(statistics.median(r["step_s"] for r in one))
                     shared.setdefault(b, []).append(statistics.median(r["step_s"] for r in both))
     runs = []
@@ -125,8 +175,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         )
     ratios = {b: statistics.median(shared[b]) / statistics.median(alone[b]) for b in shared}
     jitter = []  # every decode step over the median step of its batch: this host's step-time spread
-    for rs in samples.values():
-        gaps = [g for r in rs for g in r["gaps"]]
+    for gaps in direct:
         mid = statistics.median(gaps)
         jitter += [g / mid for g in gaps]
     jitter.sort()
@@ -166,6 +215,9 @@ def main() -> None:
         help="ID=URL (default: the local stack's replica-0 and replica-1); the first one is timed alone",
     )
     p.add_argument("--token", default="dev-service-token")
+    p.add_argument("--gateway", default=None, help="time the one-adapter points through this public gateway")
+    p.add_argument("--model", default=None, help="with --gateway: the alias of the first --adapter")
+    p.add_argument("--key", default=None, help="with --gateway: its tenant's API key")
     p.add_argument("--adapter", action="append", required=True, help="a ready adapter id (repeatable)")
     p.add_argument("--batches", default="1,4,8")
     p.add_argument("--tokens", type=int, default=24)

@@ -3,7 +3,8 @@
     .venv/bin/lorafleet bench load --calibration-out .data/bench/load-calibration.json
     .venv/bin/python scripts/validate_sim.py --calibrate --calibration .data/bench/load-calibration.json
 
-1. Makes and registers --adapters PEFT adapters for a load-test tenant (lorafleet loadtest --setup).
+1. Makes and registers --adapters PEFT adapters for a load-test tenant (lorafleet loadtest --setup), and
+   one more that only --calibrate uses.
 2. Generates a Zipf/Poisson trace with short prompts and outputs and saves it (out/trace.jsonl).
 3. Puts every replica's GPU slots into a known state (the --warm most popular adapters, loaded least
    popular first through the replicas' own load API) and gives the simulator the same start.
@@ -12,8 +13,8 @@
 5. Simulates the same trace, with the served token counts, on the local fleet: its replica count, its
    replicas' slot count for the adapters' rank bucket, RAM budget and batch size, the gateway's router
    settings, the placement worker re-planning every stats window, and the timing model from the
-   calibration files (bench/replica_steps.py, run first with --calibrate, or bench engine at two batch
-   sizes; bench load).
+   calibration files (bench/replica_steps.py, run first with --calibrate and timing the one-adapter
+   points through the public gateway, or bench engine at two batch sizes; bench load).
 6. Prints JSON with both sides and the verdict against the tolerance stated in sim.validation.
 """
 
@@ -148,8 +149,9 @@ def main() -> None:
     replicas = parse_replicas(
         a.replica or ["replica-0=http://127.0.0.1:18100", "replica-1=http://127.0.0.1:18101"]
     )
-    aliases, keys = setup(a.adapters, a.tenant, a.rank)
+    aliases, keys = setup(a.adapters + 1, a.tenant, a.rank)
     ids = [setup_adapter_id(a.tenant, a.rank, i) for i in range(a.adapters)]
+    calibration_id = setup_adapter_id(a.tenant, a.rank, a.adapters)
     workload = WorkloadConfig(
         adapters=a.adapters,
         rate=a.rate,
@@ -161,15 +163,18 @@ def main() -> None:
     )
     trace = load(a.trace_in) if a.trace_in else generate(workload)
     save(trace, a.out / "trace.jsonl")
-    if a.calibrate:
+    if a.calibrate:  # its own adapter, outside the trace: the calibration unloads it from all but one replica
         steps = argparse.Namespace(
             replica=[f"{rid}={url}" for rid, url in replicas.items()],
             token=a.replica_token,
-            adapter=ids[:8],
+            adapter=[calibration_id, *ids[:7]],
             batches=[1, 2, 3, 4, 8],
             tokens=16,
             repeats=2,
             prompt_words=[8, 32, 96, 192],
+            gateway=a.gateway,
+            model=aliases[a.adapters],
+            key=keys[a.tenant],
         )
         log.info("calibrating: bench/replica_steps.py")
         (a.out / "replica-steps.json").write_text(json.dumps(asyncio.run(replica_steps.run(steps)), indent=2))
@@ -185,7 +190,7 @@ def main() -> None:
         return table.bucket_for_rank(r) if r > 0 else -1
 
     start = known_start(replicas, ids, a.warm, a.replica_token, bucket_of, bucket)
-    cfg = LoadTestConfig(a.gateway, tuple(aliases), keys, workload, temperature=a.temperature)
+    cfg = LoadTestConfig(a.gateway, tuple(aliases[: a.adapters]), keys, workload, temperature=a.temperature)
     log.info("real run: %d requests over %.0f s", len(trace), max(r.arrival_s for r in trace))
     run_loadtest(cfg, [], a.out / "real", progress=True, replicas=replicas, trace=trace)
     records = [json.loads(line) for line in (a.out / "real" / "requests.jsonl").read_text().splitlines()]
