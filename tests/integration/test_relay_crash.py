@@ -26,6 +26,7 @@ def _relay(services, db_url: str, fault: str | None) -> subprocess.Popen:
         **services.env(),
         "LORAFLEET_DATABASE_URL": db_url,
         "LORAFLEET_RELAY_POLL_INTERVAL_S": "0.05",
+        "LORAFLEET_RELAY_METRICS_PORT": "0",  # no /metrics: a running stack's relay may hold the default port
     }
     env.pop("LORAFLEET_RELAY_FAULT", None)
     if fault:
