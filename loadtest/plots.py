@@ -40,14 +40,22 @@ def series(summary: dict[str, Any]) -> dict[str, Series]:
                 s.get("replica_cache_per_min", {}).get(name, {}).get(counter, 0.0) for s in rows
             ]
     out: dict[str, Series] = {
-        "ttft": {"x": rates, "xlabel": "request rate (req/s)", "ylabel": "TTFT (s)", "lines": ttft},
+        "ttft": {
+            "title": "time to first token by tier (p50 solid, p95 dashed)",
+            "x": rates,
+            "xlabel": "request rate (req/s)",
+            "ylabel": "TTFT (s)",
+            "lines": ttft,
+        },
         "tpot": {
+            "title": "time per output token",
             "x": rates,
             "xlabel": "request rate (req/s)",
             "ylabel": "time per output token (s)",
             "lines": {"p50": [s["tpot"]["p50_s"] for s in rows], "p95": [s["tpot"]["p95_s"] for s in rows]},
         },
         "hit_rates": {
+            "title": "cache hit rates",
             "x": rates,
             "xlabel": "request rate (req/s)",
             "ylabel": "hit rate",
@@ -57,6 +65,7 @@ def series(summary: dict[str, Any]) -> dict[str, Series]:
             },
         },
         "cache_per_min": {
+            "title": "adapter loads and evictions per minute, per replica",
             "x": rates,
             "xlabel": "request rate (req/s)",
             "ylabel": "per minute",
@@ -67,6 +76,7 @@ def series(summary: dict[str, Any]) -> dict[str, Series]:
     if burst and burst.get("tokens_per_s"):
         counts = sorted(burst["tokens_per_s"], key=int)
         out["burst"] = {
+            "title": "throughput by distinct adapters in a burst",
             "x": [int(d) for d in counts],
             "xlabel": f"distinct adapters in a burst of {burst['size']}",
             "ylabel": "output tokens/s",
@@ -88,7 +98,7 @@ def figures(data: dict[str, Series]) -> dict[str, Figure]:
             ax.plot([p[0] for p in points], [p[1] for p in points], style, marker="o", label=label)
         ax.set_xlabel(s["xlabel"])
         ax.set_ylabel(s["ylabel"])
-        ax.set_title(name.replace("_", " "))
+        ax.set_title(s.get("title", name.replace("_", " ")))
         ax.grid(True, alpha=0.3)
         if s["lines"]:
             ax.legend(fontsize="small")
