@@ -16,6 +16,9 @@
    calibration files (bench/replica_steps.py, run first with --calibrate and timing the one-adapter
    points through the public gateway, or bench engine at two batch sizes; bench load).
 6. Prints JSON with both sides and the verdict against the tolerance stated in sim.validation.
+
+--replay DIR simulates a recorded run again without touching the stack (another calibration file, a
+changed timing model): the real side stays the one recorded.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from sim.timing import load_timing  # noqa: E402
 from sim.workload import WorkloadConfig, adapter_id, generate, load, save  # noqa: E402
 
 log = logging.getLogger("validate_sim")
+Start = tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]
 
 
 def args() -> argparse.Namespace:
@@ -81,6 +85,13 @@ def args() -> argparse.Namespace:
         "use it (this machine's speed drifts with its other users: calibrate right before the run)",
     )
     p.add_argument("--out", type=Path, default=Path(".data/validate"))
+    p.add_argument(
+        "--replay",
+        type=Path,
+        default=None,
+        help="no real run: simulate this earlier run's served trace from its start again (with the given "
+        "--calibration files) and write replay.json there",
+    )
     return p.parse_args()
 
 
@@ -141,14 +152,8 @@ def replica_state(rid: str, url: str, token: str) -> dict:
     return resp.json()
 
 
-def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    a = args()
-    a.out.mkdir(parents=True, exist_ok=True)
-    replicas = parse_replicas(
-        a.replica or ["replica-0=http://127.0.0.1:18100", "replica-1=http://127.0.0.1:18101"]
-    )
+def real_run(a: argparse.Namespace, replicas: dict[str, str]) -> Start:
+    """Set up, calibrate (--calibrate), warm, replay the trace through the gateway; save what it served."""
     aliases, keys = setup(a.adapters + 1, a.tenant, a.rank)
     ids = [setup_adapter_id(a.tenant, a.rank, i) for i in range(a.adapters)]
     calibration_id = setup_adapter_id(a.tenant, a.rank, a.adapters)
@@ -179,30 +184,32 @@ def main() -> None:
         log.info("calibrating: bench/replica_steps.py")
         (a.out / "replica-steps.json").write_text(json.dumps(asyncio.run(replica_steps.run(steps)), indent=2))
         a.calibration = [a.out / "replica-steps.json", *a.calibration]
-
-    rs = ReplicaSettings()
-    table = SlotTable(rs.lora_slots)
-    bucket = table.bucket_for_rank(a.rank)
+    table = SlotTable(ReplicaSettings().lora_slots)
     rank_of = registered_rank(GatewayConfig.from_env())
 
     def bucket_of(adapter: str) -> int:
         r = rank_of(adapter)
         return table.bucket_for_rank(r) if r > 0 else -1
 
-    start = known_start(replicas, ids, a.warm, a.replica_token, bucket_of, bucket)
+    start = known_start(replicas, ids, a.warm, a.replica_token, bucket_of, table.bucket_for_rank(a.rank))
+    (a.out / "start.json").write_text(json.dumps(dict(zip(replicas, start, strict=True)), indent=1) + "\n")
     cfg = LoadTestConfig(a.gateway, tuple(aliases[: a.adapters]), keys, workload, temperature=a.temperature)
     log.info("real run: %d requests over %.0f s", len(trace), max(r.arrival_s for r in trace))
     run_loadtest(cfg, [], a.out / "real", progress=True, replicas=replicas, trace=trace)
     records = [json.loads(line) for line in (a.out / "real" / "requests.jsonl").read_text().splitlines()]
-    served = validation.realized(trace, records)
-    save(served, a.out / "trace-served.jsonl")
+    save(validation.realized(trace, records), a.out / "trace-served.jsonl")
+    return start
 
-    gs = GatewaySettings()
-    weights = REPO / ".data" / "loadtest" / "adapters" / ids[0] / "adapter_model.safetensors"
+
+def compare(a: argparse.Namespace, run: Path, replicas: list[str], start: Start) -> dict:
+    """Simulate the run's served trace on the local fleet from its start; both sides and the verdict."""
+    rs, gs = ReplicaSettings(), GatewaySettings()
+    bucket = SlotTable(rs.lora_slots).bucket_for_rank(a.rank)
+    weights = REPO / ".data" / "loadtest" / "adapters" / setup_adapter_id(a.tenant, a.rank, 0)
     sizes = CacheSizes(
         gpu_slots=rs.lora_slots[bucket],
         rank=bucket,
-        adapter_bytes=weights.stat().st_size,
+        adapter_bytes=(weights / "adapter_model.safetensors").stat().st_size,
         ram_bytes=rs.ram_budget_bytes,
         disk_bytes=rs.disk_budget_bytes,
     )
@@ -221,15 +228,17 @@ def main() -> None:
         initial=start,
         host_contention=contention[-1] if contention else None,
     )
+    records = [json.loads(line) for line in (run / "real" / "requests.jsonl").read_text().splitlines()]
+    served = load(run / "trace-served.jsonl")
     result = simulate(sim_cfg, timing, served)
     real = validation.real_side(records, a.warmup)
     sim = validation.sim_side(result.requests, a.warmup)
-    out = {
+    return {
         "command": " ".join(sys.argv),
-        "trace": {"requests": len(trace), "workload": asdict(workload), "file": str(a.out / "trace.jsonl")},
+        "trace": {"requests": len(served), "file": str(run / "trace.jsonl")},
         "start": {rid: {"gpu": list(g), "ram": len(r)} for rid, (g, r) in zip(replicas, start, strict=True)},
         "fleet": {
-            "replicas": list(replicas),
+            "replicas": replicas,
             "sizes": asdict(sizes),
             "timing": asdict(timing),
             "host_contention": sim_cfg.host_contention,
@@ -239,7 +248,27 @@ def main() -> None:
         "sim": sim,
         "verdict": validation.verdict(real, sim, validation.Tolerance()),
     }
-    (a.out / "validation.json").write_text(json.dumps(out, indent=2) + "\n")
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    a = args()
+    if a.replay is not None:  # simulate a recorded run again (another calibration, a changed model)
+        recorded = json.loads((a.replay / "start.json").read_text())
+        start = tuple((tuple(g), tuple(r)) for g, r in recorded.values())
+        out = compare(a, a.replay, list(recorded), start)
+        name = "replay.json"
+        target = a.replay
+    else:
+        a.out.mkdir(parents=True, exist_ok=True)
+        replicas = parse_replicas(
+            a.replica or ["replica-0=http://127.0.0.1:18100", "replica-1=http://127.0.0.1:18101"]
+        )
+        start = real_run(a, replicas)
+        out = compare(a, a.out, list(replicas), start)
+        name, target = "validation.json", a.out
+    (target / name).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))
 
 

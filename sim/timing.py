@@ -162,6 +162,8 @@ def load_timing(paths: list[Path]) -> TimingModel:
     for path in paths:
         data = json.loads(path.read_text())
         by_length += data.get("prefill_by_length", [])
+        if "runs" in data and data.get("step_jitter"):  # the spread is the host's, beside the runs
+            model = replace(model, step_jitter=tuple(float(x) for x in data["step_jitter"]))
         for part in data.get("runs", [data]):  # bench/replica_steps.py writes one run per batch size
             model = apply_calibration(model, part)
             if "decode_step_s" in part:

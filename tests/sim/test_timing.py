@@ -79,7 +79,8 @@ def test_single_request_times_separate_admission_from_prefill(tmp_path: Path) ->
     model = TimingModel(step_base_s=0.1, per_row_s=0.0, per_adapter_s=0.0)
     points = [{"prompt_tokens": n, "ttft_s": 0.05 + 0.1 + n / 400.0} for n in (20, 60, 180)]
     path = tmp_path / "steps.json"
-    path.write_text(json.dumps({"prefill_by_length": points}))
+    path.write_text(json.dumps({"prefill_by_length": points, "step_jitter": [0.9, 1.0, 2.5], "runs": []}))
     fitted = fit_admission(model, points)
     assert fitted.admit_s == pytest.approx(0.05) and fitted.prefill_tokens_per_s == pytest.approx(400.0)
     assert load_timing([path]).prefill_tokens_per_s == pytest.approx(400.0)  # whatever the step model
+    assert load_timing([path]).step_jitter == (0.9, 1.0, 2.5)
