@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 import uuid
 from datetime import UTC, datetime
 
@@ -22,6 +21,7 @@ from placement_worker.main import run_worker
 from schemas.events import AdapterStats, AdapterValidated, AliasChanged, Event, ReplicaState
 from schemas.rendezvous import owners
 from tests.integration.kafka_helpers import collect
+from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -33,15 +33,6 @@ async def _placements(pool: asyncpg.Pool) -> dict[str, dict[str, str]]:
     for r in await pool.fetch("SELECT adapter_id, replica_id, tier FROM placements"):
         out.setdefault(r["adapter_id"], {})[r["replica_id"]] = r["tier"]
     return out
-
-
-async def _wait(pred, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await pred():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def _commands(pool: asyncpg.Pool) -> int:
@@ -86,7 +77,7 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
     try:
         await asyncio.wait_for(ready.wait(), 30)
         beats = asyncio.create_task(heartbeat())
-        await _wait(lambda: _member_count(pool, prefix, 5), what="5 replicas in the replicas table")
+        await wait_until(lambda: _member_count(pool, prefix, 5), what="5 replicas in the replicas table")
         validated = [
             AdapterValidated(adapter_id=a, tenant_id="acme", version=1, status="ready") for a in adapters
         ]
@@ -96,7 +87,7 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
         async def all_placed() -> bool:
             return sum(len(v) for v in (await _placements(pool)).values()) == 2 * N_ADAPTERS
 
-        await _wait(all_placed, what="two owners per adapter")
+        await wait_until(all_placed, what="two owners per adapter")
         before = await _placements(pool)
         for a in adapters:
             assert set(before[a]) == set(owners(a, replicas, 2)), a
@@ -120,7 +111,7 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
         async def joined() -> bool:
             return sum(new in v for v in (await _placements(pool)).values()) == len(gains)
 
-        await _wait(joined, what="the new replica's placements")
+        await wait_until(joined, what="the new replica's placements")
         after_join = await _placements(pool)
         moved = [a for a in adapters if after_join[a] != before[a]]
         assert sorted(moved) == sorted(gains)
@@ -131,7 +122,7 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
         gone = replicas[1]
         alive.discard(gone)
         shrunk = [r for r in grown if r != gone]
-        await _wait(
+        await wait_until(
             lambda: _no_placements_on(pool, gone),
             timeout=20,
             what="the departed replica's placements to move",
@@ -158,7 +149,7 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
         async def hot_owned() -> bool:
             return len((await _placements(pool)).get(hot, {})) == 4
 
-        await _wait(hot_owned, what="4 owners for the hot adapter")
+        await wait_until(hot_owned, what="4 owners for the hot adapter")
         assert set((await _placements(pool))[hot].values()) == {"gpu"}
         n_commands = await _commands(pool)
         await send(stats)
@@ -179,7 +170,7 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
                 == 2
             )
 
-        await _wait(prewarmed, what="prewarm commands")
+        await wait_until(prewarmed, what="prewarm commands")
 
         # An alias flip v1 -> v2 unloads v1 from its owners; a duplicate changes nothing; rollback reloads v1.
         v1, v2, alias = adapters[2], adapters[3], "acme/app:prod"
@@ -189,13 +180,13 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
             v1,
         )
         await send(AliasChanged(alias=alias, tenant_id="acme", adapter_id=v1, revision=1))
-        await _wait(lambda: _command_count(pool, "prewarm", v1, 2), what="v1 prewarmed")
+        await wait_until(lambda: _command_count(pool, "prewarm", v1, 2), what="v1 prewarmed")
         v1_owners = (await _placements(pool))[v1]
         unloads_before = await _command_count(pool, "unload", v1)
         await _set_alias(pool, alias, v2, v1, 2)
         flip = AliasChanged(alias=alias, tenant_id="acme", adapter_id=v2, previous_adapter_id=v1, revision=2)
         await send(flip)
-        await _wait(lambda: _command_count(pool, "prewarm", v2, 2), what="v2 prewarmed")
+        await wait_until(lambda: _command_count(pool, "prewarm", v2, 2), what="v2 prewarmed")
         assert v1 not in await _placements(pool)
         unloaded = await pool.fetch(
             """SELECT payload->>'replica_id' AS r FROM outbox WHERE aggregate_type = 'replica.commands'
@@ -212,7 +203,7 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
         await send(
             AliasChanged(alias=alias, tenant_id="acme", adapter_id=v1, previous_adapter_id=v2, revision=3)
         )
-        await _wait(lambda: _command_count(pool, "prewarm", v1, 4), what="v1 prewarmed after rollback")
+        await wait_until(lambda: _command_count(pool, "prewarm", v1, 4), what="v1 prewarmed after rollback")
         rolled = await _placements(pool)
         assert set(rolled[v1]) == set(owners(v1, shrunk, 2)) and v2 not in rolled
         reloads = await pool.fetchval(
@@ -225,7 +216,7 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
 
         # The commands reached Kafka keyed by replica id.
         sent = "SELECT id FROM outbox WHERE aggregate_type = 'replica.commands' AND sent_at IS NOT NULL"
-        await _wait(lambda: _all_sent(pool), what="the relay to publish every command")
+        await wait_until(lambda: _all_sent(pool), what="the relay to publish every command")
         ours = {str(r["id"]).encode() for r in await pool.fetch(sent)}
         records = await collect(
             platform.kafka_bootstrap,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -21,6 +20,7 @@ from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
 from schemas.events import AdapterValidated, Event, ReplicaState, RequestCompleted
 from schemas.rendezvous import owners
+from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -75,10 +75,10 @@ async def test_spill_copies_are_recorded_kept_by_use_and_cleaned_up(
     try:
         await asyncio.wait_for(ready.wait(), 30)
         beats = asyncio.create_task(heartbeat())
-        await _wait(lambda: _count(pool, "SELECT count(*) FROM replicas", 5), "5 replicas")
+        await wait_until(lambda: _count(pool, "SELECT count(*) FROM replicas", 5), "5 replicas")
         for adapter_id in (hot, v2):
             await send(AdapterValidated(adapter_id=adapter_id, tenant_id="acme", version=1, status="ready"))
-        await _wait(lambda: _roles(pool, hot, {r: ("owner", "ram") for r in owner_ids}), "the owners")
+        await wait_until(lambda: _roles(pool, hot, {r: ("owner", "ram") for r in owner_ids}), "the owners")
         # (placements moved while the replicas joined one by one: count commands from here on)
         base = {r: await _commands(pool, "unload", hot, r) for r in (spill, leaver)}
 
@@ -87,17 +87,17 @@ async def test_spill_copies_are_recorded_kept_by_use_and_cleaned_up(
             holds[r] = ([hot], [hot])
         holds[spill] = ([hot], [hot])
         want = {**{r: ("owner", "ram") for r in owner_ids}, spill: ("spill", "gpu")}
-        await _wait(lambda: _roles(pool, hot, want), "a spill row at the GPU tier")
+        await wait_until(lambda: _roles(pool, hot, want), "a spill row at the GPU tier")
         served = datetime.now(UTC)
         await send(_completed(hot, spill, served))
         await send(_completed(hot, owner_ids[0], served))
-        await _wait(lambda: _last_used(pool, hot, spill, served), "the spill copy's last use")
-        await _wait(lambda: _last_used(pool, hot, owner_ids[0], served), "the owner's last use")
+        await wait_until(lambda: _last_used(pool, hot, spill, served), "the spill copy's last use")
+        await wait_until(lambda: _last_used(pool, hot, owner_ids[0], served), "the owner's last use")
 
         # A replayed old state that does not list it changes nothing; the copy moving to RAM is seen.
         await send(ReplicaState(replica_id=spill, url="x", occurred_at=datetime(2020, 1, 1, tzinfo=UTC)))
         holds[spill] = ([], [hot])
-        await _wait(lambda: _roles(pool, hot, {**want, spill: ("spill", "ram")}), "the spill row at RAM")
+        await wait_until(lambda: _roles(pool, hot, {**want, spill: ("spill", "ram")}), "the spill row at RAM")
 
         # Used again and again: it stays. Then nobody uses it for spill_idle_s: unloaded there, row gone.
         for _ in range(4):
@@ -105,7 +105,7 @@ async def test_spill_copies_are_recorded_kept_by_use_and_cleaned_up(
             await asyncio.sleep(1.0)
         assert (await _placements(pool, hot))[spill] == ("spill", "ram")
         assert await _commands(pool, "unload", hot, spill) == base[spill]
-        await _wait(
+        await wait_until(
             lambda: _has_command(pool, "unload", hot, spill, base[spill] + 1), "an idle copy unloaded", 15
         )
         holds[spill] = ([], [])  # the replica drained and dropped it
@@ -115,17 +115,17 @@ async def test_spill_copies_are_recorded_kept_by_use_and_cleaned_up(
 
         # A spill copy on a replica that leaves the fleet is forgotten without a command.
         holds[leaver] = ([], [hot])
-        await _wait(lambda: _has_row(pool, hot, leaver), "a spill row on the leaving replica")
+        await wait_until(lambda: _has_row(pool, hot, leaver), "a spill row on the leaving replica")
         alive.discard(leaver)
-        await _wait(lambda: _no_row(pool, hot, leaver), "the departed replica's spill row to go", 20)
+        await wait_until(lambda: _no_row(pool, hot, leaver), "the departed replica's spill row to go", 20)
         assert await _commands(pool, "unload", hot, leaver) == base[leaver]
 
         # A retired version's spill copy is unloaded with its owners.
         holds[spill] = ([hot], [hot])
-        await _wait(lambda: _has_row(pool, hot, spill), "a new spill row")
+        await wait_until(lambda: _has_row(pool, hot, spill), "a new spill row")
         for target in (hot, v2):
             await set_alias(pool, "acme/app:prod", target)
-        await _wait(
+        await wait_until(
             lambda: _has_command(pool, "unload", hot, spill, 2), "the retired version's spill unloaded"
         )
         holds[spill] = ([], [hot])  # still listed while it drains: not recorded again
@@ -152,15 +152,6 @@ def _completed(adapter_id: str, replica_id: str, at: datetime) -> RequestComplet
         status="ok",
         occurred_at=at,
     )
-
-
-async def _wait(pred, what: str, timeout: float = 20.0) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await pred():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def _count(pool: asyncpg.Pool, sql: str, n: int) -> bool:

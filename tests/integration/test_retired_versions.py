@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import time
 import uuid
 from importlib import resources
 from pathlib import Path
@@ -24,6 +23,7 @@ from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
 from schemas.events import AdapterValidated, Event, ReplicaState
 from schemas.rendezvous import owners
+from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -199,13 +199,8 @@ async def test_a_replan_never_places_a_retired_version_and_a_rollback_places_it_
         await producer.stop()
 
 
-async def _wait(pred, what: str, timeout: float = 30.0) -> None:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await pred():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+async def _wait(pred, what: str) -> None:  # noqa: ANN001
+    await wait_until(pred, what, timeout=30.0)
 
 
 async def _members(pool: asyncpg.Pool, prefix: str, n: int) -> bool:
