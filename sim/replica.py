@@ -106,7 +106,7 @@ class SimReplica:
 
     def prewarm(self, adapter_id: str, now: float) -> None:
         """Put an owned adapter with steady traffic into a free GPU slot (no eviction)."""
-        if self.slots.lookup(adapter_id) is None and len(self.slots.entries()) < self.sizes.gpu_slots:
+        if self.slots.lookup(adapter_id) is None and len(self.slots) < self.sizes.gpu_slots:
             self.slots.place(adapter_id, self.sizes.rank, now)
 
     def start_with(self, gpu: list[str], ram: list[str]) -> None:
@@ -114,7 +114,7 @@ class SimReplica:
         for adapter_id in ram:
             self.ram_evictions += len(self.ram.add(adapter_id, self.sizes.adapter_bytes))
         for i, adapter_id in enumerate(gpu):
-            if self.slots.lookup(adapter_id) is None and len(self.slots.entries()) < self.sizes.gpu_slots:
+            if self.slots.lookup(adapter_id) is None and len(self.slots) < self.sizes.gpu_slots:
                 self.slots.place(adapter_id, self.sizes.rank, -1.0 + i * 1e-6)
 
     def command(self, adapter_id: str, command: str, tier: str, now: float) -> None:
@@ -143,8 +143,8 @@ class SimReplica:
 
     def state(self) -> tuple[frozenset[str], frozenset[str]]:
         """(resident: GPU or RAM, gpu): the adapter lists of the replica's state report."""
-        gpu = frozenset(e.adapter_id for e in self.slots.entries() if e.adapter_id not in self.loading)
-        return gpu | frozenset(self.ram.keys()), gpu
+        gpu = frozenset(self.slots.adapter_ids()).difference(self.loading)
+        return gpu.union(self.ram.keys()), gpu
 
     # requests
 
@@ -222,10 +222,7 @@ class SimReplica:
         self._kick(now)
 
     def _unblock(self, now: float) -> None:
-        while self.blocked:
-            free = len(self.slots.entries()) < self.sizes.gpu_slots
-            if not free and all(e.ref_count > 0 for e in self.slots.entries()):
-                return
+        while self.blocked and self.slots.can_place(self.sizes.rank):
             self._reserve(self.blocked.popleft(), now)
 
     def _kick(self, now: float) -> None:
@@ -291,7 +288,7 @@ class SimReplica:
 
     def check(self) -> None:
         """Invariants: budgets hold, every running or ready request's adapter is pinned in a slot."""
-        assert len(self.slots.entries()) <= self.sizes.gpu_slots
+        assert len(self.slots) <= self.sizes.gpu_slots
         assert self.ram.used <= self.ram.budget and self.disk.used <= self.disk.budget
         holds: Counter[str] = Counter(self.rows)
         for sr in self.ready:

@@ -161,7 +161,7 @@ class Simulation:
                 self.dirty.add(rid)
 
     def _live(self) -> list[ReplicaLoad]:
-        for rid in self.dirty:
+        for rid in sorted(self.dirty):  # views in id order: random routing draws alike in every process
             resident, gpu = self.resident[rid]
             self.views[rid] = ReplicaLoad(rid, "", self.inflight[rid], resident, gpu)
         self.dirty.clear()
