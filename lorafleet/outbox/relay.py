@@ -4,7 +4,8 @@ At-least-once: a crash after Kafka acks and before the mark commits republishes 
 consumers dedupe on event_id (the `id` header and the payload's event_id). One relay holds the advisory
 lock and publishes; others wait, which keeps per-key order (SKIP LOCKED with several relays would not).
 Rows are claimed by the unsent flag, never by "seq > last seen", so a transaction that commits late is
-published on the next poll rather than skipped.
+published on the next poll rather than skipped. Writers of one key serialize on a per-key lock (see
+writer.emit), so a key's seq order is its commit order and publishing in seq order keeps it.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from lorafleet.outbox.writer import emit, outbox_transaction
 from schemas.events import AliasChanged, EventValidationError, parse_event
 from schemas.topics import ALIASES_CHANGED
 from tests.integration.kafka_helpers import collect
+from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -158,6 +159,38 @@ async def test_a_transaction_that_commits_late_is_not_skipped(pool, producer, se
     )
     assert wanted <= set(await _ids_of(records))
     assert await pool.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NULL") == 0
+
+
+async def test_writers_of_one_key_take_seq_in_commit_order(pool: asyncpg.Pool) -> None:
+    """A second writer of a key waits for the first to commit; a writer of another key does not wait."""
+    run = uuid.uuid4().hex[:6]
+    first, same_key, other_key = alias_event(run, 0), alias_event(run, 7), alias_event(run, 1)
+    assert first.key() == same_key.key() != other_key.key()
+    holder = await pool.acquire()
+    tx = holder.transaction()
+    await tx.start()
+    await emit(holder, first)
+
+    async def write(event: AliasChanged) -> None:
+        async with outbox_transaction(pool) as conn:
+            await emit(conn, event)
+
+    await asyncio.wait_for(write(other_key), timeout=30)  # another key is not held up
+    queued = asyncio.create_task(write(same_key))
+
+    async def waiting_on_the_key_lock() -> bool:
+        return (
+            await pool.fetchval("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+            == 1
+        )
+
+    await wait_until(waiting_on_the_key_lock, "the same-key writer to queue on the key lock")
+    assert not queued.done()
+    await tx.commit()
+    await pool.release(holder)
+    await asyncio.wait_for(queued, timeout=30)
+    seq = {str(r["id"]): r["seq"] for r in await pool.fetch("SELECT id, seq FROM outbox")}
+    assert seq[str(first.event_id)] < seq[str(same_key.event_id)]
 
 
 async def test_the_relay_sets_the_event_id_header_and_the_aggregate_key(pool, producer, services) -> None:
