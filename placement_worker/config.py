@@ -6,6 +6,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from lorafleet.config import PlatformSettings
+from placement_worker.planner import Policy
 
 
 class PlacementSettings(BaseSettings):
@@ -15,8 +16,13 @@ class PlacementSettings(BaseSettings):
     default_owners: int = Field(default=2, ge=1)
     # Output tokens/s one replica serves (BRIEF.md sizing: 32 rows / 50 ms); owners grow past it.
     replica_capacity_tokens_per_s: float = Field(default=640.0, gt=0)
-    # An adapter with at least this much steady traffic is asked into GPU slots on its owners.
-    gpu_tokens_per_s: float = Field(default=1.0, ge=0)
+    # An adapter with at least this much traffic (its latest window) may be asked into GPU slots: on as many
+    # owners as its traffic needs (one per replica capacity), hottest first, within the share below. 10 tok/s
+    # is a few requests a minute; 1 (one request in a 60 s window) cost hit rate in `lorafleet simulate`.
+    gpu_tokens_per_s: float = Field(default=Policy.gpu_tokens_per_s, ge=0)
+    # The most of a replica's GPU slots (as its replica.state reports them) its GPU placements take; the
+    # rest are its LRU's.
+    gpu_slot_fraction: float = Field(default=Policy.gpu_slot_fraction, ge=0, le=1)
     # A replica whose last replica.state is older than this has left the fleet.
     membership_ttl_s: float = Field(default=10.0, gt=0)
     # Traffic windows older than this no longer raise the owner count.

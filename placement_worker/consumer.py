@@ -1,9 +1,17 @@
 """The placement worker's event handlers: each records its input idempotently, then replans what it touched.
 
-adapters.validated -> place that adapter (if ready); adapter.stats -> store the window, replan that adapter;
-replica.state -> heartbeat, replan everything when the member set changed; aliases.changed -> replan the new
-and the previous target, then prewarm the new target on its owners. Placement rows and their replica.commands
-commit together (outbox), under one lock.
+adapters.validated -> place that adapter (if ready); adapter.stats -> store the window, and the next tick
+replans every adapter with a new window together; replica.state -> heartbeat (with the replica's GPU slots),
+replan everything when the member set or its slots changed; aliases.changed -> replan the new and the
+previous target, then prewarm the new target on its owners. Placement rows and their replica.commands commit
+together (outbox), under one lock.
+
+GPU tiers are a ranking (planner.py: each replica's share of its slots goes to its hottest owned adapters),
+so a replan that may move an adapter into or out of a GPU share plans every adapter with traffic: one
+rising pushes another out. Stats windows arrive in bursts (every active adapter when a window closes), so
+they are replanned together at most once per tick_s, not one ranking per event; a crash before the tick loses
+nothing, as a restart replans everything. A replan of adapters without GPU-worthy traffic and without GPU
+placements (a registration, most alias moves) moves no GPU share and plans just them.
 
 Old versions: every replan reads retired_versions (the truth, not the event, so replays and reordered events
 agree; a trigger on aliases keeps it, schemas/sql/003) and gives a retired version (an alias moved away from
@@ -32,7 +40,7 @@ from lorafleet.outbox.idempotency import apply_once
 from placement_worker import producer, store
 from placement_worker.config import PlacementSettings
 from placement_worker.membership import members
-from placement_worker.planner import Change, Policy, desired, diff
+from placement_worker.planner import Change, Policy, desired, diff, touches_gpu_share
 from placement_worker.spill import idle, resident_tiers
 from schemas.events import AdapterStats, AdapterValidated, AliasChanged, Event, ReplicaState, RequestCompleted
 
@@ -48,9 +56,14 @@ class PlacementWorker:
         self._pool = pool
         self._s = settings
         self._policy = Policy(
-            settings.default_owners, settings.replica_capacity_tokens_per_s, settings.gpu_tokens_per_s
+            settings.default_owners,
+            settings.replica_capacity_tokens_per_s,
+            settings.gpu_tokens_per_s,
+            settings.gpu_slot_fraction,
         )
-        self._members: list[str] | None = None
+        self._members: dict[str, int] | None = None  # replica -> GPU slots, at the last full replan
+        self._dirty: set[str] = set()  # adapters with a new stats window, replanned at most once per tick_s
+        self._next_dirty = 0.0
         self._next_expiry = 0.0
         self._handlers: dict[type[Event], Callable[[Event], Awaitable[None]]] = {
             AdapterValidated: self.on_validated,
@@ -68,16 +81,17 @@ class PlacementWorker:
     async def replan(self, conn: asyncpg.Connection, adapter_ids: list[str] | None) -> list[Change]:
         """Bring the placements of the given adapters (None: all) to the plan for the current members."""
         await conn.execute("SELECT pg_advisory_xact_lock($1)", store.PLAN_LOCK_KEY)
-        fleet = members(
-            await store.heartbeats(conn, self._s.replica_id_prefix), time.time(), self._s.membership_ttl_s
-        )
-        target = desired(
-            await store.demand(conn, adapter_ids, self._s.demand_ttl_s),
-            fleet,
-            self._policy,
-            await store.retired(conn, adapter_ids),
-        )
-        current = await store.placements(conn, adapter_ids, self._s.replica_id_prefix)
+        prefix, ttl = self._s.replica_id_prefix, self._s.demand_ttl_s
+        beats = await store.heartbeats(conn, prefix)
+        fleet = members(beats, time.time(), self._s.membership_ttl_s)
+        slots = {b.replica_id: b.gpu_slots for b in beats}
+        demand = await store.demand(conn, adapter_ids, ttl)
+        current = await store.placements(conn, adapter_ids, prefix)
+        if adapter_ids is not None and touches_gpu_share(demand, current, self._policy):
+            demand = await store.demand(conn, None, ttl)  # the ranking needs every adapter with traffic
+            current = await store.placements(conn, None, prefix)
+            adapter_ids = None
+        target = desired(demand, fleet, self._policy, await store.retired(conn, adapter_ids), slots)
         for adapter_id in current.keys() - target.keys():
             target[adapter_id] = {}  # placed but no longer ready here: cannot happen, but never leave strays
         changes = diff(current, target)
@@ -100,7 +114,7 @@ class PlacementWorker:
             await apply_once(conn, CONSUMER, event.event_id, effect)
 
     async def on_stats(self, event: AdapterStats) -> None:
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._pool.acquire() as conn:
             new = await store.record_stats(
                 conn,
                 event.adapter_id,
@@ -109,8 +123,8 @@ class PlacementWorker:
                 event.tokens_per_s,
                 event.gpu_hit_rate,
             )
-            if new:
-                await self.replan(conn, [event.adapter_id])
+        if new:
+            self._dirty.add(event.adapter_id)
 
     async def on_alias_changed(self, event: AliasChanged) -> None:
         async def effect(conn: asyncpg.Connection) -> None:
@@ -129,7 +143,7 @@ class PlacementWorker:
             return
         async with self._pool.acquire() as conn, conn.transaction():
             newer = await store.upsert_heartbeat(
-                conn, event.replica_id, event.url, event.status, event.occurred_at
+                conn, event.replica_id, event.url, event.status, event.occurred_at, event.gpu_slots
             )
             if newer:  # a replayed or reordered older state must not bring back an evicted copy
                 held = resident_tiers(event.gpu_adapters, event.ram_adapters, event.disk_adapters)
@@ -144,16 +158,25 @@ class PlacementWorker:
             await store.touch_used(self._pool, event.adapter_id, replica_id, event.occurred_at)
 
     async def tick(self) -> list[Change]:
-        """Replan everything when the member set changed since the last look (joins, leaves, timeouts);
-        at most once a second, unload spill copies that went idle."""
+        """Replan everything when the member set (or a member's GPU slots) changed since the last look
+        (joins, leaves, timeouts), else, at most once per tick_s, the adapters with new stats windows; at
+        most once a second, unload spill copies that went idle."""
         changes = await self._expire_spills()
         beats = await store.heartbeats(self._pool, self._s.replica_id_prefix)
         now_members = members(beats, time.time(), self._s.membership_ttl_s)
-        if now_members == self._members:
+        slots = {b.replica_id: b.gpu_slots for b in beats if b.replica_id in now_members}
+        dirty = sorted(self._dirty)
+        if slots == self._members:
+            if dirty and time.monotonic() >= self._next_dirty:  # tick() also runs on every replica.state
+                async with self._pool.acquire() as conn, conn.transaction():
+                    changes += await self.replan(conn, dirty)
+                self._dirty.difference_update(dirty)
+                self._next_dirty = time.monotonic() + self._s.tick_s
             return changes
         async with self._pool.acquire() as conn, conn.transaction():
             changes += await self.replan(conn, None)
             dropped = await store.drop_spills(conn, self._s.replica_id_prefix, now_members)
+        self._dirty.difference_update(dirty)
         log.info(
             "fleet is now %d replicas (was %s): %d placement changes, %d spill copies forgotten",
             len(now_members),
@@ -161,7 +184,7 @@ class PlacementWorker:
             len(changes),
             dropped,
         )
-        self._members = now_members
+        self._members = slots
         return changes
 
     async def _expire_spills(self) -> list[Change]:

@@ -11,6 +11,7 @@ class Heartbeat:
     replica_id: str
     status: str  # starting | ready | draining | gone
     last_seen: float  # seconds since the epoch
+    gpu_slots: int = 0  # adapter slots it reported (replica.state)
 
 
 def members(heartbeats: list[Heartbeat], now: float, ttl_s: float, prefix: str = "") -> list[str]:

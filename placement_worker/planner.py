@@ -1,6 +1,16 @@
 """Pure placement planning: how many owners an adapter needs, which replicas they are (rendezvous), at which
 tier, and the load/unload changes that take the current placements to the desired ones.
 
+GPU tier: an adapter with at least gpu_tokens_per_s of traffic wants one GPU copy per replica's worth of its
+tokens/s, on its highest-ranked owners; its other owners hold it in RAM. Each replica takes those requests
+hottest first (tokens/s per copy) into at most gpu_slot_fraction of its GPU slots; the rest are placed in
+RAM, and the rest of its slots belong to the replica's LRU. A placement tier is a load target, not a pin:
+the replica loads a `gpu` placement into a slot now, and a `ram` one does not evict it from a slot.
+Why: asking every owner of every adapter with >= 1 tok/s into GPU loaded copies the router never used (it
+prefers the owner that already holds an adapter in GPU) and adapters LRU would not keep, each load evicting
+one it would have: `lorafleet simulate --duration 3600 --replan-s 60` at the brief's load measured a 94.1%
+GPU hit rate that way, 95.9% with no GPU placements at all, and 96.1% with this rule.
+
 Retired versions: a version an alias moved away from, that no alias points at any more, wants no owners, so
 the diff unloads it everywhere (the replica drains its running requests first). A rollback makes it aliased
 again, so it is no longer retired and is placed (loaded) again. A ready version that was never aliased is
@@ -10,9 +20,12 @@ placed as before: a deploy may be about to point an alias at it.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
-from schemas.rendezvous import owners
+from schemas.rendezvous import ranked
 
 Placements = dict[str, dict[str, str]]  # adapter_id -> {replica_id: tier}
 
@@ -21,7 +34,8 @@ Placements = dict[str, dict[str, str]]  # adapter_id -> {replica_id: tier}
 class Policy:
     default_owners: int = 2
     replica_capacity_tokens_per_s: float = 640.0
-    gpu_tokens_per_s: float = 1.0
+    gpu_tokens_per_s: float = 10.0  # an adapter with less traffic is never asked into GPU slots
+    gpu_slot_fraction: float = 0.25  # of each replica's GPU slots, the most its gpu placements take
 
 
 @dataclass(frozen=True)
@@ -40,23 +54,64 @@ def owner_count(tokens_per_s: float, fleet_size: int, policy: Policy) -> int:
     return max(0, min(fleet_size, max(policy.default_owners, needed)))
 
 
-def tier_for(tokens_per_s: float, policy: Policy) -> str:
-    return "gpu" if tokens_per_s >= policy.gpu_tokens_per_s and tokens_per_s > 0 else "ram"
+def gpu_copies(tokens_per_s: float, policy: Policy) -> int:
+    """GPU copies an adapter's traffic needs: one per replica's worth of tokens/s."""
+    return max(1, math.ceil(tokens_per_s / policy.replica_capacity_tokens_per_s))
+
+
+def gpu_budget(slots: int, policy: Policy) -> int:
+    """How many of a replica's GPU slots its gpu placements may take."""
+    return math.floor(max(slots, 0) * policy.gpu_slot_fraction)
+
+
+@lru_cache(maxsize=65536)
+def _ranked(adapter_id: str, replicas: tuple[str, ...]) -> tuple[str, ...]:
+    # a replan ranks thousands of adapters over an unchanged fleet: hash each pair once per fleet
+    return tuple(ranked(adapter_id, replicas))
 
 
 def desired(
-    demand: dict[str, float], replicas: list[str], policy: Policy, retired: frozenset[str] = frozenset()
+    demand: Mapping[str, float],
+    replicas: list[str],
+    policy: Policy,
+    retired: frozenset[str] = frozenset(),
+    gpu_slots: Mapping[str, int] | None = None,
 ) -> Placements:
-    """adapter_id -> {owner: tier} for each adapter in demand (tokens/s; 0 when idle); a retired one: none."""
-    out: Placements = {}
+    """adapter_id -> {owner: tier} for each adapter in demand (tokens/s; 0 when idle); a retired one: none.
+
+    gpu_slots: replica -> its GPU slots (a replica not in it has none). Each replica's gpu placements are
+    chosen among the adapters in demand, so demand must hold every adapter with traffic, not only the ones
+    being re-planned: a rising adapter can push another out of a replica's GPU share.
+    """
+    fleet = tuple(sorted(set(replicas)))
+    owned: dict[str, tuple[str, ...]] = {}
+    candidates: dict[str, list[tuple[float, str]]] = defaultdict(list)  # replica -> (-tokens/s per owner, id)
     for adapter_id, tps in demand.items():
         if adapter_id in retired:
-            out[adapter_id] = {}
+            owned[adapter_id] = ()
             continue
-        k = owner_count(tps, len(replicas), policy)
-        tier = tier_for(tps, policy)
-        out[adapter_id] = {r: tier for r in owners(adapter_id, replicas, k)} if k else {}
-    return out
+        k = owner_count(tps, len(fleet), policy)
+        owned[adapter_id] = _ranked(adapter_id, fleet)[:k]
+        if k and tps > 0 and tps >= policy.gpu_tokens_per_s:
+            copies = min(k, gpu_copies(tps, policy))
+            for replica_id in owned[adapter_id][:copies]:
+                candidates[replica_id].append((-tps / copies, adapter_id))
+    gpu: set[tuple[str, str]] = set()
+    for replica_id, ranked_here in candidates.items():
+        budget = gpu_budget((gpu_slots or {}).get(replica_id, 0), policy)
+        gpu.update((adapter_id, replica_id) for _, adapter_id in sorted(ranked_here)[:budget])
+    return {
+        adapter_id: {r: "gpu" if (adapter_id, r) in gpu else "ram" for r in owners_}
+        for adapter_id, owners_ in owned.items()
+    }
+
+
+def touches_gpu_share(demand: Mapping[str, float], current: Placements, policy: Policy) -> bool:
+    """Whether planning just these adapters could move a replica's GPU share: one has GPU-worthy traffic
+    or holds a gpu placement it may lose. If not, they plan alone (all in RAM) without the full ranking."""
+    return any(tps > 0 and tps >= policy.gpu_tokens_per_s for tps in demand.values()) or any(
+        "gpu" in tiers.values() for tiers in current.values()
+    )
 
 
 def diff(current: Placements, target: Placements) -> list[Change]:

@@ -15,29 +15,33 @@ PLAN_LOCK_KEY = 0x706C616E  # "plan"
 
 
 async def upsert_heartbeat(
-    conn: asyncpg.Connection, replica_id: str, url: str, status: str, at: datetime
+    conn: asyncpg.Connection, replica_id: str, url: str, status: str, at: datetime, gpu_slots: int = 0
 ) -> bool:
     """Record a replica.state; an older (replayed) one changes nothing. True when the row changed."""
     return bool(
         await conn.fetchval(
-            """INSERT INTO replicas (replica_id, url, last_seen, status) VALUES ($1, $2, $3, $4)
+            """INSERT INTO replicas (replica_id, url, last_seen, status, gpu_slots)
+               VALUES ($1, $2, $3, $4, $5)
                ON CONFLICT (replica_id) DO UPDATE
-                   SET url = EXCLUDED.url, last_seen = EXCLUDED.last_seen, status = EXCLUDED.status
+                   SET url = EXCLUDED.url, last_seen = EXCLUDED.last_seen, status = EXCLUDED.status,
+                       gpu_slots = EXCLUDED.gpu_slots
                    WHERE replicas.last_seen < EXCLUDED.last_seen
                RETURNING true""",
             replica_id,
             url,
             at,
             status,
+            gpu_slots,
         )
     )
 
 
 async def heartbeats(conn: asyncpg.Connection | asyncpg.Pool, prefix: str) -> list[Heartbeat]:
     rows = await conn.fetch(
-        "SELECT replica_id, status, last_seen FROM replicas WHERE starts_with(replica_id, $1)", prefix
+        "SELECT replica_id, status, last_seen, gpu_slots FROM replicas WHERE starts_with(replica_id, $1)",
+        prefix,
     )
-    return [Heartbeat(r["replica_id"], r["status"], r["last_seen"].timestamp()) for r in rows]
+    return [Heartbeat(r["replica_id"], r["status"], r["last_seen"].timestamp(), r["gpu_slots"]) for r in rows]
 
 
 async def record_stats(

@@ -66,7 +66,7 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
     async def heartbeat() -> None:
         while not stop.is_set():
             for r in sorted(alive):
-                await send(ReplicaState(replica_id=r, url=f"http://{r}"))
+                await send(ReplicaState(replica_id=r, url=f"http://{r}", gpu_slots=16))
             await asyncio.sleep(0.4)
 
     relay = asyncio.create_task(Relay(pool, producer, RelaySettings(poll_interval_s=0.05)).run(stop))
@@ -150,7 +150,9 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
             return len((await _placements(pool)).get(hot, {})) == 4
 
         await wait_until(hot_owned, what="4 owners for the hot adapter")
-        assert set((await _placements(pool))[hot].values()) == {"gpu"}
+        assert set((await _placements(pool))[hot].values()) == {"gpu"}  # 2,000 tok/s: a GPU copy on all 4
+        slots = "SELECT array_agg(DISTINCT gpu_slots) FROM replicas WHERE starts_with(replica_id, $1)"
+        assert await pool.fetchval(slots, prefix) == [16]  # each replica's share was 16 x 0.25 = 4
         n_commands = await _commands(pool)
         await send(stats)
         await asyncio.sleep(0.8)

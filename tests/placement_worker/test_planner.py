@@ -1,13 +1,27 @@
-"""The pure planner: owner counts grow with traffic, tiers follow traffic, and diffs touch only what moved."""
+"""The pure planner: owner counts grow with traffic, GPU tiers are a per-replica share of slots for the hottest
+adapters, and diffs touch only what moved."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from placement_worker.membership import Heartbeat, members
-from placement_worker.planner import Change, Policy, desired, diff, owner_count, tier_for
+from placement_worker.planner import (
+    Change,
+    Policy,
+    desired,
+    diff,
+    gpu_budget,
+    owner_count,
+    touches_gpu_share,
+)
 from schemas.rendezvous import owners
 
-POLICY = Policy(default_owners=2, replica_capacity_tokens_per_s=640.0, gpu_tokens_per_s=1.0)
+POLICY = Policy(
+    default_owners=2, replica_capacity_tokens_per_s=640.0, gpu_tokens_per_s=1.0, gpu_slot_fraction=0.25
+)
 FLEET = [f"r{i}" for i in range(8)]
+SLOTS = dict.fromkeys(FLEET, 16)  # a GPU share of 4 per replica
 
 
 def test_owner_count_is_default_raised_by_traffic_and_capped_by_fleet() -> None:
@@ -19,14 +33,64 @@ def test_owner_count_is_default_raised_by_traffic_and_capped_by_fleet() -> None:
     assert owner_count(0, 0, POLICY) == 0
 
 
-def test_steady_traffic_goes_to_gpu_idle_stays_in_ram() -> None:
-    assert tier_for(0.0, POLICY) == "ram" and tier_for(5.0, POLICY) == "gpu"
+def _gpu_per_replica(plan: dict[str, dict[str, str]]) -> Counter[str]:
+    return Counter(r for tiers in plan.values() for r, tier in tiers.items() if tier == "gpu")
 
 
 def test_desired_uses_the_shared_rendezvous_owners() -> None:
-    plan = desired({"a": 0.0, "hot": 2000.0}, FLEET, POLICY)
+    plan = desired({"a": 0.0, "hot": 2000.0}, FLEET, POLICY, gpu_slots=SLOTS)
     assert set(plan["a"]) == set(owners("a", FLEET, 2)) and set(plan["a"].values()) == {"ram"}
-    assert set(plan["hot"]) == set(owners("hot", FLEET, 4)) and set(plan["hot"].values()) == {"gpu"}
+    assert set(plan["hot"]) == set(owners("hot", FLEET, 4))
+
+
+def test_one_gpu_copy_per_replica_of_traffic_on_the_first_owners() -> None:
+    plan = desired({"warm": 50.0, "hot": 2000.0}, FLEET, POLICY, gpu_slots=SLOTS)
+    first = owners("warm", FLEET, 2)
+    assert plan["warm"] == {first[0]: "gpu", first[1]: "ram"}  # the router's GPU preference follows it
+    hot = owners("hot", FLEET, 4)  # 2,000 tok/s: 4 owners, 4 copies (640 each)
+    assert plan["hot"] == dict.fromkeys(hot, "gpu")
+
+
+def test_gpu_placements_never_exceed_the_share_of_each_replicas_slots() -> None:
+    demand = {f"adapter-{i}": 1000.0 / (i + 1) for i in range(400)}
+    slots = {r: 8 + 4 * i for i, r in enumerate(FLEET)}  # replicas of different sizes
+    plan = desired(demand, FLEET, POLICY, gpu_slots=slots)
+    per_replica = _gpu_per_replica(plan)
+    for r in FLEET:
+        assert per_replica[r] == gpu_budget(slots[r], POLICY)  # full: far more candidates than the share
+    assert gpu_budget(250, POLICY) == 62
+    assert _gpu_per_replica(desired(demand, FLEET, POLICY)) == Counter()  # no slots reported: none
+
+
+def test_each_replica_gives_its_share_to_its_hottest_adapters() -> None:
+    demand = {f"adapter-{i}": 600.0 / (i + 1) for i in range(400)}  # one GPU copy each
+    plan = desired(demand, FLEET, POLICY, gpu_slots=SLOTS)
+    for r in FLEET:
+        first_here = [a for a in demand if owners(a, FLEET, 2)[0] == r]  # demand is hottest first
+        assert {a for a in demand if plan[a].get(r) == "gpu"} == set(first_here[:4])
+
+
+def test_traffic_below_the_threshold_never_takes_a_slot() -> None:
+    plan = desired({"cold": 0.5, "idle": 0.0}, FLEET, POLICY, gpu_slots=SLOTS)
+    assert set(plan["cold"].values()) == set(plan["idle"].values()) == {"ram"}
+
+
+def test_an_adapter_pushed_out_of_a_share_is_demoted_to_ram() -> None:
+    r = "r0"
+    mine = [f"adapter-{i}" for i in range(2000) if owners(f"adapter-{i}", FLEET, 2)[0] == r][:5]
+    demand = {a: 100.0 - i for i, a in enumerate(mine)}  # the first four fill r0's share of 4
+    before = desired(demand, FLEET, POLICY, gpu_slots=SLOTS)
+    assert [before[a][r] for a in mine] == ["gpu"] * 4 + ["ram"]
+    demand[mine[4]] = 500.0  # the fifth heats up
+    after = desired(demand, FLEET, POLICY, gpu_slots=SLOTS)
+    assert [after[a][r] for a in mine] == ["gpu"] * 3 + ["ram", "gpu"]
+    assert diff(before, after) == [Change(mine[3], r, "load", "ram"), Change(mine[4], r, "load", "gpu")]
+
+
+def test_only_adapters_that_can_move_a_gpu_share_need_the_full_ranking() -> None:
+    assert not touches_gpu_share({"a": 0.0, "b": 0.5}, {"a": {"r0": "ram"}}, POLICY)
+    assert touches_gpu_share({"a": 5.0}, {}, POLICY)  # may enter a share
+    assert touches_gpu_share({"a": 0.0}, {"a": {"r0": "gpu", "r1": "ram"}}, POLICY)  # may leave one
 
 
 def test_diff_loads_gains_unloads_losses_and_ignores_what_stays() -> None:
