@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from placement_worker.planner import Policy
 from sim import report
 from sim.replica import CacheSizes
 from sim.simulator import SimConfig, simulate
@@ -84,6 +85,12 @@ def simulate_cmd(
             help="Re-plan placement this often from observed traffic (0: fixed from the whole trace)."
         ),
     ] = 0.0,
+    gpu_tokens_per_s: Annotated[
+        float, typer.Option(help="Placement asks adapters with this much traffic into GPU (tokens/s).")
+    ] = Policy.gpu_tokens_per_s,
+    gpu_slot_fraction: Annotated[
+        float, typer.Option(help="Most of a replica's GPU slots placement asks for (hottest first).")
+    ] = Policy.gpu_slot_fraction,
     gpu_hour_usd: Annotated[float, typer.Option(help="Price of one GPU-hour.")] = 2.5,
     calibration: Annotated[
         list[Path] | None, typer.Option(help="bench engine / bench load calibration JSON (repeatable).")
@@ -115,6 +122,8 @@ def simulate_cmd(
         warmup_s=warmup,
         seed=seed,
         replan_s=replan_s,
+        gpu_tokens_per_s=gpu_tokens_per_s,
+        gpu_slot_fraction=gpu_slot_fraction,
     )
     result: dict[str, Any]
     if find:

@@ -92,6 +92,8 @@ def build(result: SimResult, gpu_hour_usd: float = 2.5, headroom: float = 0.3) -
             "warmup_s": cfg.warmup_s,
             "seed": cfg.seed,
             "replan_s": cfg.replan_s,
+            "gpu_tokens_per_s": cfg.gpu_tokens_per_s,
+            "gpu_slot_fraction": cfg.gpu_slot_fraction,
         },
         "timing": {
             "step_base_s": result.timing.step_base_s,

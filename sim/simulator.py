@@ -44,7 +44,9 @@ class SimConfig:
     check_every: int = 0  # run the replicas' invariant checks every N events (tests); 0 = never
     replan_s: float = 0.0  # 0: placement fixed from the whole trace's demand; else re-plan this often
     demand_ttl_s: float = 300.0  # the placement worker's LORAFLEET_PLACEMENT_DEMAND_TTL_S
-    gpu_tokens_per_s: float = 1.0  # its LORAFLEET_PLACEMENT_GPU_TOKENS_PER_S: steady traffic goes to GPU
+    # the placement worker's LORAFLEET_PLACEMENT_GPU_TOKENS_PER_S and _GPU_SLOT_FRACTION (planner.py)
+    gpu_tokens_per_s: float = Policy.gpu_tokens_per_s
+    gpu_slot_fraction: float = Policy.gpu_slot_fraction
     # every replica on one machine's compute (the local CPU stack): how much two steps at once slow each
     # other (sim.host; 1 = even sharing); None: a device per replica, as on a GPU fleet
     host_contention: float | None = None
@@ -95,10 +97,14 @@ class Simulation:
         self.resident: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
         self.published: dict[str, int] = {}  # replica -> cache_version of its last report
         self.owners_per_adapter: dict[str, int] = {}
-        self.policy_place = Policy(cfg.owners_k, timing.decode_tokens_per_s(), cfg.gpu_tokens_per_s)
+        self.policy_place = Policy(
+            cfg.owners_k, timing.decode_tokens_per_s(), cfg.gpu_tokens_per_s, cfg.gpu_slot_fraction
+        )
+        self.gpu_slots = dict.fromkeys(ids, cfg.sizes.gpu_slots)  # what each replica.state reports
         self.placements: Placements = {}
         self.window_tokens: dict[str, int] = defaultdict(int)  # output tokens completed this window
-        self.latest: dict[str, float] = {}  # adapter -> end of its latest window with traffic
+        self.demand: dict[str, float] = {}  # adapter -> tokens/s of its latest window with traffic
+        self.latest: dict[str, float] = {}  # adapter -> end of that window
         self.replans = 0
 
     def _schedule(self, t: float, kind: int, payload: object) -> None:
@@ -112,37 +118,47 @@ class Simulation:
         self.window_tokens[sr.req.adapter_id] += sr.req.output_tokens
 
     def place(self, duration_s: float) -> None:
-        """Owners from the real planner (counts raised with traffic) hold it in RAM; hot ones in GPU.
+        """Owners from the real planner (counts raised with traffic) hold it in RAM; gpu placements in GPU.
 
         With re-planning the run starts from no traffic knowledge (every adapter at its default owners, in
-        RAM); otherwise from the whole trace's demand."""
+        RAM, GPU slots empty). Otherwise it starts from the whole trace's demand, as a fleet that has served
+        this traffic for a while: after the planner's gpu placements, LRU has filled the other free slots
+        with the owners' adapters, the hottest the most recently used."""
         for replica, (gpu, ram) in zip(self.replicas.values(), self.cfg.initial, strict=False):
             replica.start_with(list(gpu), list(ram))
         demand = demand_from_trace(self.trace, duration_s)
         if self.cfg.replan_s > 0:
             demand = dict.fromkeys(demand, 0.0)
-        plan = desired(demand, list(self.replicas), self.policy_place)
+        plan = desired(demand, list(self.replicas), self.policy_place, gpu_slots=self.gpu_slots)
         self.placements = plan
-        for adapter_id in sorted(plan, key=lambda a: -demand[a]):
+        hottest = sorted(plan, key=lambda a: -demand[a])
+        for i, adapter_id in enumerate(hottest):
             self.owners_per_adapter[adapter_id] = len(plan[adapter_id])
             for replica_id, tier in plan[adapter_id].items():
                 replica = self.replicas[replica_id]
                 replica.own(adapter_id)
                 if tier == "gpu":
-                    replica.prewarm(adapter_id, 0.0)
+                    replica.prewarm(adapter_id, -i * 1e-6)
+        if self.cfg.replan_s > 0:
+            return
+        for i, adapter_id in enumerate(hottest):
+            if demand[adapter_id] > 0:
+                for replica_id in plan[adapter_id]:
+                    self.replicas[replica_id].prewarm(adapter_id, -i * 1e-6)
 
     def replan(self, now: float) -> None:
-        """Close the traffic window and re-plan, with the real planner, the adapters whose demand changed:
-        those with a new window, and those whose last window passed its TTL (as the worker does per
-        adapter.stats event and on its tick); send the changes to the replicas."""
-        demand = {a: tokens / self.cfg.replan_s for a, tokens in self.window_tokens.items()}
+        """Close the traffic window and re-plan with the real planner, as the worker does: every adapter
+        with a fresh window (its latest window's tokens/s, forgotten after demand_ttl_s), and the ones
+        whose window just passed the TTL at 0; send the changes to the replicas."""
+        window = {a: tokens / self.cfg.replan_s for a, tokens in self.window_tokens.items() if tokens}
         self.window_tokens.clear()
-        for adapter_id, end in list(self.latest.items()):
-            if adapter_id not in demand and now - end >= self.cfg.demand_ttl_s:
-                demand[adapter_id] = 0.0
-                del self.latest[adapter_id]
-        self.latest.update(dict.fromkeys((a for a, tps in demand.items() if tps > 0), now))
-        target = desired(demand, list(self.replicas), self.policy_place)
+        self.demand.update(window)
+        self.latest.update(dict.fromkeys(window, now))
+        expired = [a for a, end in self.latest.items() if now - end >= self.cfg.demand_ttl_s]
+        for adapter_id in expired:
+            del self.latest[adapter_id], self.demand[adapter_id]
+        demand = {**self.demand, **dict.fromkeys(expired, 0.0)}
+        target = desired(demand, list(self.replicas), self.policy_place, gpu_slots=self.gpu_slots)
         for change in diff({a: self.placements.get(a, {}) for a in target}, target):
             self.replicas[change.replica_id].command(change.adapter_id, change.command, change.tier, now)
         self.placements.update(target)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import pytest
 
 from replica.adapter_cache.lru import ByteLru
+from schemas.rendezvous import owners
 from sim import report
 from sim.cli import find_replicas
 from sim.replica import CacheSizes
@@ -140,11 +142,23 @@ def test_replanning_follows_observed_traffic_like_the_placement_worker() -> None
         (sr for sr in result.requests if sr.req.adapter_id == adapter_id(0)), key=lambda s: s.req.arrival_s
     )
     assert first.found_in == "ram"  # nothing known before the first window: no GPU pre-warm
-    assert sim.placements[adapter_id(0)] == {"replica-000": "gpu", "replica-001": "gpu"}
+    first_owner, second_owner = owners(adapter_id(0), list(sim.replicas), 2)
+    # 16 tok/s: one GPU copy's worth, on its first owner
+    assert sim.placements[adapter_id(0)] == {first_owner: "gpu", second_owner: "ram"}
     assert set(sim.placements[adapter_id(1)].values()) == {"ram"}  # its window passed the TTL
     assert sim.replans == 5  # at 10, 20, ..., 50 s: the last arrival is at 59.5 s
-    for rep in result.replicas:  # the gpu commands loaded adapter 0 on both owners
-        assert rep.slots.lookup(adapter_id(0)) is not None
+    assert sim.replicas[first_owner].slots.lookup(adapter_id(0)) is not None
+
+
+def test_replanned_gpu_placements_stay_within_each_replicas_share_of_slots(trace) -> None:
+    # every adapter with a request in a 30 s window passes 1 tok/s: far more than 24 x 0.25 = 6 per replica
+    cfg = replace(CFG, replan_s=30.0, gpu_tokens_per_s=1.0, gpu_slot_fraction=0.25, check_every=0)
+    sim = Simulation(cfg, TimingModel(), trace)
+    sim.run()
+    per_replica = Counter(
+        r for tiers in sim.placements.values() for r, tier in tiers.items() if tier == "gpu"
+    )
+    assert set(per_replica) == set(sim.replicas) and max(per_replica.values()) == 6
 
 
 def test_admission_time_delays_the_first_token_by_exactly_that() -> None:
