@@ -36,7 +36,7 @@ from replica.adapter_cache.gpu import GpuTier
 from replica.adapter_cache.host import HostTier
 from replica.adapter_cache.object_store import ObjectStore
 from replica.adapter_cache.record import AdapterRecord
-from replica.lora.layers import LoraLinear
+from replica.lora.replace import lora_layers
 from replica.lora.spec import MODULE_PARENTS, AdapterSpec
 from schemas.llama import linear_shapes
 
@@ -56,15 +56,15 @@ def _spec(model: str, rank: int) -> AdapterSpec:
 
 def _layers(spec: AdapterSpec, rank: int, device: torch.device, dtype: torch.dtype) -> dict:
     """LoRA layers whose base weight is a zero-stride stand-in: the slot pools are real, W takes no memory."""
-    layers = {}
+    bases = {}
     for layer in range(spec.num_layers):
         for name, (i, o) in spec.shapes.items():
             base = nn.Linear(1, 1, bias=False)
             base.weight = nn.Parameter(
                 torch.zeros(1, device=device, dtype=dtype).expand(o, i), requires_grad=False
             )
-            layers[(layer, name)] = LoraLinear(base, {rank: 2})
-    return layers
+            bases[(layer, name)] = base
+    return lora_layers(bases, {rank: 2})
 
 
 def _write_adapter(folder: Path, spec: AdapterSpec, rank: int, dtype: torch.dtype) -> None:

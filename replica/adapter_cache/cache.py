@@ -12,13 +12,16 @@ Where the checks happen (the lead's decisions on issue 5, measured with `lorafle
   verification (replica.adapter_cache.identity); a mismatch, a short read or a header or shape failure is
   corruption: the entry is dropped and fetched again. A background scrubber (scrub_once, scrubber.py)
   re-hashes one disk entry at a time to catch silent media corruption off the request path.
-- NaN/Inf, header and shape checks run once when bytes enter the RAM tier; a RAM entry is immutable and
-  carries that verdict, so RAM -> slot is a copy plus bookkeeping after cheap metadata checks (rank, base
-  hash, shapes: promote.check_fits).
-Critical paths: object store -> one buffer (hashed as it streams) -> RAM entry (a view of that buffer) ->
-slot, and the disk entry is written from the same buffer after the slot is live (a background write that
-own() and settle() wait for); disk -> one readinto of a preallocated buffer that becomes the RAM entry ->
-slot.
+- NaN/Inf, header and shape checks run once, when bytes are validated; a RAM entry is immutable and
+  carries that verdict, and so does a verified disk entry (its identities prove the validated bytes). RAM ->
+  slot is a copy plus bookkeeping after cheap metadata checks (rank, base hash, modules: promote.check_fits).
+- RAM entries are packed in their bucket's slot-row layout (replica.lora.row_layout), so RAM -> slot is a
+  few contiguous copies: one memcpy or host-to-device transfer for an adapter of every module at the
+  bucket's rank. A short one runs on the event loop (INLINE_WRITE_BYTES), cheaper than a thread hop.
+Critical paths: object store -> one buffer (hashed as it streams) -> RAM entry (a view of that buffer when
+the file is already in row layout) -> slot, and the disk entry is written from the same buffer after the
+slot is live (a background write that own() and settle() wait for); disk -> one readinto of a fresh buffer
+that becomes the RAM entry -> slot.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any, Protocol, TypeVar
 from replica.adapter_cache.disk import DiskTier
 from replica.adapter_cache.errors import AdapterNotRegisteredError, ChecksumMismatchError
 from replica.adapter_cache.gpu import GpuTier
-from replica.adapter_cache.host import HostAdapter, HostTier, PackedModule
+from replica.adapter_cache.host import HostAdapter, HostTier
 from replica.adapter_cache.object_store import Fetched, ObjectStore
 from replica.adapter_cache.promote import Layout, check_fits, read_entry, validate_and_pack
 from replica.adapter_cache.record import AdapterRecord
@@ -44,6 +47,12 @@ from replica.lora.spec import AdapterSpec
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# A RAM -> slot write of at most this many bytes runs on the event loop: it takes about a millisecond
+# (one memcpy, or one host-to-device transfer, of the packed buffer), less than the ~0.3 ms worker-thread
+# hop plus the wake-up it would otherwise add to a request's time to first token. Larger writes go to a
+# worker thread so the loop is never blocked for long.
+INLINE_WRITE_BYTES = 32 << 20
 
 
 class Registry(Protocol):
@@ -82,8 +91,10 @@ class AdapterCache:
         on_event: Callable[[CacheEvent], None] = lambda _e: None,
         slot_wait_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        inline_write_bytes: int = INLINE_WRITE_BYTES,
     ) -> None:
         self.spec, self.registry, self.store = spec, registry, store
+        self.inline_write_bytes = inline_write_bytes
         self.disk, self.host, self.gpu = disk, host, gpu
         self.on_event = on_event
         self.slot_wait_s = slot_wait_s
@@ -95,7 +106,6 @@ class AdapterCache:
         # digest -> verified bytes (and their layout) whose disk copy is not started yet
         self._unwritten: dict[str, tuple[Fetched, Layout]] = {}
         self._writes: dict[str, asyncio.Future[None]] = {}  # digest -> its background disk write
-        self._fitting: dict[int, tuple[tuple[PackedModule, ...], int]] = {}  # layouts check_fits passed
         self._pin_host = gpu.device.type == "cuda"
 
     # where adapters are
@@ -252,6 +262,7 @@ class AdapterCache:
             self.gpu.dtype,
             self._pin_host,
             fetched.weights_digest,
+            self.gpu.row_layout,
         )
         return host, layout, self._into_slot(host, slot)
 
@@ -302,7 +313,7 @@ class AdapterCache:
             return None
         start = time.perf_counter()
         try:
-            check_fits(host, self.spec, self._fitting)
+            check_fits(host, self.spec, self.gpu.row_layout(host.rank))
             _ref, evicted = self.gpu.load(host)
         except NoFreeSlotError:
             return None
@@ -334,6 +345,7 @@ class AdapterCache:
                 self.spec,
                 self.gpu.dtype,
                 self._pin_host,
+                self.gpu.row_layout,
             )
         except ChecksumMismatchError:
             self.disk.drop_corrupt(name)
@@ -381,8 +393,11 @@ class AdapterCache:
             assert item is not None
         try:
             start = time.perf_counter()
-            check_fits(item, self.spec, self._fitting)
-            _ref, evicted = await asyncio.to_thread(self.gpu.load, item)
+            check_fits(item, self.spec, self.gpu.row_layout(item.rank))
+            if item.nbytes <= self.inline_write_bytes:
+                _ref, evicted = self.gpu.load(item)
+            else:
+                _ref, evicted = await asyncio.to_thread(self.gpu.load, item)
         finally:
             self.host.unpin(adapter_id)
         self._slotted(item, evicted, time.perf_counter() - start)

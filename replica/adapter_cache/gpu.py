@@ -1,13 +1,12 @@
-"""GPU tier: the slot table plus the layers' slot pools, with slot writes that never stall running rows.
+"""GPU tier: the slot table plus the layers' slot arenas, with slot writes that never stall running rows.
 
 A load reserves its slot under the lock (a free slot, or the least recently used idle adapter's), pinned
 and not yet ready, then writes the weights with the lock released: a forward pass reads only the slots
-of its rows, and no row holds a reserved slot. On CUDA the write runs on a side stream: one host-to-device
-copy of the packed buffer into a staging tensor, then batched device copies into the slot views
-(one foreach copy for all pools, with slot-view plans cached per (slot, signature)). When the pools are in
-host memory (CPU), the same plan runs as memmoves (replica.adapter_cache.slot_copy): torch's per-op cost
-over ~630 small copies would otherwise match the cost of the bytes.
-The scheduler pins through acquire/release (the AdapterPins protocol); requests pin before admission too.
+of its rows, and no row holds a reserved slot. The layers' pools are views into one arena per rank bucket
+(replica.lora.arena) and a RAM entry is packed in the arena's row layout, so a write is the row plan's few
+runs (replica.adapter_cache.slot_copy): host-to-device copies on a side stream on CUDA, memmoves when the
+arenas are in host memory. The scheduler pins through acquire/release (the AdapterPins protocol);
+requests pin before admission too.
 """
 
 from __future__ import annotations
@@ -21,15 +20,30 @@ import torch
 from replica.adapter_cache import slot_copy
 from replica.adapter_cache.host import HostAdapter
 from replica.errors import AdapterNotFoundError
+from replica.lora.arena import SlotArena
 from replica.lora.layers import LoraLinear
+from replica.lora.row_layout import ModuleKey, RowLayout
 from replica.lora.slots import SlotRef, SlotTable
-from replica.lora.weights import ModuleKey
 
-PlanKey = tuple[SlotRef, tuple[tuple[tuple[ModuleKey, int], ...], tuple[tuple[int, int], ...]]]
-Plan = tuple[
-    list[torch.Tensor], list[torch.Tensor], list[tuple[int, tuple[int, int] | None]], list[torch.Tensor]
-]
-MAX_PLANS = 4096
+
+def arenas_of(layers: dict[ModuleKey, LoraLinear]) -> dict[int, SlotArena]:
+    """The arena behind every bucket's pools; ValueError unless all layers share one per bucket."""
+    first = next(iter(layers.values()), None)
+    if first is None:
+        return {}
+    arenas = {bucket: pool.arena for bucket, pool in first.pools.items()}
+    for key, layer in layers.items():
+        for bucket, pool in layer.pools.items():
+            arena = arenas.get(bucket)
+            if arena is None or pool.arena is not arena or key not in arena.layout.index:
+                raise ValueError(
+                    f"layer {key}'s rank-{bucket} pool is not in the shared arena: build the layers with "
+                    "replica.lora.replace.lora_layers"
+                )
+    for bucket, arena in arenas.items():
+        if len(arena.layout.modules) != len(layers):
+            raise ValueError(f"the rank-{bucket} arena holds modules that are not among the layers")
+    return arenas
 
 
 class GpuTier:
@@ -45,14 +59,20 @@ class GpuTier:
         self.table = SlotTable(capacities)
         self.clock = clock
         self.lock = threading.RLock()  # the table; held only for bookkeeping, never across a copy
-        self._write_lock = threading.Lock()  # one slot write at a time (they share the staging buffer)
+        self._write_lock = threading.Lock()  # one slot write at a time (they share the copy engine)
         self._ready: set[str] = set()
         first = next(iter(layers.values()), None)
         self.device = first.base.weight.device if first is not None else torch.device("cpu")
         self.dtype = first.base.weight.dtype if first is not None else torch.float32
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self._staging: torch.Tensor | None = None
-        self._plans: dict[PlanKey, Plan | slot_copy.BytePlan] = {}
+        self.arenas = arenas_of(layers)
+
+    def row_layout(self, rank: int) -> RowLayout:
+        """The slot-row layout a RAM entry of this rank is packed in (its bucket's); NoFreeSlotError if no
+        bucket holds the rank."""
+        bucket = self.table.bucket_for_rank(rank)
+        arena = self.arenas.get(bucket)
+        return arena.layout if arena is not None else RowLayout(bucket, ())
 
     # the scheduler's side (engine thread)
 
@@ -125,80 +145,29 @@ class GpuTier:
                 return False
             ref = self.table.remove(adapter_id)
             self._ready.discard(adapter_id)
-        for layer in self.layers.values():
-            layer.reset_slot(ref.bucket, ref.index)
+        arena = self.arenas.get(ref.bucket)
+        if arena is not None:
+            with self._write_lock:
+                arena.data[ref.index].zero_()
+                arena.scales[ref.index].zero_()
         return True
 
     # slot writes
 
     def _write(self, ref: SlotRef, host: HostAdapter) -> None:
+        arena = self.arenas.get(ref.bucket)
+        if arena is None:
+            return  # no adapted layers: nothing to write
+        if host.bucket != ref.bucket:
+            raise ValueError(f"{host.adapter_id!r} is packed for rank {host.bucket}, slot {ref} is not")
+        plan = arena.layout.plan(host.targets)
+        if host.flat.numel() != plan.numel or host.scales.numel() != plan.num_scales:
+            raise ValueError(f"{host.adapter_id!r}'s buffer does not have its row plan's size")
+        row, scales = arena.data[ref.index], arena.scales[ref.index]  # [row_numel], [num_modules]
         with self._write_lock:
             if self._stream is None:
-                self._copy(ref, host, host.flat, host.scales)
+                slot_copy.run_host(plan, row, scales, host.flat, host.scales)
                 return
             with torch.cuda.stream(self._stream):
-                flat = self._staging_for(host)
-                flat.copy_(host.flat, non_blocking=True)  # the one host-to-device transfer
-                scales = host.scales.to(self.device, non_blocking=True)
-                self._copy(ref, host, flat, scales)
+                slot_copy.run_device(plan, row, scales, host.flat, host.scales)
             self._stream.synchronize()
-
-    def _staging_for(self, host: HostAdapter) -> torch.Tensor:
-        n = host.flat.numel()
-        if self._staging is None or self._staging.numel() < n:
-            self._staging = torch.empty(n, dtype=self.dtype, device=self.device)
-        return self._staging[:n]
-
-    def _copy(self, ref: SlotRef, host: HostAdapter, flat: torch.Tensor, scales: torch.Tensor) -> None:
-        # flat [numel] (slot dtype, on the slot device); scales [num_modules] fp32
-        key: PlanKey = (ref, host.signature)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plan(ref, host)
-            if self.device.type == "cpu":
-                offsets = [offset for offset, _ in host.chunks]
-                plan = slot_copy.build(*plan, offsets, host.flat.numel(), self.dtype)
-            if len(self._plans) >= MAX_PLANS:
-                self._plans.clear()
-            self._plans[key] = plan
-        if isinstance(plan, slot_copy.BytePlan):
-            slot_copy.run(plan, flat, scales)
-            return
-        zeros, dsts, picks, scale_dsts = plan
-        chunks = flat.split(host.chunk_sizes)  # one view per tensor, in buffer order
-        srcs = [chunks[j] if shape is None else chunks[j].view(shape) for j, shape in picks]
-        if zeros:
-            torch._foreach_zero_(zeros)
-        torch._foreach_copy_(dsts, srcs)
-        torch._foreach_copy_(scale_dsts, list(scales.split(1)))
-
-    def _plan(self, ref: SlotRef, host: HostAdapter) -> Plan:
-        """Slot views to zero; slot views to fill, each with the buffer chunk (and shape) it takes; scales.
-
-        The plan holds only slot views, so it is cached by (slot, signature) and reused for every adapter
-        of that signature: the sources come from one split of the buffer per load. A contiguous destination
-        takes a flat chunk; a padded one (rank below the bucket's) takes the chunk viewed in its shape.
-        """
-        zeros: list[torch.Tensor] = []
-        dsts: list[torch.Tensor] = []
-        picks: list[tuple[int, tuple[int, int] | None]] = []
-        order = host.chunk_order
-        i = ref.index
-        by_key = {m.key: m for m in host.modules}
-        for mkey, layer in self.layers.items():
-            pool = layer.pools[ref.bucket]
-            m = by_key.get(mkey)
-            if m is None:
-                zeros += [pool.a[i], pool.b[i], pool.scale[i : i + 1]]
-                continue
-            r = m.rank  # a [r, in_features]; b [out_features, r]
-            for dst, offset, shape in (
-                (pool.a[i, :r], m.a_offset, m.a_shape),
-                (pool.b[i, :, :r], m.b_offset, m.b_shape),
-            ):
-                dsts.append(dst.view(-1) if dst.is_contiguous() else dst)
-                picks.append((order[offset], None if dst.is_contiguous() else shape))
-            if r < pool.rank:
-                zeros += [pool.a[i, r:], pool.b[i, :, r:]]
-        scale_dsts = [self.layers[m.key].pools[ref.bucket].scale[i : i + 1] for m in host.modules]
-        return zeros, dsts, picks, scale_dsts

@@ -1,110 +1,86 @@
-"""Host-RAM tier: validated adapters packed into one flat (pinned, when a GPU is present) buffer each.
+"""Host-RAM tier: validated adapters, each packed in its rank bucket's slot-row layout, in one flat buffer.
 
 An entry exists only after it passed every check (replica.adapter_cache.promote) and is never written
-afterwards: holding one is the verdict, so RAM -> slot checks only its metadata (rank, base hash, shapes).
-Packing once at promotion means the copy into a GPU slot is one host-to-device transfer of the same bytes,
-followed by device-side copies into the slot views (replica.adapter_cache.gpu).
+afterwards: holding one is the verdict, so RAM -> slot checks only its metadata (rank, base hash, modules).
+The buffer is laid out as the slot row (replica.lora.row_layout) restricted to the modules the adapter
+targets, each padded to the bucket's rank, so the copy into a slot is a few contiguous runs: one memcpy
+(or one host-to-device transfer) when the adapter adapts every module at the bucket's rank. The price: an
+adapter whose rank is below its bucket's is held padded (at most 2x for power-of-two buckets).
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 
 from replica.adapter_cache.lru import ByteLru
-from replica.lora.weights import AdapterWeights, ModuleKey
-
-
-@dataclass(frozen=True)
-class PackedModule:
-    """Where one adapted linear's A [rank, in_features] and B [out_features, rank] sit in the flat buffer."""
-
-    key: ModuleKey
-    rank: int
-    a_offset: int
-    a_shape: tuple[int, int]
-    b_offset: int
-    b_shape: tuple[int, int]
+from replica.errors import AdapterTargetModuleError
+from replica.lora.row_layout import ModuleKey, RowLayout, name_order
+from replica.lora.weights import AdapterWeights
 
 
 @dataclass(frozen=True)
 class HostAdapter:
-    """One validated adapter in host RAM: flat [numel] in the slot dtype, scales [num_modules] fp32."""
+    """One validated adapter in host RAM.
+
+    flat [numel] in the slot dtype: for each target module in row order, A [bucket, in_features] then
+    B [out_features, bucket], zero past the module's rank; scales [num_targets] fp32, in the same order.
+    """
 
     adapter_id: str
     digest: str
-    rank: int
+    rank: int  # the adapter's largest module rank
+    bucket: int  # the rank bucket the buffer is padded to
+    targets: tuple[ModuleKey, ...]  # in row order
     flat: torch.Tensor
     scales: torch.Tensor
-    modules: tuple[PackedModule, ...]
     base_model_hash: str = ""  # the served base it was validated against
 
     @property
     def nbytes(self) -> int:
         return self.flat.nbytes + self.scales.nbytes
 
-    @property
-    def layout(self) -> tuple[tuple[ModuleKey, int], ...]:
-        """The shape signature: which modules, at which rank; adapters sharing it share slot-copy plans."""
-        return tuple((m.key, m.rank) for m in self.modules)
-
-    @cached_property
-    def signature(self) -> tuple[tuple[tuple[ModuleKey, int], ...], tuple[tuple[int, int], ...]]:
-        """Layout plus where each A and B sit: adapters sharing it share one slot-copy plan per slot."""
-        return self.layout, tuple((m.a_offset, m.b_offset) for m in self.modules)
-
-    @cached_property
-    def chunk_sizes(self) -> list[int]:
-        """The numel of every A and B in buffer order: flat.split(chunk_sizes) gives one view per tensor."""
-        return [n for _, n in self.chunks]
-
-    @cached_property
-    def chunk_order(self) -> dict[int, int]:
-        """Buffer offset of a tensor -> its index in flat.split(chunk_sizes)."""
-        return {offset: j for j, (offset, _) in enumerate(self.chunks)}
-
-    @cached_property
-    def chunks(self) -> list[tuple[int, int]]:
-        """(offset, numel) of every A and B, in buffer order; they tile the buffer."""
-        spans = [(m.a_offset, m.a_shape[0] * m.a_shape[1]) for m in self.modules]
-        spans += [(m.b_offset, m.b_shape[0] * m.b_shape[1]) for m in self.modules]
-        spans.sort()
-        assert all(o == p + n for (p, n), (o, _) in zip(spans, spans[1:], strict=False)), "tensors must tile"
-        assert spans[0][0] == 0 and spans[-1][0] + spans[-1][1] == self.flat.numel(), "tensors must tile"
-        return spans
-
-    def views(self, flat: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(A, B) views for every module into `flat` (this buffer or a device copy of it)."""
-        out = []
-        for m in self.modules:
-            a = flat[m.a_offset : m.a_offset + m.a_shape[0] * m.a_shape[1]].view(m.a_shape)
-            b = flat[m.b_offset : m.b_offset + m.b_shape[0] * m.b_shape[1]].view(m.b_shape)
+    def views(
+        self, row: RowLayout, flat: torch.Tensor | None = None
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(A [bucket, in], B [out, bucket]) views of every target, into flat (default: this buffer)."""
+        flat = self.flat if flat is None else flat
+        out, cursor = [], 0
+        for key in self.targets:
+            _key, fan_in, fan_out = row.modules[row.index[key]]
+            a = flat[cursor : cursor + self.bucket * fan_in].view(self.bucket, fan_in)
+            cursor += self.bucket * fan_in
+            b = flat[cursor : cursor + fan_out * self.bucket].view(fan_out, self.bucket)
+            cursor += fan_out * self.bucket
             out.append((a, b))
         return out
 
 
-def pack(weights: AdapterWeights, digest: str, dtype: torch.dtype, pin: bool) -> HostAdapter:
-    """Copy validated weights (converting to the slot dtype) into one contiguous buffer."""
-    modules: list[PackedModule] = []
-    offset = 0
-    for key in sorted(weights.modules):
-        lora = weights.modules[key]
-        a_shape, b_shape = tuple(lora.a.shape), tuple(lora.b.shape)
-        a_off, offset = offset, offset + a_shape[0] * a_shape[1]
-        b_off, offset = offset, offset + b_shape[0] * b_shape[1]
-        modules.append(PackedModule(key, a_shape[0], a_off, a_shape, b_off, b_shape))  # type: ignore[arg-type]
-    flat = torch.empty(offset, dtype=dtype, pin_memory=pin)  # [numel]
-    scales = torch.empty(len(modules), dtype=torch.float32, pin_memory=pin)  # [num_modules]
+def row_targets(keys: list[ModuleKey], row: RowLayout) -> tuple[ModuleKey, ...]:
+    """The modules in row order; AdapterTargetModuleError for one this replica's slots do not hold."""
+    unknown = sorted(k for k in keys if k not in row.index)
+    if unknown:
+        raise AdapterTargetModuleError(f"modules {unknown} are not adapted on this replica")
+    return tuple(sorted(keys, key=name_order))
+
+
+def pack(weights: AdapterWeights, digest: str, dtype: torch.dtype, pin: bool, row: RowLayout) -> HostAdapter:
+    """Copy validated weights (converting to the slot dtype) into one buffer in row's layout."""
+    if weights.rank > row.rank:
+        raise ValueError(f"rank {weights.rank} does not fit the rank-{row.rank} row")
+    targets = row_targets(list(weights.modules), row)
+    numel = sum(row.module_numel(k) for k in targets)
+    flat = torch.zeros(numel, dtype=dtype, pin_memory=pin)  # [numel]
+    scales = torch.empty(len(targets), dtype=torch.float32, pin_memory=pin)  # [num_targets]
     host = HostAdapter(
-        weights.adapter_id, digest, weights.rank, flat, scales, tuple(modules), weights.base_model_hash
+        weights.adapter_id, digest, weights.rank, row.rank, targets, flat, scales, weights.base_model_hash
     )
-    for i, (m, (a, b)) in enumerate(zip(modules, host.views(flat), strict=True)):
-        lora = weights.modules[m.key]
-        a.copy_(lora.a)
-        b.copy_(lora.b)
+    for i, (key, (a, b)) in enumerate(zip(targets, host.views(row), strict=True)):
+        lora = weights.modules[key]
+        a[: lora.rank].copy_(lora.a)
+        b[:, : lora.rank].copy_(lora.b)
         scales[i] = lora.scale
     return host
 

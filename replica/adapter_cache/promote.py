@@ -4,18 +4,22 @@ validate_and_pack() runs the same checks as replica.lora.weights.read_adapter, e
 well-formed config we can serve, the base hash, a well-formed safetensors header (no pickle is ever opened),
 known target modules, shapes and rank within the cap, an allowed dtype, then one NaN/Inf check over the
 packed buffer. It also returns the file's Layout: what the header and config said, enough to pack the same
-bytes again without parsing. When every tensor already has the slot dtype, the packed buffer is a view of
-the file's data section (zero copies); otherwise each tensor is copied once, converting.
+bytes again without parsing. The packed buffer is in the slot-row layout of the adapter's rank bucket
+(replica.lora.row_layout), so the copy into a slot is a few runs. When the file adapts every module at the
+bucket's rank in the slot dtype, its data section already is that buffer and is kept as a view (zero
+copies); otherwise contiguous spans are copied as runs, and padded or converting tensors one by one.
 
-The NaN/Inf check runs each time bytes enter the RAM tier (from the object store or from disk); a RAM entry
-is immutable and carries that verdict, so RAM -> slot only runs check_fits (metadata) before the copy.
+The NaN/Inf check runs when bytes are validated (from the object store, or a disk entry found unverified at
+start-up). A RAM entry is immutable and carries that verdict, so RAM -> slot only runs check_fits (metadata)
+before the copy; a verified disk entry carries it too, as it carries its digest (see read_entry).
 
 read_entry() brings a disk-tier entry in with one readinto of one (pinned, with a GPU) buffer. A verified
 entry is not hashed again: its open files must show the identities recorded at verification (before and
-after the read) and its header bytes must equal the Layout's; then it is packed from the Layout, NaN check
-included. A mismatch, a short read or a failed check raises ChecksumMismatchError (corruption: the caller
-drops it and fetches again). An unverified entry (found at start-up) is hashed once, beside validation; a
-digest mismatch wins over any validation error.
+after the read) and its header bytes must equal the Layout's; then it is packed from the Layout, without a
+second NaN/Inf pass (the identities prove these are the bytes that passed it; silent corruption that
+keeps the identities is the scrubber's to find). A mismatch, a short read or a failed check raises
+ChecksumMismatchError (corruption: the caller drops it and fetches again). An unverified entry (found at
+start-up) is hashed once, beside validation; a digest mismatch wins over any validation error.
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from replica.adapter_cache.errors import ChecksumMismatchError
-from replica.adapter_cache.host import HostAdapter, PackedModule
+from replica.adapter_cache.host import HostAdapter, row_targets
 from replica.adapter_cache.identity import FileIdentity, Identities
 from replica.adapter_cache.object_store import _HASHER, MAX_CONFIG_BYTES, new_buffer
 from replica.adapter_cache.safetensors_header import TORCH_DTYPES, parse_header
@@ -40,12 +45,13 @@ from replica.errors import (
     AdapterRankTooLargeError,
     AdapterShapeError,
     AdapterTargetModuleError,
+    NoFreeSlotError,
 )
+from replica.lora.row_layout import ModuleKey, RowLayout
 from replica.lora.spec import MODULE_PARENTS, AdapterSpec
 from replica.lora.weights import (
     CONFIG_NAME,
     WEIGHTS_NAME,
-    ModuleKey,
     alpha_for,
     check_base_hash,
     check_shapes,
@@ -54,17 +60,26 @@ from replica.lora.weights import (
     weights_path,
 )
 
+Place = tuple[str, str, int, int, int, int, int, int]
+# (tensor name, file dtype, byte begin, byte end, offset in the packed buffer, rows, cols, row stride):
+# the tensor lands in flat[offset : offset + rows * stride].view(rows, stride)[:, :cols]
+
 
 @dataclass(frozen=True)
 class Layout:
-    """How a validated file packs: its header bytes, and where each tensor goes in the packed buffer."""
+    """How a validated file packs into its bucket's row layout, enough to pack the same bytes again."""
 
     header: bytes  # the file's first 8 + header-length bytes
     start: int  # where the data section begins
     numel: int  # elements of the packed buffer
-    view: bool  # the packed buffer is a view of the data section (file dtype == slot dtype, aligned)
-    tensors: tuple[tuple[str, str, int, int, int], ...]  # (name, file dtype, byte begin, byte end, offset)
-    modules: tuple[PackedModule, ...]
+    view: bool  # the data section is the packed buffer (slot dtype, aligned, bucket rank, row order)
+    padded: bool  # some module's rank is below the bucket's: the buffer starts zeroed
+    runs: tuple[tuple[int, int, int], ...]  # (byte begin, byte end, offset): same-dtype contiguous spans
+    others: tuple[Place, ...]  # tensors copied one by one (padded B, or converting dtype)
+    tensors: tuple[tuple[str, str, int, int], ...]  # (name, file dtype, byte begin, byte end)
+    targets: tuple[ModuleKey, ...]
+    rank: int
+    bucket: int
     scales: tuple[float, ...]
     declared_base: str | None  # adapter_config.json's base_model_hash
 
@@ -78,8 +93,12 @@ def validate_and_pack(
     dtype: torch.dtype,
     pin: bool,
     digest: str,
+    row_for: Callable[[int], RowLayout],
 ) -> tuple[HostAdapter, Layout]:
-    """buf [file bytes] uint8 -> (validated RAM entry, the file's layout); an AdapterError subclass if not."""
+    """buf [file bytes] uint8 -> (validated RAM entry, the file's layout); an AdapterError subclass if not.
+
+    row_for(rank) gives the slot-row layout of the bucket that holds the rank (GpuTier.row_layout).
+    """
     raw = parse_config(config)
     declared = raw.get("base_model_hash")
     check_base_hash(spec.base_model_hash, base_model_hash or declared)
@@ -95,37 +114,72 @@ def validate_and_pack(
     for key in sorted(entries):
         if entries[key].dtype not in TORCH_DTYPES:
             raise AdapterConfigError(f"tensor {key} has dtype {entries[key].dtype}", param=key)
-    # Zero copies when the file already holds the slot dtype, aligned: flat is the file's data section.
-    itemsize = dtype.itemsize
-    view = start % itemsize == 0 and all(
-        TORCH_DTYPES[e.dtype] == dtype and e.begin % itemsize == 0 for e in entries.values()
-    )
-    offset_of, cursor = {}, 0
-    for k, e in sorted(entries.items(), key=lambda kv: kv[1].begin):
-        offset_of[k] = (e.begin - start) // itemsize if view else cursor
-        cursor += math.prod(e.shape)
+    rank = max(entries[pair["A"]].shape[0] for pair in pairs.values())
+    try:
+        row = row_for(rank)
+    except NoFreeSlotError as exc:
+        raise AdapterRankTooLargeError(f"rank {rank}: {exc}", param="r") from exc
+    targets = row_targets(list(pairs), row)
     use_rslora = bool(raw.get("use_rslora", False))
-    modules: list[PackedModule] = []
+    places: list[Place] = []
     scales: list[float] = []
-    for (layer, name), pair in sorted(pairs.items()):
+    offset = 0
+    for layer, name in targets:
+        pair = pairs[(layer, name)]
         a, b = entries[pair["A"]], entries[pair["B"]]
-        rank = a.shape[0]
-        modules.append(
-            PackedModule((layer, name), rank, offset_of[pair["A"]], a.shape, offset_of[pair["B"]], b.shape)  # type: ignore[arg-type]
-        )
+        r, (fan_out, fan_in) = a.shape[0], (b.shape[0], a.shape[1])
+        places.append((pair["A"], a.dtype, a.begin, a.end, offset, r, fan_in, fan_in))
+        offset += row.rank * fan_in
+        places.append((pair["B"], b.dtype, b.begin, b.end, offset, fan_out, r, row.rank))
+        offset += fan_out * row.rank
         alpha = alpha_for(raw, f"model.layers.{layer}.{MODULE_PARENTS[name]}.{name}")
-        scales.append(alpha / math.sqrt(rank) if use_rslora else alpha / rank)
-    layout = Layout(
+        scales.append(alpha / math.sqrt(r) if use_rslora else alpha / r)
+    padded = any(entries[pair["A"]].shape[0] < row.rank for pair in pairs.values())
+    layout = _layout(buf, start, places, offset, dtype, targets, rank, row.rank, padded, scales, declared)
+    return pack(buf, layout, adapter_id, base_model_hash, spec, dtype, pin, digest), layout
+
+
+def _layout(
+    buf: torch.Tensor,
+    start: int,
+    places: list[Place],
+    numel: int,
+    dtype: torch.dtype,
+    targets: tuple[ModuleKey, ...],
+    rank: int,
+    bucket: int,
+    padded: bool,
+    scales: list[float],
+    declared: object,
+) -> Layout:
+    """Merge the placements into copy runs where source bytes and destination are both contiguous."""
+    item = dtype.itemsize
+    runs: list[tuple[int, int, int]] = []
+    others: list[Place] = []
+    for place in sorted(places, key=lambda p: p[2]):  # file order
+        _name, file_dtype, begin, end, offset, _rows, cols, stride = place
+        if TORCH_DTYPES[file_dtype] != dtype or cols != stride or begin % item:
+            others.append(place)
+        elif runs and runs[-1][1] == begin and runs[-1][2] + (runs[-1][1] - runs[-1][0]) // item == offset:
+            runs[-1] = (runs[-1][0], end, runs[-1][2])
+        else:
+            runs.append((begin, end, offset))
+    view = not others and len(runs) == 1 and runs[0][0] == start and runs[0][2] == 0
+    return Layout(
         header=bytes(buf[:start].numpy()),
         start=start,
-        numel=cursor,
-        view=view,
-        tensors=tuple(sorted((k, e.dtype, e.begin, e.end, offset_of[k]) for k, e in entries.items())),
-        modules=tuple(modules),
+        numel=numel,
+        view=view and (buf.numel() - start) == numel * item,
+        padded=padded,
+        runs=tuple(runs),
+        others=tuple(others),
+        tensors=tuple(sorted((p[0], p[1], p[2], p[3]) for p in places)),
+        targets=targets,
+        rank=rank,
+        bucket=bucket,
         scales=tuple(scales),
         declared_base=declared if isinstance(declared, str) else None,
     )
-    return pack(buf, layout, adapter_id, base_model_hash, spec, dtype, pin, digest), layout
 
 
 def pack(
@@ -137,32 +191,49 @@ def pack(
     dtype: torch.dtype,
     pin: bool,
     digest: str,
+    finite: bool | None = None,
 ) -> HostAdapter:
-    """buf [file bytes] with a known layout -> RAM entry: base hash, the NaN/Inf check, the packed buffer."""
+    """buf [file bytes] with a known layout -> RAM entry: base hash, the NaN/Inf check, the packed buffer.
+
+    finite: True when the bytes are proven to be ones that already passed the NaN/Inf check (a verified
+    disk entry); None runs the check here.
+    """
     check_base_hash(spec.base_model_hash, base_model_hash or layout.declared_base)
     if layout.view:
         flat = buf[layout.start :].view(dtype)  # [numel] in the slot dtype, a view of the file buffer
     else:
-        flat = torch.empty(layout.numel, dtype=dtype, pin_memory=pin)  # [numel]
-        for _name, file_dtype, begin, end, offset in layout.tensors:
-            src = buf[begin:end].view(TORCH_DTYPES[file_dtype])  # [numel of the tensor] in the file dtype
-            flat[offset : offset + src.numel()].copy_(src)
+        make = torch.zeros if layout.padded else torch.empty
+        flat = make(layout.numel, dtype=dtype, pin_memory=pin)  # [numel]
+        item = dtype.itemsize
+        for begin, end, offset in layout.runs:
+            flat[offset : offset + (end - begin) // item].copy_(buf[begin:end].view(dtype))
+        for _name, file_dtype, begin, end, offset, rows, cols, stride in layout.others:
+            src = _typed(buf, begin, end, TORCH_DTYPES[file_dtype]).view(rows, cols)
+            flat[offset : offset + rows * stride].view(rows, stride)[:, :cols].copy_(src)
     # One pass: a sum is NaN or Inf when any element is (or when finite values overflow: then the exact
     # per-tensor check finds nothing and the adapter passes).
-    if not bool(torch.isfinite(flat.sum(dtype=torch.float32))):
-        _raise_non_finite(flat, layout)
-    scales = torch.tensor(layout.scales, dtype=torch.float32)  # [num_modules]
+    if finite is None:
+        finite = bool(torch.isfinite(flat.sum(dtype=torch.float32)))
+    if not finite:
+        _raise_non_finite(buf, layout)
+    scales = torch.tensor(layout.scales, dtype=torch.float32)  # [num_targets]
     if pin:
         scales = scales.pin_memory()
-    rank = max(m.rank for m in layout.modules)
-    return HostAdapter(adapter_id, digest, rank, flat, scales, layout.modules, spec.base_model_hash)
+    return HostAdapter(
+        adapter_id, digest, layout.rank, layout.bucket, layout.targets, flat, scales, spec.base_model_hash
+    )
 
 
-def _raise_non_finite(flat: torch.Tensor, layout: Layout) -> None:
+def _typed(buf: torch.Tensor, begin: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+    """buf[begin:end] as dtype; a misaligned span (a header that breaks the alignment) is copied first."""
+    span = buf[begin:end]
+    return (span if begin % dtype.itemsize == 0 else span.clone()).view(dtype)
+
+
+def _raise_non_finite(buf: torch.Tensor, layout: Layout) -> None:
     """After a non-finite sum: name the first tensor holding NaN or Inf (none: the sum only overflowed)."""
-    for name, file_dtype, begin, end, offset in layout.tensors:
-        n = (end - begin) // TORCH_DTYPES[file_dtype].itemsize
-        if not bool(torch.isfinite(flat[offset : offset + n]).all()):
+    for name, file_dtype, begin, end in layout.tensors:
+        if not bool(torch.isfinite(_typed(buf, begin, end, TORCH_DTYPES[file_dtype])).all()):
             raise AdapterNonFiniteError(f"tensor {name} holds NaN or Inf", param=name)
 
 
@@ -176,6 +247,7 @@ def read_entry(
     spec: AdapterSpec,
     dtype: torch.dtype,
     pin: bool,
+    row_for: Callable[[int], RowLayout],
 ) -> tuple[HostAdapter, int, Identities, Layout]:
     """Read one disk entry, prove it (verified) or hash it, and pack it.
 
@@ -206,14 +278,15 @@ def read_entry(
         if config_id != ids[1] or bytes(buf[: layout.start].numpy()) != layout.header:
             raise ChecksumMismatchError(f"local copy of {adapter_id!r} is not the one verified")
         try:
-            host = pack(buf, layout, adapter_id, base_model_hash, spec, dtype, pin, weights_digest)
+            # proven to be the bytes that passed validation, NaN/Inf check included: not checked again
+            host = pack(buf, layout, adapter_id, base_model_hash, spec, dtype, pin, weights_digest, True)
         except AdapterError as exc:  # the bytes proved to be the verified ones: a failure means corruption
             raise ChecksumMismatchError(f"local copy of {adapter_id!r} fails validation: {exc}") from exc
         return host, nbytes, seen, layout
     hashing = _HASHER.submit(lambda: hashlib.sha256(view).hexdigest())
     try:
         host, layout = validate_and_pack(
-            buf, config, adapter_id, base_model_hash, spec, dtype, pin, weights_digest
+            buf, config, adapter_id, base_model_hash, spec, dtype, pin, weights_digest, row_for
         )
     except BaseException:
         _check_digests(hashing.result(), weights_digest, config, config_digest)
@@ -227,33 +300,27 @@ def _check_digests(weights: str, want: str, config: bytes, want_config: str) -> 
         raise ChecksumMismatchError("local copy does not match its digest")
 
 
-def check_fits(
-    host: HostAdapter, spec: AdapterSpec, known: dict[int, tuple[tuple[PackedModule, ...], int]]
-) -> None:
-    """Before a slot is written: the entry's base hash, rank and every module's shapes fit the served model.
+def check_fits(host: HostAdapter, spec: AdapterSpec, row: RowLayout) -> None:
+    """Before a slot is written: the entry's base hash, rank, modules and buffer size fit the served model.
 
-    Metadata only (the bytes were checked when they entered RAM); the same errors as validation. `known`
-    maps module tuples already checked against this spec to their largest rank (entries packed from one
-    layout share one immutable tuple), so the per-module loop runs once per layout; the dict keeps each
-    tuple alive, so its id is not reused.
+    Metadata only (the bytes were checked when they entered RAM); the same errors as validation. row is
+    the layout of the bucket that holds host.rank (GpuTier.row_layout); its plans are cached per module set.
     """
     check_base_hash(spec.base_model_hash, host.base_model_hash)
     if host.rank > spec.max_rank:
         raise AdapterRankTooLargeError(f"rank {host.rank} exceeds the cap {spec.max_rank}", param="r")
-    modules, rank = known.get(id(host.modules), ((), 0))
-    if modules is not host.modules:
-        for m in host.modules:
-            layer, name = m.key
-            fit = spec.shapes.get(name)
-            if fit is None or layer >= spec.num_layers:
-                raise AdapterTargetModuleError(f"layer {layer} {name} is not adapted on this replica")
-            if m.a_shape != (m.rank, fit[0]) or m.b_shape != (fit[1], m.rank):
-                raise AdapterShapeError(f"layer {layer} {name}: {m.a_shape} / {m.b_shape} do not fit {fit}")
-        rank = max(m.rank for m in host.modules)
-        if len(known) >= 4096:
-            known.clear()
-        known[id(host.modules)] = (host.modules, rank)
-    if host.rank != rank:
+    if host.bucket != row.rank:
         raise AdapterRankTooLargeError(
-            f"rank {host.rank} is not the adapter's largest rank {rank}", param="r"
+            f"packed for rank {host.bucket}, its slots are rank {row.rank}", param="r"
+        )
+    try:
+        plan = row.plan(host.targets)
+    except (KeyError, ValueError) as exc:
+        raise AdapterTargetModuleError(
+            f"modules {list(host.targets)} are not adapted on this replica"
+        ) from exc
+    if plan.numel != host.flat.numel() or plan.num_scales != host.scales.numel():
+        raise AdapterShapeError(
+            f"buffer of {host.flat.numel()} elements / {host.scales.numel()} scales; "
+            f"the slot row needs {plan.numel} / {plan.num_scales}"
         )

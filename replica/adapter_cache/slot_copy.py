@@ -1,85 +1,72 @@
-"""Slot writes for slot pools in host memory (CPU replicas): one memmove per tensor from a cached byte plan.
+"""Slot writes: a RAM entry's buffer into one slot row of an arena, following the row plan's runs.
 
-On CPU, torch's per-op dispatch (a few microseconds each) over an adapter's ~630 A, B and scale copies cost
-about as much as moving the bytes; memmoves of precomputed (destination, source offset, length) triples run
-at memory speed. One thread: splitting the list over two measured no faster on the 2-core development
-machine (each memmove is a few microseconds, so the threads queue for the GIL between them). A plan is
-built from the same slot views as the device path (GpuTier._plan) and holds them, so the memory its
-pointers name stays alive as long as the plan.
+Semantics (what both functions do; plan from RowLayout.plan(entry.targets)):
+    for row_off, buf_off, n in plan.copies:        row[row_off : row_off + n] = flat[buf_off : buf_off + n]
+    for row_off, n in plan.zeros:                  row[row_off : row_off + n] = 0
+    for j, i, n in plan.scale_copies:              row_scales[j : j + n] = scales[i : i + n]
+    for j, n in plan.scale_zeros:                  row_scales[j : j + n] = 0
 
-Semantics (what run(plan, flat, scales) equals):
-    for dst, chunk in zip(dsts, flat.split(chunk_sizes)[picked]): dst.copy_(chunk.view(dst.shape))
-    for dst, s in zip(scale_dsts, scales.split(1)): dst.copy_(s)
-    for z in zeros: z.zero_()
+run_host: arenas in host memory (CPU replicas): a run of at least BIG_RUN_BYTES is a torch copy_ (which
+splits a large copy over the intra-op threads: one memmove thread is half as fast on two cores), a smaller
+one a memmove/memset, a C call that releases the GIL (torch's per-op dispatch would cost as much as the
+bytes of a small run). run_device: the same as
+copy_/zero_ on the current stream; from a pinned buffer each copy is an asynchronous host-to-device
+transfer straight into the slot row (no staging buffer).
 """
 
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 
 import torch
 
-Copy = tuple[int, int, int]  # (destination address, byte offset in the source buffer, bytes)
+from replica.lora.row_layout import RowPlan
+
+BIG_RUN_BYTES = 1 << 18
 
 
-@dataclass(frozen=True)
-class BytePlan:
-    keep: tuple[torch.Tensor, ...]  # every slot view the addresses point into
-    flat_copies: tuple[Copy, ...]
-    scale_copies: tuple[Copy, ...]
-    strided: tuple[tuple[torch.Tensor, int, tuple[int, int]], ...]  # padded: (dst, element offset, shape)
-    zeros: tuple[torch.Tensor, ...]
-    flat_nbytes: int
-    scales_nbytes: int
-    dtype: torch.dtype
+def _check(row: torch.Tensor, row_scales: torch.Tensor, flat: torch.Tensor, scales: torch.Tensor) -> None:
+    if flat.dtype != row.dtype or scales.dtype != torch.float32 or row_scales.dtype != torch.float32:
+        raise ValueError("the buffer must have the slot dtype and fp32 scales")
+    for t in (row, row_scales, flat, scales):
+        if not t.is_contiguous():
+            raise ValueError("slot rows and RAM buffers must be contiguous")
 
 
-def build(
-    zeros: list[torch.Tensor],
-    dsts: list[torch.Tensor],
-    picks: list[tuple[int, tuple[int, int] | None]],
-    scale_dsts: list[torch.Tensor],
-    chunk_offsets: list[int],
-    flat_numel: int,
-    dtype: torch.dtype,
-) -> BytePlan:
-    """A byte plan from slot views (dsts[i] takes buffer chunk picks[i], at element chunk_offsets[j])."""
-    item = dtype.itemsize
-    copies: list[Copy] = []
-    strided: list[tuple[torch.Tensor, int, tuple[int, int]]] = []
-    for dst, (j, shape) in zip(dsts, picks, strict=True):
-        assert dst.dtype == dtype and dst.device.type == "cpu"
-        if shape is None:
-            assert dst.is_contiguous() and chunk_offsets[j] * item + dst.nbytes <= flat_numel * item
-            copies.append((dst.data_ptr(), chunk_offsets[j] * item, dst.nbytes))
-        else:
-            strided.append((dst, chunk_offsets[j], shape))
-    scale_copies: list[Copy] = []
-    for i, dst in enumerate(scale_dsts):
-        assert dst.dtype == torch.float32 and dst.is_contiguous() and dst.numel() == 1
-        scale_copies.append((dst.data_ptr(), 4 * i, 4))
-    keep = (*dsts, *scale_dsts, *zeros)
-    return BytePlan(
-        keep, tuple(copies), tuple(scale_copies), tuple(strided), tuple(zeros), flat_numel * item,
-        4 * len(scale_dsts), dtype,
-    )  # fmt: skip
+def run_host(
+    plan: RowPlan, row: torch.Tensor, row_scales: torch.Tensor, flat: torch.Tensor, scales: torch.Tensor
+) -> None:
+    """row [row_numel] and row_scales [num_modules] in host memory; flat [plan.numel]; scales [num_scales]."""
+    _check(row, row_scales, flat, scales)
+    move, fill = ctypes.memmove, ctypes.memset
+    for dst_t, src_t, item, copies, zeros in (
+        (row, flat, row.element_size(), plan.copies, plan.zeros),
+        (row_scales, scales, 4, plan.scale_copies, plan.scale_zeros),
+    ):
+        big = BIG_RUN_BYTES // item
+        dst, src = dst_t.data_ptr(), src_t.data_ptr()
+        for row_off, buf_off, n in copies:
+            if n >= big:
+                dst_t[row_off : row_off + n].copy_(src_t[buf_off : buf_off + n])
+            else:
+                move(dst + row_off * item, src + buf_off * item, n * item)
+        for row_off, n in zeros:
+            if n >= big:
+                dst_t[row_off : row_off + n].zero_()
+            else:
+                fill(dst + row_off * item, 0, n * item)
 
 
-def run(plan: BytePlan, flat: torch.Tensor, scales: torch.Tensor) -> None:
-    """flat [numel] in the slot dtype and scales [num_modules] fp32, both contiguous in host memory."""
-    if flat.dtype != plan.dtype or flat.nbytes != plan.flat_nbytes or scales.nbytes != plan.scales_nbytes:
-        raise ValueError("the buffer does not have the layout this plan was built for")
-    if not (flat.is_contiguous() and scales.is_contiguous() and scales.dtype == torch.float32):
-        raise ValueError("slot copies need contiguous fp32 scales and a contiguous buffer")
-    move = ctypes.memmove  # a C call that releases the GIL
-    base = flat.data_ptr()
-    for dst, offset, n in plan.flat_copies:
-        move(dst, base + offset, n)
-    base = scales.data_ptr()
-    for dst, offset, n in plan.scale_copies:
-        move(dst, base + offset, n)
-    for dst, offset, shape in plan.strided:
-        dst.copy_(flat[offset : offset + shape[0] * shape[1]].view(shape))
-    if plan.zeros:
-        torch._foreach_zero_(list(plan.zeros))
+def run_device(
+    plan: RowPlan, row: torch.Tensor, row_scales: torch.Tensor, flat: torch.Tensor, scales: torch.Tensor
+) -> None:
+    """The same with torch ops on the current stream (row on the device; flat pinned for async copies)."""
+    _check(row, row_scales, flat, scales)
+    for dst, src, copies, zeros in (
+        (row, flat, plan.copies, plan.zeros),
+        (row_scales, scales, plan.scale_copies, plan.scale_zeros),
+    ):
+        for row_off, buf_off, n in copies:
+            dst[row_off : row_off + n].copy_(src[buf_off : buf_off + n], non_blocking=True)
+        for row_off, n in zeros:
+            dst[row_off : row_off + n].zero_()

@@ -23,11 +23,13 @@ def check_rows(name: str, tensor: torch.Tensor) -> None:
 
 
 def check_stack(name: str, tensor: torch.Tensor) -> None:
-    """Require a contiguous 3-D slot stack [num_slots, *, *]."""
+    """Require a 3-D slot stack [num_slots, p, q] whose slots are each contiguous (any slot stride, as in a
+    slot arena's views); the kernels take stride(0)."""
     if tensor.dim() != 3:
         raise ValueError(f"{name} must be 3-D [num_slots, *, *], got shape {tuple(tensor.shape)}")
-    if not tensor.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
+    _, p, q = tensor.shape
+    if not ((q <= 1 or tensor.stride(2) == 1) and (p <= 1 or tensor.stride(1) == q)):
+        raise ValueError(f"{name} must have contiguous slots, got strides {tensor.stride()}")
 
 
 def check_slots(slot_of_row: torch.Tensor, num_tokens: int) -> None:

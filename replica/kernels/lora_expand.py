@@ -9,7 +9,8 @@ Semantics (both launchers equal this torch loop; reference.lora_expand_ref is th
             out[i] += delta.to(out.dtype)                                      # rows with s == -1 untouched
 
 Shapes: out [num_tokens, hidden_out] (rows may be strided, last dim contiguous), updated in place;
-t [num_tokens, rank] contiguous; b_stack [num_slots, hidden_out, rank] contiguous; scale [num_slots] float;
+t [num_tokens, rank] contiguous; b_stack [num_slots, hidden_out, rank], each slot contiguous (any slot
+stride); scale [num_slots] float (any stride);
 slot_of_row [num_tokens] int32/int64 in [-1, num_slots). out, t and b_stack share one dtype.
 Slots out of range are not checked (that would cost a host sync per call): callers own the slot table.
 """
@@ -34,6 +35,8 @@ def _expand_gathered_kernel(
     hidden_out,
     rank,
     stride_out,
+    stride_b,  # b_stack.stride(0)
+    stride_scale,  # scale.stride(0)
     BLOCK_D: tl.constexpr,
     BLOCK_R: tl.constexpr,  # rank padded to a power of two; no tl.dot, so no minimum
 ):
@@ -48,11 +51,11 @@ def _expand_gathered_kernel(
     r_mask = r_offs < rank
     tv = tl.load(t_ptr + row.to(tl.int64) * rank + r_offs, mask=r_mask, other=0.0).to(tl.float32)
     bv = tl.load(  # [BLOCK_D, BLOCK_R]
-        b_ptr + slot * hidden_out * rank + d_offs[:, None].to(tl.int64) * rank + r_offs[None, :],
+        b_ptr + slot * stride_b + d_offs[:, None].to(tl.int64) * rank + r_offs[None, :],
         mask=d_mask[:, None] & r_mask[None, :],
         other=0.0,
     )
-    scale = tl.load(scale_ptr + slot).to(tl.float32)
+    scale = tl.load(scale_ptr + slot * stride_scale).to(tl.float32)
     delta = tl.sum(bv.to(tl.float32) * tv[None, :], axis=1) * scale  # [BLOCK_D]
     out_ptrs = out_ptr + row.to(tl.int64) * stride_out + d_offs
     old = tl.load(out_ptrs, mask=d_mask, other=0.0).to(tl.float32)
@@ -74,6 +77,8 @@ def _expand_segmented_kernel(
     hidden_out,
     rank,
     stride_out,
+    stride_b,  # b_stack.stride(0)
+    stride_scale,  # scale.stride(0)
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_R: tl.constexpr,  # rank padded to a power of two >= 16 for tl.dot
@@ -98,11 +103,11 @@ def _expand_segmented_kernel(
         t_ptr + rows[:, None] * rank + r_offs[None, :], mask=m_mask[:, None] & r_mask[None, :], other=0.0
     )
     bv = tl.load(  # [BLOCK_R, BLOCK_D]: B^T tile
-        b_ptr + slot * hidden_out * rank + d_offs[None, :].to(tl.int64) * rank + r_offs[:, None],
+        b_ptr + slot * stride_b + d_offs[None, :].to(tl.int64) * rank + r_offs[:, None],
         mask=r_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
-    scale = tl.load(scale_ptr + slot).to(tl.float32)
+    scale = tl.load(scale_ptr + slot * stride_scale).to(tl.float32)
     # fp32 operands: the interpreter has no bf16 arithmetic, and tf32 holds fp16/bf16 values exactly.
     delta = (
         tl.dot(tv.to(tl.float32), bv.to(tl.float32), input_precision=PRECISION) * scale
@@ -129,7 +134,18 @@ def expand_gathered(
     block_d = max(16, min(256, 4096 // block_r, triton.next_power_of_2(hidden_out)))
     grid = (num_tokens, triton.cdiv(hidden_out, block_d))
     _expand_gathered_kernel[grid](
-        out, t, b_stack, scale, slot_of_row, hidden_out, rank, out.stride(0), BLOCK_D=block_d, BLOCK_R=block_r
+        out,
+        t,
+        b_stack,
+        scale,
+        slot_of_row,
+        hidden_out,
+        rank,
+        out.stride(0),
+        b_stack.stride(0),
+        scale.stride(0),
+        BLOCK_D=block_d,
+        BLOCK_R=block_r,
     )
 
 
@@ -169,6 +185,8 @@ def expand_segmented(
         hidden_out,
         rank,
         out.stride(0),
+        b_stack.stride(0),
+        scale.stride(0),
         BLOCK_M=block_m,
         BLOCK_D=block_d,
         BLOCK_R=block_r,
@@ -199,8 +217,6 @@ def _check_expand(
     if scale.dim() != 1 or scale.shape[0] != num_slots:
         raise ValueError(f"scale must have shape [{num_slots}] (num_slots), got {tuple(scale.shape)}")
     check_float("scale", scale)
-    if not scale.is_contiguous():
-        raise ValueError("scale must be contiguous")
     check_slots(slot_of_row, num_tokens)
     for name, tensor in (("t", t), ("b_stack", b_stack), ("scale", scale), ("slot_of_row", slot_of_row)):
         check_same_device(name, tensor, out)

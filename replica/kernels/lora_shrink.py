@@ -9,7 +9,8 @@ Semantics (both launchers equal this torch loop; reference.lora_shrink_ref is th
             t[i] = (a_stack[s].float() @ x[i].float()).to(x.dtype)   # fp32 accumulation
 
 Shapes: x [num_tokens, hidden_in] (rows may be strided, last dim contiguous);
-a_stack [num_slots, rank, hidden_in] contiguous; slot_of_row [num_tokens] int32/int64 in [-1, num_slots).
+a_stack [num_slots, rank, hidden_in], each slot contiguous (any slot stride);
+slot_of_row [num_tokens] int32/int64 in [-1, num_slots).
 Slots out of range are not checked (that would cost a host sync per call): callers own the slot table.
 """
 
@@ -32,6 +33,7 @@ def _shrink_gathered_kernel(
     hidden_in,
     rank,
     stride_x,
+    stride_a,  # a_stack.stride(0)
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
@@ -45,7 +47,7 @@ def _shrink_gathered_kernel(
         tl.store(t_row + r_offs, tl.zeros([BLOCK_R], dtype=t_ptr.dtype.element_ty), mask=r_mask)
         return
     x_row = x_ptr + row.to(tl.int64) * stride_x
-    a_rows = a_ptr + slot * rank * hidden_in + r_offs[:, None].to(tl.int64) * hidden_in  # [BLOCK_R, 1]
+    a_rows = a_ptr + slot * stride_a + r_offs[:, None].to(tl.int64) * hidden_in  # [BLOCK_R, 1]
     acc = tl.zeros([BLOCK_R, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, hidden_in, BLOCK_K):
         k_offs = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K]
@@ -69,6 +71,7 @@ def _shrink_segmented_kernel(
     hidden_in,
     rank,
     stride_x,
+    stride_a,  # a_stack.stride(0)
     BLOCK_M: tl.constexpr,
     BLOCK_R: tl.constexpr,  # rank padded to a power of two >= 16 for tl.dot
     BLOCK_K: tl.constexpr,
@@ -87,7 +90,7 @@ def _shrink_segmented_kernel(
     rows = tl.load(perm_ptr + start + m_offs, mask=m_mask, other=0).to(tl.int64)  # [BLOCK_M]
     r_offs = tl.arange(0, BLOCK_R)  # [BLOCK_R]
     r_mask = r_offs < rank
-    a_base = a_ptr + slot * rank * hidden_in
+    a_base = a_ptr + slot * stride_a
     acc = tl.zeros([BLOCK_M, BLOCK_R], dtype=tl.float32)
     for k0 in range(0, hidden_in, BLOCK_K):
         k_offs = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K]
@@ -130,7 +133,16 @@ def shrink_gathered(x: torch.Tensor, a_stack: torch.Tensor, slot_of_row: torch.T
     block_k = max(64, min(512, 4096 // block_r, triton.next_power_of_2(hidden_in)))
     grid = (num_tokens, triton.cdiv(rank, block_r))
     _shrink_gathered_kernel[grid](
-        x, a_stack, slot_of_row, t, hidden_in, rank, x.stride(0), BLOCK_R=block_r, BLOCK_K=block_k
+        x,
+        a_stack,
+        slot_of_row,
+        t,
+        hidden_in,
+        rank,
+        x.stride(0),
+        a_stack.stride(0),
+        BLOCK_R=block_r,
+        BLOCK_K=block_k,
     )
     return t
 
@@ -166,6 +178,7 @@ def shrink_segmented(
         hidden_in,
         rank,
         x.stride(0),
+        a_stack.stride(0),
         BLOCK_M=block_m,
         BLOCK_R=block_r,
         BLOCK_K=block_k,

@@ -7,21 +7,32 @@ from torch import nn
 
 from replica.engine.context import get_context
 from replica.kernels import ops
+from replica.lora.arena import build_arenas
 from replica.lora.pools import BucketPool
+
+_ALONE = (-1, "linear")  # the module key of a layer that owns its arenas
 
 
 class LoraLinear(nn.Module):
     """y = x W^T (once for the batch) + per row scale[s] * B[s] (A[s] x), s = the row's slot in its bucket."""
 
-    def __init__(self, base: nn.Linear, capacities: dict[int, int]) -> None:
+    def __init__(
+        self, base: nn.Linear, capacities: dict[int, int], pools: dict[int, BucketPool] | None = None
+    ) -> None:
+        """pools: this layer's views into shared slot arenas (replica.lora.replace.lora_layers); without
+        them the layer gets arenas of its own."""
         super().__init__()
         self.base = base
         w = base.weight  # [out_features, in_features]
         self.in_features, self.out_features = w.shape[1], w.shape[0]
-        self.pools: dict[int, BucketPool] = {
-            rank: BucketPool(slots, rank, self.in_features, self.out_features, w.dtype, w.device)
-            for rank, slots in sorted(capacities.items())
-        }
+        if pools is None:
+            arenas = build_arenas(
+                {_ALONE: (self.in_features, self.out_features)}, capacities, w.dtype, w.device
+            )
+            pools = {rank: arena.pool(_ALONE) for rank, arena in arenas.items()}
+        if sorted(pools) != sorted(capacities):
+            raise ValueError(f"pools for ranks {sorted(pools)}, capacities for {sorted(capacities)}")
+        self.pools = dict(sorted(pools.items()))
 
     def set_slot(self, bucket: int, index: int, a: torch.Tensor, b: torch.Tensor, scale: float) -> None:
         """Write an adapter's A [r, in_features] and B [out_features, r] into a slot of a bucket."""

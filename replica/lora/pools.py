@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -9,8 +11,20 @@ class BucketPool:
     """a [num_slots, rank, in_features], b [num_slots, out_features, rank], scale [num_slots] (fp32).
 
     An adapter of smaller rank than the bucket is zero-padded: the extra rows of A and columns of B are
-    zero, so they add nothing. A free or reset slot is all zeros with scale 0.
+    zero, so they add nothing. A free or reset slot is all zeros with scale 0. Built by a SlotArena
+    (replica.lora.arena), a, b and scale are views into the arena's rows: the slot stride is the row.
     """
+
+    arena: Any = None  # the SlotArena this pool is a view of, if any
+
+    @classmethod
+    def of_views(
+        cls, rank: int, a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, arena: Any
+    ) -> BucketPool:
+        """A pool over existing storage: a [S, rank, in], b [S, out, rank], scale [S] fp32."""
+        pool = cls.__new__(cls)
+        pool.rank, pool.a, pool.b, pool.scale, pool.arena = rank, a, b, scale, arena
+        return pool
 
     def __init__(
         self,

@@ -26,6 +26,7 @@ from replica.errors import (
     AdapterShapeError,
     AdapterTargetModuleError,
 )
+from replica.lora.row_layout import ModuleKey
 from replica.lora.spec import MODULE_PARENTS, AdapterSpec
 
 CONFIG_NAME = "adapter_config.json"
@@ -34,8 +35,6 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 MAX_WEIGHTS_BYTES = 4 << 30
 ALLOWED_DTYPES = {torch.float32, torch.float16, torch.bfloat16}
 KEY_RE = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(\w+)\.(\w+)\.lora_(A|B)\.weight$")
-
-ModuleKey = tuple[int, str]  # (layer index, module name such as "q_proj")
 
 
 @dataclass(frozen=True)

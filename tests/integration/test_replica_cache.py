@@ -37,7 +37,7 @@ from replica.adapter_cache.registry_client import RegistryClient
 from replica.control.events import EventPublisher
 from replica.control.service import run_control
 from replica.control.state_publisher import Load, build_state
-from replica.lora.layers import LoraLinear
+from replica.lora.replace import lora_layers
 from replica.lora.spec import AdapterSpec
 from schemas.events import ReplicaCommand, parse_event
 from schemas.llama import linear_shapes
@@ -65,11 +65,14 @@ def _spec() -> AdapterSpec:
 
 
 def _cache(tmp: Path, spec: AdapterSpec, registry, s3, on_event) -> AdapterCache:  # noqa: ANN001
-    layers = {
-        (layer, name): LoraLinear(nn.Linear(i, o, bias=False), {8: 2})
-        for layer in range(spec.num_layers)
-        for name, (i, o) in spec.shapes.items()
-    }
+    layers = lora_layers(
+        {
+            (layer, name): nn.Linear(i, o, bias=False)
+            for layer in range(spec.num_layers)
+            for name, (i, o) in spec.shapes.items()
+        },
+        {8: 2},
+    )
     return AdapterCache(
         spec,
         registry,

@@ -20,6 +20,8 @@ from replica.adapter_cache.object_store import ObjectStore
 from replica.adapter_cache.record import AdapterRecord
 from replica.adapter_cache.tier import CacheEvent
 from replica.lora.layers import LoraLinear
+from replica.lora.replace import lora_layers
+from replica.lora.row_layout import RowLayout
 from replica.lora.spec import MODULE_PARENTS, AdapterSpec
 
 BASE_HASH = "sha256:" + "b" * 64
@@ -29,22 +31,40 @@ SPEC = AdapterSpec(
 
 
 def make_layers(capacities: dict[int, int]) -> dict[tuple[int, str], LoraLinear]:
+    """SPEC's adapted linears, their slot pools views into one arena per bucket (as a replica builds them)."""
     torch.manual_seed(0)
-    return {
-        (layer, name): LoraLinear(nn.Linear(i, o, bias=False), capacities)
+    bases = {
+        (layer, name): nn.Linear(i, o, bias=False)
         for layer in range(SPEC.num_layers)
         for name, (i, o) in SPEC.shapes.items()
     }
+    return lora_layers(bases, capacities)
+
+
+_ROWS = GpuTier(make_layers({8: 1}), {8: 1})
+
+
+def row_for(rank: int) -> RowLayout:
+    """The slot-row layout a RAM entry of this rank is packed in, on a replica with rank-8 slots."""
+    return _ROWS.row_layout(rank)
 
 
 def write_peft(
-    out: Path, seed: int, rank: int = 4, alpha: float = 8.0, nan: bool = False
+    out: Path,
+    seed: int,
+    rank: int = 4,
+    alpha: float = 8.0,
+    nan: bool = False,
+    modules: tuple[str, ...] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """A PEFT folder (adapter_config.json + adapter_model.safetensors) with random weights."""
+    """A PEFT folder (adapter_config.json + adapter_model.safetensors) with random weights; `modules`
+    limits the target modules (default: all of SPEC's)."""
     g = torch.Generator().manual_seed(seed)
     tensors = {}
     for layer in range(SPEC.num_layers):
         for name, (i, o) in SPEC.shapes.items():
+            if modules is not None and name not in modules:
+                continue
             prefix = f"base_model.model.model.layers.{layer}.{MODULE_PARENTS[name]}.{name}"
             tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, i, generator=g)
             tensors[f"{prefix}.lora_B.weight"] = torch.randn(o, rank, generator=g)
@@ -52,7 +72,8 @@ def write_peft(
         next(iter(tensors.values()))[0, 0] = float("nan")
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": list(SPEC.shapes)}
+    targets = list(SPEC.shapes) if modules is None else list(modules)
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": targets}
     (out / "adapter_config.json").write_text(json.dumps(config))
     return tensors
 
@@ -114,6 +135,7 @@ def make_env(
     disk_bytes: int = 1 << 30,
     ram_bytes: int = 1 << 30,
     slot_wait_s: float = 0.2,
+    inline_write_bytes: int | None = None,
 ) -> Env:
     store_root = tmp / "store"
     store_root.mkdir()
@@ -129,16 +151,26 @@ def make_env(
         GpuTier(layers, capacities or {8: 4}),
         on_event=events.append,
         slot_wait_s=slot_wait_s,
+        **({} if inline_write_bytes is None else {"inline_write_bytes": inline_write_bytes}),
     )
     return Env(cache, registry, store_root, layers, events)
 
 
 def slot_holds(layers: dict[tuple[int, str], LoraLinear], ref, tensors: dict[str, torch.Tensor]) -> bool:
-    """True when every adapted layer's slot holds exactly this adapter's A and B."""
+    """True when every adapted layer's slot holds exactly this adapter's A and B (zero-padded past its
+    rank), and every layer it does not adapt is all zeros with scale 0."""
     for (layer, name), lin in layers.items():
         prefix = f"base_model.model.model.layers.{layer}.{MODULE_PARENTS[name]}.{name}"
-        a, b = tensors[f"{prefix}.lora_A.weight"], tensors[f"{prefix}.lora_B.weight"]
         pool = lin.pools[ref.bucket]
+        if f"{prefix}.lora_A.weight" not in tensors:
+            if pool.a[ref.index].abs().sum() != 0 or pool.b[ref.index].abs().sum() != 0:
+                return False
+            if pool.scale[ref.index] != 0:
+                return False
+            continue
+        a, b = tensors[f"{prefix}.lora_A.weight"], tensors[f"{prefix}.lora_B.weight"]
+        if pool.scale[ref.index] == 0:
+            return False
         r = a.shape[0]
         if not (torch.equal(pool.a[ref.index, :r], a) and torch.equal(pool.b[ref.index, :, :r], b)):
             return False

@@ -86,10 +86,11 @@ async def test_an_adapter_for_another_base_or_with_nan_never_takes_a_slot(tmp_pa
     assert env.cache.gpu.adapter_ids() == [] and env.cache.host.adapter_ids() == []
 
 
+@pytest.mark.parametrize("inline_write_bytes", [None, 0], ids=["ram_to_slot_on_the_loop", "in_a_thread"])
 async def test_more_active_adapters_than_slots_evicts_only_idle_ones_and_counts_evictions(
-    tmp_path: Path,
+    tmp_path: Path, inline_write_bytes: int | None
 ) -> None:
-    env = make_env(tmp_path, capacities={8: 2}, slot_wait_s=0.1)
+    env = make_env(tmp_path, capacities={8: 2}, slot_wait_s=0.1, inline_write_bytes=inline_write_bytes)
     tensors = {f"a{i}": env.add(f"a{i}", seed=i) for i in range(5)}
     held = [await env.cache.acquire("a0"), await env.cache.acquire("a1")]
     with pytest.raises(NoFreeSlotError):  # both slots run requests: the third waits, then gives up
@@ -108,6 +109,7 @@ async def test_more_active_adapters_than_slots_evicts_only_idle_ones_and_counts_
     assert slot_holds(env.layers, held[0].ref, tensors["a0"])
     assert [e.adapter_id for e in env.evictions("gpu")] == ["a1", "a2", "a3", "a4"]
     assert env.cache.state().evictions_per_min == 4.0
+    assert [e.adapter_id for e in env.loads("ram") if e.to_tier == "gpu"].count("a1") == 2  # back from RAM
     env.cache.release(held[0])
 
 

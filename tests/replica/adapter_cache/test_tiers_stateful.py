@@ -9,7 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from replica.adapter_cache.errors import TierFullError
 from replica.adapter_cache.gpu import GpuTier
-from replica.adapter_cache.host import HostTier, pack
+from replica.adapter_cache.host import HostAdapter, HostTier, pack
 from replica.adapter_cache.lru import ByteLru
 from replica.errors import NoFreeSlotError
 from replica.lora.weights import AdapterWeights, ModuleLora
@@ -75,9 +75,13 @@ class GpuHostMachine(RuleBasedStateMachine):
         self.capacities = {4: 2, 8: 2}
         self.layers = make_layers(self.capacities)
         self.gpu = GpuTier(self.layers, self.capacities)
-        self.one = pack(weights_for("a0"), "0" * 64, torch.float32, pin=False).nbytes
+        self.one = self._pack("a0").nbytes
         self.host = HostTier(3 * self.one)
         self.running: list[str] = []
+
+    def _pack(self, adapter_id: str) -> HostAdapter:
+        weights = weights_for(adapter_id)
+        return pack(weights, "0" * 64, torch.float32, False, self.gpu.row_layout(weights.rank))
 
     @rule(adapter_id=st.sampled_from(IDS))
     def request(self, adapter_id: str) -> None:
@@ -87,7 +91,7 @@ class GpuHostMachine(RuleBasedStateMachine):
         item = self.host.get_pinned(adapter_id)
         if item is None:
             try:
-                self.host.put(pack(weights_for(adapter_id), "0" * 64, torch.float32, pin=False), pinned=True)
+                self.host.put(self._pack(adapter_id), pinned=True)
             except TierFullError:
                 return
             item = self.host.get(adapter_id)

@@ -173,6 +173,30 @@ def test_row_strided_views_and_int64_slots_are_accepted(triton_ops: ModuleType, 
     assert torch.equal(fused[:, :32], x_copy)  # expand wrote only its own columns
 
 
+@pytest.mark.parametrize("launch", LAUNCHES)
+def test_slot_arena_views_with_a_row_stride_are_read_per_slot(triton_ops: ModuleType, launch: str) -> None:
+    """Pools that are views into a slot arena (slot stride = the whole row, scale strided) give the
+    same result as contiguous copies of them."""
+    from replica.lora.arena import build_arenas
+
+    gen = torch.Generator().manual_seed(11)
+    arena = build_arenas({(0, "q_proj"): (32, 24), (0, "v_proj"): (40, 16)}, {8: 3}, torch.float32, "cpu")[8]
+    arena.data.normal_(generator=gen)
+    arena.scales.uniform_(0.5, 2.0, generator=gen)
+    slots = torch.tensor([2, 0, -1, 2, 1], dtype=torch.int32)
+    segments = build_segments(slots) if launch == "segmented" else None
+    for key, fan_in, fan_out in (((0, "q_proj"), 32, 24), ((0, "v_proj"), 40, 16)):
+        pool = arena.pool(key)
+        assert not pool.a.is_contiguous() and pool.a.stride(0) == arena.data.shape[1]
+        x, out = torch.randn(5, fan_in, generator=gen), torch.randn(5, fan_out, generator=gen)
+        out_ref = out.clone()
+        t = triton_ops.lora_shrink(x, pool.a, slots, segments)
+        torch.testing.assert_close(t, lora_shrink_ref(x, pool.a.contiguous(), slots), atol=1e-5, rtol=1e-5)
+        triton_ops.lora_expand(out, t, pool.b, pool.scale, slots, segments)
+        lora_expand_ref(out_ref, t, pool.b.contiguous(), pool.scale.contiguous(), slots)
+        torch.testing.assert_close(out, out_ref, atol=1e-5, rtol=1e-5)
+
+
 def test_empty_batch_returns_empty_t(triton_ops: ModuleType) -> None:
     a_stack = torch.zeros(2, 8, 16)
     slots = torch.zeros(0, dtype=torch.int32)
@@ -203,7 +227,7 @@ SHRINK_ERRORS = {
     ),
     "stack_not_contiguous": (
         dict(a_stack=torch.randn(2, 16, 8).transpose(1, 2)),
-        "a_stack must be contiguous",
+        "a_stack must have contiguous slots",
     ),
     "x_columns_strided": (dict(x=torch.randn(16, 3).t()), "contiguous in its last dimension"),
     "slots_float": (dict(slots=torch.zeros(3)), "int32 or int64"),

@@ -1,0 +1,57 @@
+"""Slot writes into an arena row: memmove runs and torch-copied big runs give the same row as the plan says."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from replica.adapter_cache import slot_copy
+from replica.lora.row_layout import RowLayout
+
+ROW = RowLayout.for_modules(4, {(layer, name): (8, 6) for layer in range(3) for name in ("q_proj", "v_proj")})
+
+
+def expected(targets: tuple, flat: torch.Tensor) -> torch.Tensor:
+    row, cursor = torch.zeros(ROW.row_numel), 0
+    for key in targets:
+        j, n = ROW.index[key], ROW.module_numel(key)
+        row[ROW.offsets[j] : ROW.offsets[j] + n] = flat[cursor : cursor + n]
+        cursor += n
+    return row
+
+
+@pytest.mark.parametrize(
+    "run, big_run_bytes",
+    [("run_host", 0), ("run_host", 1 << 30), ("run_device", 0)],
+    ids=["host_torch_copies", "host_memmoves", "device_ops_on_cpu_tensors"],
+)
+@pytest.mark.parametrize("seed", range(8))
+def test_a_slot_write_follows_the_plan(
+    seed: int, run: str, big_run_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(slot_copy, "BIG_RUN_BYTES", big_run_bytes)
+    rng = random.Random(seed)
+    targets = tuple(k for k, _, _ in ROW.modules if rng.random() < 0.6)
+    plan = ROW.plan(targets)
+    flat, scales = torch.randn(plan.numel), torch.rand(len(targets)) + 0.5
+    row, row_scales = torch.full((ROW.row_numel,), 7.0), torch.full((len(ROW.modules),), 7.0)  # stale slot
+    getattr(slot_copy, run)(plan, row, row_scales, flat, scales)
+    assert torch.equal(row, expected(targets, flat))
+    want_scales = torch.zeros(len(ROW.modules))
+    for n, key in enumerate(targets):
+        want_scales[ROW.index[key]] = scales[n]
+    assert torch.equal(row_scales, want_scales)
+
+
+def test_a_buffer_of_another_dtype_or_a_strided_row_is_refused() -> None:
+    plan = ROW.plan(tuple(k for k, _, _ in ROW.modules))
+    flat, scales = torch.randn(plan.numel), torch.ones(len(ROW.modules))
+    with pytest.raises(ValueError, match="slot dtype"):
+        slot_copy.run_host(
+            plan, torch.zeros(ROW.row_numel), torch.zeros(len(ROW.modules)), flat.half(), scales
+        )
+    with pytest.raises(ValueError, match="contiguous"):
+        row = torch.zeros(ROW.row_numel, 2)[:, 0]
+        slot_copy.run_host(plan, row, torch.zeros(len(ROW.modules)), flat, scales)
