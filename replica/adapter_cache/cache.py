@@ -33,9 +33,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+import torch
+
 from replica.adapter_cache.disk import DiskTier
 from replica.adapter_cache.errors import AdapterNotRegisteredError, ChecksumMismatchError
-from replica.adapter_cache.gpu import GpuTier
+from replica.adapter_cache.gpu import GpuTier, SlotWrite
 from replica.adapter_cache.host import HostAdapter, HostTier
 from replica.adapter_cache.object_store import Fetched, ObjectStore
 from replica.adapter_cache.promote import Layout, check_fits, read_entry, validate_and_pack
@@ -92,9 +94,16 @@ class AdapterCache:
         slot_wait_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         inline_write_bytes: int = INLINE_WRITE_BYTES,
+        stream_disk_to_slot: bool | None = None,
     ) -> None:
+        """stream_disk_to_slot: write a slot while its disk entry is read (default: on CUDA only, where the
+        host-to-device copies overlap the read; on a CPU the chunk copies cost what one copy after the read
+        does, plus a call per chunk)."""
         self.spec, self.registry, self.store = spec, registry, store
         self.inline_write_bytes = inline_write_bytes
+        self.stream_disk_to_slot = (
+            gpu.device.type == "cuda" if stream_disk_to_slot is None else stream_disk_to_slot
+        )
         self.disk, self.host, self.gpu = disk, host, gpu
         self.on_event = on_event
         self.slot_wait_s = slot_wait_s
@@ -329,11 +338,17 @@ class AdapterCache:
     def _read_disk(
         self, name: str, record: AdapterRecord, slot: bool
     ) -> tuple[HostAdapter, int, tuple[str | None, float] | None]:
-        """Worker thread: one read of the disk entry, proven by its identities (or hashed if unverified)."""
+        """Worker thread: one read of the disk entry, proven by its identities (or hashed if unverified).
+
+        With `slot`, a verified entry whose file is its RAM entry's buffer (a view layout) is written into a
+        reserved slot chunk by chunk as the read lands (on CUDA the copies overlap the read); the slot is
+        made ready only once the whole file is proven, and given back if it is not."""
         if not self.disk.pin(name):
             raise ChecksumMismatchError("the local copy was evicted before it was read")
+        verified = self.disk.verified(name)
+        write = self._begin_streamed(record.adapter_id, verified[1] if verified else None) if slot else None
+        start = time.perf_counter()
         try:
-            verified = self.disk.verified(name)
             weights_digest, config_digest = self.disk.digests(name)
             host, nbytes, seen, layout = read_entry(
                 self.disk.path(name),
@@ -346,15 +361,41 @@ class AdapterCache:
                 self.gpu.dtype,
                 self._pin_host,
                 self.gpu.row_layout,
+                self._sink(write, layout=verified[1]) if write is not None and verified else None,
             )
+            if write is not None:
+                check_fits(host, self.spec, self.gpu.row_layout(host.rank))
+                self.gpu.finish(write, host)
         except ChecksumMismatchError:
             self.disk.drop_corrupt(name)
             raise
         finally:
+            if write is not None:
+                self.gpu.abort(write)  # a no-op once finished
             self.disk.unpin(name)
         if verified is None:
             self.disk.settle(name, seen, layout)  # hashed just now: from here on its identities prove it
+        if write is not None:
+            return host, nbytes, (write.evicted, time.perf_counter() - start)
         return host, nbytes, self._into_slot(host, slot)
+
+    def _begin_streamed(self, adapter_id: str, layout: Layout | None) -> SlotWrite | None:
+        """Reserve a slot for a streamed disk read, or None (not a view layout, resident, or no free slot)."""
+        if not self.stream_disk_to_slot or layout is None or not layout.view or self.gpu.contains(adapter_id):
+            return None
+        try:
+            return self.gpu.begin(adapter_id, layout.rank, layout.bucket, layout.targets)
+        except (NoFreeSlotError, ValueError):
+            return None  # the slot step after the read tries again (and waits for a slot)
+
+    def _sink(self, write: SlotWrite, layout: Layout) -> Callable[[torch.Tensor, int, int], None]:
+        item, start = self.gpu.dtype.itemsize, layout.start
+
+        def copy(buf: torch.Tensor, lo: int, hi: int) -> None:
+            flat = buf[start:].view(self.gpu.dtype)  # [numel]: the view layout's packed buffer
+            self.gpu.copy_span(write, flat, (lo - start) // item, (hi - start) // item)
+
+        return copy
 
     def _start_writes(self) -> None:
         for digest in list(self._unwritten):

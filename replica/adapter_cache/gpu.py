@@ -11,9 +11,11 @@ requests pin before admission too.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -22,8 +24,21 @@ from replica.adapter_cache.host import HostAdapter
 from replica.errors import AdapterNotFoundError
 from replica.lora.arena import SlotArena
 from replica.lora.layers import LoraLinear
-from replica.lora.row_layout import ModuleKey, RowLayout
+from replica.lora.row_layout import ModuleKey, RowLayout, RowPlan
 from replica.lora.slots import SlotRef, SlotTable
+
+
+@dataclass
+class SlotWrite:
+    """A slot reserved by GpuTier.begin and being written; finish() or abort() ends it."""
+
+    adapter_id: str
+    ref: SlotRef
+    evicted: str | None  # the idle adapter whose slot this is
+    arena: SlotArena | None
+    plan: RowPlan | None
+    host: bool  # the arena is in host memory
+    done: bool = False
 
 
 def arenas_of(layers: dict[ModuleKey, LoraLinear]) -> dict[int, SlotArena]:
@@ -122,52 +137,100 @@ class GpuTier:
         with self.lock:
             if host.adapter_id in self._ready:
                 return self.table.lookup(host.adapter_id).ref, None  # type: ignore[union-attr]
-            placement = self.table.place(host.adapter_id, host.rank, self.clock())  # NoFreeSlotError if full
-            self.table.pin(host.adapter_id, self.clock())  # the loader's hold: not evictable while written
+        write = self.begin(host.adapter_id, host.rank, host.bucket, host.targets)
+        try:
+            self.copy_span(write, host.flat, 0, host.flat.numel())
+            self.finish(write, host)
+        except BaseException:
+            self.abort(write)
+            raise
+        return write.ref, write.evicted
+
+    def begin(self, adapter_id: str, rank: int, bucket: int, targets: tuple[ModuleKey, ...]) -> SlotWrite:
+        """Reserve a slot for an adapter of these modules (pinned, not ready) and zero what it will not
+        write; then copy_span() its buffer in any number of spans, and finish() or abort(). Holds the write
+        lock until then (one slot write at a time). NoFreeSlotError when every slot of the bucket runs;
+        ValueError when the adapter is resident already or packed for another bucket."""
+        if self.table.bucket_for_rank(rank) != bucket:
+            raise ValueError(
+                f"{adapter_id!r} is packed for rank {bucket}, its rank {rank} takes another bucket"
+            )
+        arena = self.arenas.get(bucket)
+        plan = arena.layout.plan(targets) if arena is not None else None
+        with self.lock:
+            placement = self.table.place(adapter_id, rank, self.clock())  # NoFreeSlotError if full
+            self.table.pin(adapter_id, self.clock())  # the loader's hold: not evictable while written
             if placement.evicted is not None:
                 self._ready.discard(placement.evicted)
+        write = SlotWrite(adapter_id, placement.ref, placement.evicted, arena, plan, self._stream is None)
+        self._write_lock.acquire()
         try:
-            self._write(placement.ref, host)
+            with self._on_stream():
+                if arena is not None and plan is not None:
+                    row, scales = arena.data[write.ref.index], arena.scales[write.ref.index]
+                    slot_copy.zero_gaps(plan, row, scales, write.host)
         except BaseException:
-            with self.lock:
-                self.table.unpin(host.adapter_id, self.clock())
-                self.table.remove(host.adapter_id)
+            self.abort(write)
             raise
+        return write
+
+    def copy_span(self, write: SlotWrite, flat: torch.Tensor, lo: int, hi: int) -> None:
+        """Copy flat[lo:hi] (elements of the adapter's packed buffer) into the reserved slot."""
+        if write.arena is None or write.plan is None:
+            return
+        if flat.dtype != self.dtype or not flat.is_contiguous():
+            raise ValueError("the buffer must be contiguous, in the slot dtype")
+        with self._on_stream():
+            slot_copy.copy_span(write.plan, write.arena.data[write.ref.index], flat, lo, hi, write.host)
+
+    def finish(self, write: SlotWrite, host: HostAdapter) -> None:
+        """Write the scales, wait for the copies, and make the slot ready for requests."""
+        if write.arena is not None and write.plan is not None:
+            plan, arena = write.plan, write.arena
+            if host.flat.numel() != plan.numel or host.scales.numel() != plan.num_scales:
+                raise ValueError(f"{host.adapter_id!r}'s buffer does not have its row plan's size")
+            row, scales = arena.data[write.ref.index], arena.scales[write.ref.index]
+            slot_copy.check(row, scales, host.flat, host.scales)
+            with self._on_stream():
+                slot_copy.copy_scales(plan, scales, host.scales, write.host)
+            if self._stream is not None:
+                self._stream.synchronize()
+        self._write_lock.release()
+        write.done = True
         with self.lock:
-            self.table.unpin(host.adapter_id, self.clock())
-            self._ready.add(host.adapter_id)
-        return placement.ref, placement.evicted
+            self.table.unpin(write.adapter_id, self.clock())
+            self._ready.add(write.adapter_id)
+
+    def abort(self, write: SlotWrite) -> None:
+        """Give the reserved slot back (after a failed read or check); idempotent once finished."""
+        if write.done:
+            return
+        write.done = True
+        if self._stream is not None:
+            self._stream.synchronize()
+        if write.arena is not None:
+            write.arena.data[write.ref.index].zero_()
+            write.arena.scales[write.ref.index].zero_()
+        self._write_lock.release()
+        with self.lock:
+            self.table.unpin(write.adapter_id, self.clock())
+            self.table.remove(write.adapter_id)
 
     def remove(self, adapter_id: str) -> bool:
-        """Free an idle adapter's slot (AdapterInUseError while it runs); False if it is not resident."""
+        """Free an idle adapter's slot (AdapterInUseError while it runs); False if it is not resident.
+
+        The freed row keeps its bytes until the slot's next write, which rewrites all of it (the plan's
+        copies and zeroed gaps cover the row); no request reaches a free slot, the table being the only
+        map from requests to slots. Zeroing here could race a write already placed in the freed slot.
+        """
         with self.lock:
             if self.table.lookup(adapter_id) is None or adapter_id not in self._ready:
                 return False
-            ref = self.table.remove(adapter_id)
+            self.table.remove(adapter_id)
             self._ready.discard(adapter_id)
-        arena = self.arenas.get(ref.bucket)
-        if arena is not None:
-            with self._write_lock:
-                arena.data[ref.index].zero_()
-                arena.scales[ref.index].zero_()
         return True
 
     # slot writes
 
-    def _write(self, ref: SlotRef, host: HostAdapter) -> None:
-        arena = self.arenas.get(ref.bucket)
-        if arena is None:
-            return  # no adapted layers: nothing to write
-        if host.bucket != ref.bucket:
-            raise ValueError(f"{host.adapter_id!r} is packed for rank {host.bucket}, slot {ref} is not")
-        plan = arena.layout.plan(host.targets)
-        if host.flat.numel() != plan.numel or host.scales.numel() != plan.num_scales:
-            raise ValueError(f"{host.adapter_id!r}'s buffer does not have its row plan's size")
-        row, scales = arena.data[ref.index], arena.scales[ref.index]  # [row_numel], [num_modules]
-        with self._write_lock:
-            if self._stream is None:
-                slot_copy.run_host(plan, row, scales, host.flat, host.scales)
-                return
-            with torch.cuda.stream(self._stream):
-                slot_copy.run_device(plan, row, scales, host.flat, host.scales)
-            self._stream.synchronize()
+    def _on_stream(self) -> contextlib.AbstractContextManager[object]:
+        return torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()

@@ -25,6 +25,7 @@ start-up) is hashed once, beside validation; a digest mismatch wins over any val
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 import os
 from collections.abc import Callable
@@ -248,11 +249,14 @@ def read_entry(
     dtype: torch.dtype,
     pin: bool,
     row_for: Callable[[int], RowLayout],
+    sink: Callable[[torch.Tensor, int, int], None] | None = None,
 ) -> tuple[HostAdapter, int, Identities, Layout]:
     """Read one disk entry, prove it (verified) or hash it, and pack it.
 
     Returns (RAM entry, bytes read, the files' identities as read, the layout): the caller records the
-    last two when the entry was unverified.
+    last two when the entry was unverified. sink(buf, lo, hi), for a verified entry only, is called as
+    each chunk buf[lo:hi] of the data section lands (a slot write that follows the read, chunk by chunk,
+    while the chunk is in cache); the bytes are proven only when read_entry returns.
     """
     # a verified entry's file is proven by its identity; an unverified folder gets the full check (no pickles)
     wpath = path / WEIGHTS_NAME if verified is not None else weights_path(path)
@@ -262,7 +266,10 @@ def read_entry(
             if verified is not None and before != verified[0][0]:
                 raise ChecksumMismatchError(f"local copy of {adapter_id!r} changed after it was verified")
             buf, view = new_buffer(before.size, pin)  # [file bytes]
-            got = f.readinto(view)
+            if sink is not None and verified is not None:
+                got = _read_in_chunks(f, view, buf, verified[1].start, sink)
+            else:
+                got = f.readinto(view)
             after = FileIdentity.of(os.fstat(f.fileno()))
         with open(path / CONFIG_NAME, "rb", buffering=0) as f:
             config_id = FileIdentity.of(os.fstat(f.fileno()))
@@ -293,6 +300,30 @@ def read_entry(
         raise
     _check_digests(hashing.result(), weights_digest, config, config_digest)
     return host, nbytes, seen, layout
+
+
+READ_CHUNK_BYTES = 1 << 20  # a host-to-device copy per MiB: large enough to run at full speed
+
+
+def _read_in_chunks(
+    f: io.FileIO,
+    view: memoryview,
+    buf: torch.Tensor,
+    start: int,
+    sink: Callable[[torch.Tensor, int, int], None],
+) -> int:
+    """readinto view, the header then chunks of the data section, each handed to sink once it landed."""
+    size, got = len(view), 0
+    bounds = [0, min(start, size), *range(start + READ_CHUNK_BYTES, size, READ_CHUNK_BYTES), size]
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        while got < hi:
+            n = f.readinto(view[got:hi])
+            if not n:
+                return got  # a short file: the caller sees got < size
+            got += n
+        if lo >= start and hi > lo:
+            sink(buf, lo, hi)
+    return got
 
 
 def _check_digests(weights: str, want: str, config: bytes, want_config: str) -> None:

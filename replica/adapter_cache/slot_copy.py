@@ -1,17 +1,19 @@
 """Slot writes: a RAM entry's buffer into one slot row of an arena, following the row plan's runs.
 
-Semantics (what both functions do; plan from RowLayout.plan(entry.targets)):
-    for row_off, buf_off, n in plan.copies:        row[row_off : row_off + n] = flat[buf_off : buf_off + n]
-    for row_off, n in plan.zeros:                  row[row_off : row_off + n] = 0
-    for j, i, n in plan.scale_copies:              row_scales[j : j + n] = scales[i : i + n]
-    for j, n in plan.scale_zeros:                  row_scales[j : j + n] = 0
+Semantics (plan from RowLayout.plan(entry.targets)); write_all does the three steps in order:
+    zero_gaps:    for row_off, n in plan.zeros:               row[row_off : row_off + n] = 0
+                  for j, n in plan.scale_zeros:               row_scales[j : j + n] = 0
+    copy_span:    for row_off, buf_off, n in plan.copies, the part of flat[buf_off : buf_off + n] that
+                  lies in flat[lo:hi] goes to the same place in row[row_off : row_off + n]
+    copy_scales:  for j, i, n in plan.scale_copies:           row_scales[j : j + n] = scales[i : i + n]
+copy_span over consecutive spans that cover flat writes what one copy_span(0, plan.numel) writes, so a
+reader can hand over each chunk of a file as it lands (AdapterCache's disk path).
 
-run_host: arenas in host memory (CPU replicas): a run of at least BIG_RUN_BYTES is a torch copy_ (which
+host=True (arenas in host memory, CPU replicas): a run of at least BIG_RUN_BYTES is a torch copy_ (which
 splits a large copy over the intra-op threads: one memmove thread is half as fast on two cores), a smaller
 one a memmove/memset, a C call that releases the GIL (torch's per-op dispatch would cost as much as the
-bytes of a small run). run_device: the same as
-copy_/zero_ on the current stream; from a pinned buffer each copy is an asynchronous host-to-device
-transfer straight into the slot row (no staging buffer).
+bytes of a small run). host=False: copy_/zero_ on the current stream; from a pinned buffer each copy is an
+asynchronous host-to-device transfer straight into the slot row (no staging buffer).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from replica.lora.row_layout import RowPlan
 BIG_RUN_BYTES = 1 << 18
 
 
-def _check(row: torch.Tensor, row_scales: torch.Tensor, flat: torch.Tensor, scales: torch.Tensor) -> None:
+def check(row: torch.Tensor, row_scales: torch.Tensor, flat: torch.Tensor, scales: torch.Tensor) -> None:
     if flat.dtype != row.dtype or scales.dtype != torch.float32 or row_scales.dtype != torch.float32:
         raise ValueError("the buffer must have the slot dtype and fp32 scales")
     for t in (row, row_scales, flat, scales):
@@ -33,40 +35,54 @@ def _check(row: torch.Tensor, row_scales: torch.Tensor, flat: torch.Tensor, scal
             raise ValueError("slot rows and RAM buffers must be contiguous")
 
 
-def run_host(
-    plan: RowPlan, row: torch.Tensor, row_scales: torch.Tensor, flat: torch.Tensor, scales: torch.Tensor
-) -> None:
-    """row [row_numel] and row_scales [num_modules] in host memory; flat [plan.numel]; scales [num_scales]."""
-    _check(row, row_scales, flat, scales)
-    move, fill = ctypes.memmove, ctypes.memset
-    for dst_t, src_t, item, copies, zeros in (
-        (row, flat, row.element_size(), plan.copies, plan.zeros),
-        (row_scales, scales, 4, plan.scale_copies, plan.scale_zeros),
-    ):
-        big = BIG_RUN_BYTES // item
-        dst, src = dst_t.data_ptr(), src_t.data_ptr()
-        for row_off, buf_off, n in copies:
-            if n >= big:
-                dst_t[row_off : row_off + n].copy_(src_t[buf_off : buf_off + n])
-            else:
-                move(dst + row_off * item, src + buf_off * item, n * item)
-        for row_off, n in zeros:
-            if n >= big:
-                dst_t[row_off : row_off + n].zero_()
-            else:
-                fill(dst + row_off * item, 0, n * item)
+def _copy(dst: torch.Tensor, d: int, src: torch.Tensor, s: int, n: int, host: bool) -> None:
+    """dst[d : d + n] = src[s : s + n] (1-D, same dtype)."""
+    item = dst.element_size()
+    if host and n * item < BIG_RUN_BYTES:
+        ctypes.memmove(dst.data_ptr() + d * item, src.data_ptr() + s * item, n * item)
+    else:
+        dst[d : d + n].copy_(src[s : s + n], non_blocking=not host)
 
 
-def run_device(
-    plan: RowPlan, row: torch.Tensor, row_scales: torch.Tensor, flat: torch.Tensor, scales: torch.Tensor
+def _zero(dst: torch.Tensor, d: int, n: int, host: bool) -> None:
+    item = dst.element_size()
+    if host and n * item < BIG_RUN_BYTES:
+        ctypes.memset(dst.data_ptr() + d * item, 0, n * item)
+    else:
+        dst[d : d + n].zero_()
+
+
+def zero_gaps(plan: RowPlan, row: torch.Tensor, row_scales: torch.Tensor, host: bool) -> None:
+    """Zero the row's modules the buffer does not hold, and their scales."""
+    for row_off, n in plan.zeros:
+        _zero(row, row_off, n, host)
+    for j, n in plan.scale_zeros:
+        _zero(row_scales, j, n, host)
+
+
+def copy_span(plan: RowPlan, row: torch.Tensor, flat: torch.Tensor, lo: int, hi: int, host: bool) -> None:
+    """Copy flat[lo:hi] (elements of the packed buffer) to where the plan puts them in the row."""
+    for row_off, buf_off, n in plan.copies:
+        start, end = max(lo, buf_off), min(hi, buf_off + n)
+        if start < end:
+            _copy(row, row_off + start - buf_off, flat, start, end - start, host)
+
+
+def copy_scales(plan: RowPlan, row_scales: torch.Tensor, scales: torch.Tensor, host: bool) -> None:
+    for j, i, n in plan.scale_copies:
+        _copy(row_scales, j, scales, i, n, host)
+
+
+def write_all(
+    plan: RowPlan,
+    row: torch.Tensor,
+    row_scales: torch.Tensor,
+    flat: torch.Tensor,
+    scales: torch.Tensor,
+    host: bool,
 ) -> None:
-    """The same with torch ops on the current stream (row on the device; flat pinned for async copies)."""
-    _check(row, row_scales, flat, scales)
-    for dst, src, copies, zeros in (
-        (row, flat, plan.copies, plan.zeros),
-        (row_scales, scales, plan.scale_copies, plan.scale_zeros),
-    ):
-        for row_off, buf_off, n in copies:
-            dst[row_off : row_off + n].copy_(src[buf_off : buf_off + n], non_blocking=True)
-        for row_off, n in zeros:
-            dst[row_off : row_off + n].zero_()
+    """row [row_numel], row_scales [num_modules] fp32; flat [plan.numel], scales [plan.num_scales]."""
+    check(row, row_scales, flat, scales)
+    zero_gaps(plan, row, row_scales, host)
+    copy_span(plan, row, flat, 0, plan.numel, host)
+    copy_scales(plan, row_scales, scales, host)

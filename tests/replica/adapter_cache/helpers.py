@@ -136,6 +136,7 @@ def make_env(
     ram_bytes: int = 1 << 30,
     slot_wait_s: float = 0.2,
     inline_write_bytes: int | None = None,
+    stream_disk_to_slot: bool | None = None,
 ) -> Env:
     store_root = tmp / "store"
     store_root.mkdir()
@@ -151,6 +152,7 @@ def make_env(
         GpuTier(layers, capacities or {8: 4}),
         on_event=events.append,
         slot_wait_s=slot_wait_s,
+        stream_disk_to_slot=stream_disk_to_slot,
         **({} if inline_write_bytes is None else {"inline_write_bytes": inline_write_bytes}),
     )
     return Env(cache, registry, store_root, layers, events)

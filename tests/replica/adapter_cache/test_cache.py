@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from replica.adapter_cache import promote
 from replica.adapter_cache.errors import ChecksumMismatchError
 from replica.errors import AdapterBaseMismatchError, AdapterNonFiniteError, NoFreeSlotError
 from tests.replica.adapter_cache.helpers import make_env, slot_holds
@@ -73,6 +74,54 @@ async def test_a_file_corrupted_on_disk_after_verification_is_caught_at_promotio
     assert lease.found_in == "disk"
     assert len(env.loads("remote")) == 2
     assert slot_holds(env.layers, lease.ref, tensors)
+
+
+async def test_a_verified_disk_entry_streams_into_its_slot_as_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 8 in rank-8 slots, fp32: the file is its RAM entry, and the slot is written chunk by chunk (the
+    default on CUDA; run here on host memory)."""
+    monkeypatch.setattr(promote, "READ_CHUNK_BYTES", 256)
+    env = make_env(tmp_path, stream_disk_to_slot=True)
+    tensors = env.add("acme-1", seed=1, rank=8)
+    assert await env.cache.own("acme-1", "disk") == "remote"
+    spans = []
+    copy_span = env.cache.gpu.copy_span
+    monkeypatch.setattr(
+        env.cache.gpu, "copy_span", lambda w, f, lo, hi: (spans.append((lo, hi)), copy_span(w, f, lo, hi))
+    )
+    lease = await env.cache.acquire("acme-1")
+    assert lease.found_in == "disk" and len(env.loads("remote")) == 1
+    assert slot_holds(env.layers, lease.ref, tensors)
+    assert len(spans) > 4 and spans == sorted(spans) and spans[0][0] == 0  # in order, as the chunks landed
+    assert [(e.from_tier, e.to_tier) for e in env.events if e.kind == "load"][-2:] == [
+        ("disk", "ram"),
+        ("ram", "gpu"),
+    ]
+    env.cache.release(lease)
+
+
+async def test_a_streamed_slot_write_is_given_back_when_the_file_proves_bad(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The header is compared once the whole file is read, after the chunks went into the reserved slot:
+    that slot is never made ready, and the adapter is fetched again and written whole."""
+    monkeypatch.setattr(promote, "READ_CHUNK_BYTES", 256)
+    env = make_env(tmp_path, capacities={8: 1}, stream_disk_to_slot=True)
+    tensors = env.add("acme-1", seed=1, rank=8)
+    await env.cache.own("acme-1", "disk")
+    (name,) = env.cache.disk.names()
+    _ids, layout = env.cache.disk.verified(name)
+    weights = tmp_path / "disk" / name / "adapter_model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[20] ^= 0x01  # inside the JSON header, same length: it still parses
+    weights.write_bytes(bytes(raw))
+    env.cache.disk.settle(name, env.cache.disk.current(name), layout)  # silent: the identities match again
+    lease = await env.cache.acquire("acme-1")
+    assert lease.found_in == "disk" and len(env.loads("remote")) == 2  # dropped, fetched again
+    assert slot_holds(env.layers, lease.ref, tensors)
+    assert env.cache.gpu.adapter_ids() == ["acme-1"] and len(env.cache.gpu.table) == 1
+    env.cache.release(lease)
 
 
 async def test_an_adapter_for_another_base_or_with_nan_never_takes_a_slot(tmp_path: Path) -> None:
