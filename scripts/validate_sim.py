@@ -10,15 +10,20 @@
    popular first through the replicas' own load API) and gives the simulator the same start.
 4. Replays the trace through the public API (lorafleet loadtest --trace-in), recording each request's
    TTFT, tier and the server's token counts.
-5. Simulates the same trace, with the served token counts, on the local fleet: its replica count, its
+5. With --calibrate, measures the replicas' steps again (the host's speed drifts with its other users:
+   the two calibrations bracket the run, and their drift is reported).
+6. Simulates the same trace, with the served token counts, on the local fleet: its replica count, its
    replicas' slot count for the adapters' rank bucket, RAM budget and batch size, the gateway's router
-   settings, the placement worker re-planning every stats window, and the timing model from the
-   calibration files (bench/replica_steps.py, run first with --calibrate and timing the one-adapter
-   points through the public gateway, or bench engine at two batch sizes; bench load).
-6. Prints JSON with both sides and the verdict against the tolerance stated in sim.validation.
+   settings, the placement worker's settings (GPU rule, demand TTL) re-planning every stats window, and
+   the timing model from the calibration files (bench/replica_steps.py before and after the run, pooled,
+   timing the one-adapter points through the public gateway, or bench engine at two batch sizes; bench
+   load). Each of the two calibrations alone is simulated too, for the record; the verdict uses the pool.
+7. Prints JSON with both sides and the verdict against the tolerance and drift rule stated in
+   sim.validation.
 
 --replay DIR simulates a recorded run again without touching the stack (another calibration file, a
-changed timing model): the real side stays the one recorded.
+changed timing model): the real side stays the one recorded; the run's before/after calibrations, when it
+has them, come first.
 """
 
 from __future__ import annotations
@@ -44,16 +49,19 @@ from loadtest.replica_metrics import parse_replicas  # noqa: E402
 from loadtest.runner import LoadTestConfig  # noqa: E402
 from loadtest.setup import adapter_id as setup_adapter_id  # noqa: E402
 from loadtest.setup import setup  # noqa: E402
+from placement_worker.config import PlacementSettings  # noqa: E402
 from replica.config import ReplicaSettings  # noqa: E402
 from replica.lora.slots import SlotTable  # noqa: E402
 from sim import validation  # noqa: E402
 from sim.replica import CacheSizes  # noqa: E402
 from sim.simulator import SimConfig, simulate  # noqa: E402
-from sim.timing import load_timing  # noqa: E402
-from sim.workload import WorkloadConfig, adapter_id, generate, load, save  # noqa: E402
+from sim.timing import TimingModel, load_timing  # noqa: E402
+from sim.workload import Request, WorkloadConfig, adapter_id, generate, load, save  # noqa: E402
+from stats_stream.config import StatsStreamSettings  # noqa: E402
 
 log = logging.getLogger("validate_sim")
 Start = tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]
+BEFORE, AFTER = "replica-steps-before.json", "replica-steps-after.json"
 
 
 def args() -> argparse.Namespace:
@@ -76,13 +84,19 @@ def args() -> argparse.Namespace:
     p.add_argument("--warm", type=int, default=8, help="adapters in each replica's GPU slots at the start")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--trace-in", type=Path, default=None, help="replay this trace instead of generating")
-    p.add_argument("--replan-s", type=float, default=60.0, help="the stats window the placement worker uses")
+    p.add_argument(
+        "--replan-s",
+        type=float,
+        default=StatsStreamSettings().window_s,
+        help="the stats window the placement worker re-plans on (default: the stats stream's setting)",
+    )
     p.add_argument("--calibration", type=Path, action="append", default=[])
     p.add_argument(
         "--calibrate",
         action="store_true",
-        help="first measure the replicas' steps (bench/replica_steps.py) into out/replica-steps.json and "
-        "use it (this machine's speed drifts with its other users: calibrate right before the run)",
+        help=f"measure the replicas' steps (bench/replica_steps.py) right before the run (out/{BEFORE}) and "
+        f"right after it (out/{AFTER}) and simulate with both pooled (this machine's speed drifts with its "
+        "other users); a run whose two calibrations differ past sim.validation's max_drift is invalid",
     )
     p.add_argument("--out", type=Path, default=Path(".data/validate"))
     p.add_argument(
@@ -168,22 +182,21 @@ def real_run(a: argparse.Namespace, replicas: dict[str, str]) -> Start:
     )
     trace = load(a.trace_in) if a.trace_in else generate(workload)
     save(trace, a.out / "trace.jsonl")
-    if a.calibrate:  # its own adapter, outside the trace: the calibration unloads it from all but one replica
-        steps = argparse.Namespace(
-            replica=[f"{rid}={url}" for rid, url in replicas.items()],
-            token=a.replica_token,
-            adapter=[calibration_id, *ids[:7]],
-            batches=[1, 2, 3, 4, 8],
-            tokens=16,
-            repeats=2,
-            prompt_words=[8, 32, 96, 192],
-            gateway=a.gateway,
-            model=aliases[a.adapters],
-            key=keys[a.tenant],
-        )
-        log.info("calibrating: bench/replica_steps.py")
-        (a.out / "replica-steps.json").write_text(json.dumps(asyncio.run(replica_steps.run(steps)), indent=2))
-        a.calibration = [a.out / "replica-steps.json", *a.calibration]
+    # its own adapter, outside the trace: the calibration unloads it from all but one replica
+    steps = argparse.Namespace(
+        replica=[f"{rid}={url}" for rid, url in replicas.items()],
+        token=a.replica_token,
+        adapter=[calibration_id, *ids[:7]],
+        batches=[1, 2, 3, 4, 8],
+        tokens=16,
+        repeats=2,
+        prompt_words=[8, 32, 96, 192],
+        gateway=a.gateway,
+        model=aliases[a.adapters],
+        key=keys[a.tenant],
+    )
+    if a.calibrate:
+        calibrate(steps, a.out / BEFORE)
     table = SlotTable(ReplicaSettings().lora_slots)
     rank_of = registered_rank(GatewayConfig.from_env())
 
@@ -198,7 +211,29 @@ def real_run(a: argparse.Namespace, replicas: dict[str, str]) -> Start:
     run_loadtest(cfg, [], a.out / "real", progress=True, replicas=replicas, trace=trace)
     records = [json.loads(line) for line in (a.out / "real" / "requests.jsonl").read_text().splitlines()]
     save(validation.realized(trace, records), a.out / "trace-served.jsonl")
+    if a.calibrate:
+        calibrate(steps, a.out / AFTER)
+        a.calibration = [a.out / BEFORE, a.out / AFTER, *a.calibration]
     return start
+
+
+def calibrate(steps: argparse.Namespace, path: Path) -> None:
+    log.info("calibrating: bench/replica_steps.py -> %s", path)
+    path.write_text(json.dumps(asyncio.run(replica_steps.run(steps)), indent=2) + "\n")
+
+
+def window_peak(trace: list[Request], window_s: float) -> float:
+    """The most output tokens/s any adapter had in one window (windows from 0): the placement worker's GPU
+    rule and owner counts only act on an adapter past its thresholds."""
+    tokens: dict[tuple[str, int], int] = {}
+    for r in trace:
+        key = (r.adapter_id, int(r.arrival_s // window_s))
+        tokens[key] = tokens.get(key, 0) + r.output_tokens
+    return max(tokens.values(), default=0) / window_s
+
+
+def headline(side: dict) -> dict:
+    return {k: side[k] for k in ("ttft_p50_s", "ttft_p95_s", "gpu_hit_rate")}
 
 
 def compare(a: argparse.Namespace, run: Path, replicas: list[str], start: Start) -> dict:
@@ -213,26 +248,47 @@ def compare(a: argparse.Namespace, run: Path, replicas: list[str], start: Start)
         ram_bytes=rs.ram_budget_bytes,
         disk_bytes=rs.disk_budget_bytes,
     )
-    timing = replace(load_timing(a.calibration), max_batch=rs.max_num_seqs)
-    contention = [json.loads(p.read_text()).get("host_contention") for p in a.calibration]
-    contention = [c for c in contention if c is not None]
-    sim_cfg = SimConfig(
-        replicas=len(replicas),
-        routing=gs.routing_mode,
-        owners_k=gs.owners_k,
-        spill_threshold_tokens=gs.spill_threshold_tokens,
-        sizes=sizes,
-        warmup_s=a.warmup,
-        seed=a.seed,
-        replan_s=a.replan_s,
-        initial=start,
-        host_contention=contention[-1] if contention else None,
-    )
+    ps = PlacementSettings()
+    steps = [p for p in a.calibration if "runs" in json.loads(p.read_text())]  # bench/replica_steps.py files
+    others = [p for p in a.calibration if p not in steps]
+    pair = [run / BEFORE, run / AFTER]
+    drift = None
+    if pair == steps:
+        drift = validation.drift(*(json.loads(p.read_text()) for p in pair))
     records = [json.loads(line) for line in (run / "real" / "requests.jsonl").read_text().splitlines()]
     served = load(run / "trace-served.jsonl")
-    result = simulate(sim_cfg, timing, served)
+
+    def sim_with(calibration: list[Path]) -> tuple[dict, SimConfig, TimingModel]:
+        timing = replace(load_timing(calibration), max_batch=rs.max_num_seqs)
+        contention = validation.pooled_contention(
+            json.loads(p.read_text()).get("host_contention") for p in calibration
+        )
+        sim_cfg = SimConfig(
+            replicas=len(replicas),
+            routing=gs.routing_mode,
+            owners_k=gs.owners_k,
+            spill_threshold_tokens=gs.spill_threshold_tokens,
+            sizes=sizes,
+            warmup_s=a.warmup,
+            seed=a.seed,
+            replan_s=a.replan_s,
+            demand_ttl_s=ps.demand_ttl_s,
+            gpu_tokens_per_s=ps.gpu_tokens_per_s,
+            gpu_slot_fraction=ps.gpu_slot_fraction,
+            initial=start,
+            host_contention=contention,
+        )
+        return validation.sim_side(simulate(sim_cfg, timing, served).requests, a.warmup), sim_cfg, timing
+
+    sim, sim_cfg, timing = sim_with(a.calibration)
     real = validation.real_side(records, a.warmup)
-    sim = validation.sim_side(result.requests, a.warmup)
+    alone = {}
+    if drift is not None:  # each calibration alone, for the record (the verdict uses the pool)
+        alone = {
+            name: headline(sim_with([p, *others])[0])
+            for name, p in zip(("before", "after"), pair, strict=True)
+        }
+    peak = window_peak(served, a.replan_s)
     return {
         "command": " ".join(sys.argv),
         "trace": {"requests": len(served), "file": str(run / "trace.jsonl")},
@@ -244,9 +300,25 @@ def compare(a: argparse.Namespace, run: Path, replicas: list[str], start: Start)
             "host_contention": sim_cfg.host_contention,
             "calibration": [str(p) for p in a.calibration],
         },
+        "placement": {  # the placement worker's settings, as the running worker reads them
+            "replan_s": a.replan_s,
+            "demand_ttl_s": sim_cfg.demand_ttl_s,
+            "gpu_tokens_per_s": sim_cfg.gpu_tokens_per_s,
+            "gpu_slot_fraction": sim_cfg.gpu_slot_fraction,
+            "replica_capacity_tokens_per_s": ps.replica_capacity_tokens_per_s,
+            "sim_replica_capacity_tokens_per_s": round(timing.decode_tokens_per_s(), 2),
+            "replica_reported_gpu_slots": sum(rs.lora_slots.values()),
+            "sim_gpu_slots": sizes.gpu_slots,
+            "peak_adapter_window_tokens_per_s": round(peak, 3),
+            "gpu_rule_acts": peak >= sim_cfg.gpu_tokens_per_s,
+        },
+        "calibration_drift": drift,
         "real": real,
         "sim": sim,
-        "verdict": validation.verdict(real, sim, validation.Tolerance()),
+        "sim_by_calibration": alone,
+        "verdict": validation.verdict(
+            real, sim, validation.Tolerance(), None if drift is None else drift["after_over_before"]
+        ),
     }
 
 
@@ -256,6 +328,8 @@ def main() -> None:
     a = args()
     if a.replay is not None:  # simulate a recorded run again (another calibration, a changed model)
         recorded = json.loads((a.replay / "start.json").read_text())
+        if (a.replay / BEFORE).exists() and (a.replay / AFTER).exists():
+            a.calibration = [a.replay / BEFORE, a.replay / AFTER, *a.calibration]
         start = tuple((tuple(g), tuple(r)) for g, r in recorded.values())
         out = compare(a, a.replay, list(recorded), start)
         name = "replay.json"

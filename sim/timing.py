@@ -151,23 +151,35 @@ def fit_admission(model: TimingModel, by_length: list[dict[str, float]]) -> Timi
     return replace(model, admit_s=max(float(admit), 0.0), prefill_tokens_per_s=rate)
 
 
+def pool_quantiles(spreads: list[list[float]]) -> tuple[float, ...]:
+    """Several measurements' quantiles of one spread (equal counts each) as the quantiles of their mixture:
+    all values sorted, every len(spreads)-th kept from the first. One measurement comes back as it is."""
+    merged = sorted(x for s in spreads for x in s)
+    return tuple(merged[:: len(spreads)])
+
+
 def load_timing(paths: list[Path]) -> TimingModel:
     """The brief's model with each calibration file applied in order; engine runs at two or more batch
     sizes are fitted together, which separates the per-row cost from the fixed one; the prefill rate is
     taken net of the step cost, and with single-request times at several prompt lengths the fixed cost of
-    admitting a request is separated from it too."""
+    admitting a request is separated from it too. Several replica_steps files (the host measured before and
+    after a run) are pooled: each batch size's step is the mean of theirs, admission and prefill are fitted
+    over all their single requests, and the step spread is their mixture's."""
     model = TimingModel()
     engine_runs = []
     by_length: list[dict[str, float]] = []
+    spreads: list[list[float]] = []
     for path in paths:
         data = json.loads(path.read_text())
         by_length += data.get("prefill_by_length", [])
         if "runs" in data and data.get("step_jitter"):  # the spread is the host's, beside the runs
-            model = replace(model, step_jitter=tuple(float(x) for x in data["step_jitter"]))
+            spreads.append([float(x) for x in data["step_jitter"]])
         for part in data.get("runs", [data]):  # bench/replica_steps.py writes one run per batch size
             model = apply_calibration(model, part)
             if "decode_step_s" in part:
                 engine_runs.append(part)
+    if spreads:
+        model = replace(model, step_jitter=pool_quantiles(spreads))
     if len({int(d.get("batch", 0)) for d in engine_runs}) > 1:
         model = fit_steps(model, engine_runs)
     if len({p["prompt_tokens"] for p in by_length}) > 1:

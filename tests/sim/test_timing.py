@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.timing import TimingModel, apply_calibration, fit_admission, load_timing
+from sim.timing import TimingModel, apply_calibration, fit_admission, load_timing, pool_quantiles
 
 
 def test_brief_defaults_give_640_tokens_per_s_at_batch_32() -> None:
@@ -84,3 +84,31 @@ def test_single_request_times_separate_admission_from_prefill(tmp_path: Path) ->
     assert fitted.admit_s == pytest.approx(0.05) and fitted.prefill_tokens_per_s == pytest.approx(400.0)
     assert load_timing([path]).prefill_tokens_per_s == pytest.approx(400.0)  # whatever the step model
     assert load_timing([path]).step_jitter == (0.9, 1.0, 2.5)
+
+
+def test_calibrations_before_and_after_a_run_are_pooled(tmp_path: Path) -> None:
+    def steps(scale: float, jitter: list[float]) -> dict:  # a replica_steps file; the host `scale` x slower
+        return {
+            "runs": [
+                {"batch": b, "decode_step_s": {"1": {"median": scale * s}}} for b, s in ((1, 0.2), (8, 0.4))
+            ],
+            "prefill_by_length": [
+                {"prompt_tokens": n, "ttft_s": scale * (0.1 + 0.2 + n / 400.0)} for n in (20, 180)
+            ],
+            "step_jitter": jitter,
+        }
+
+    before, after = tmp_path / "before.json", tmp_path / "after.json"
+    before.write_text(json.dumps(steps(1.0, [0.9, 1.0, 1.2])))
+    after.write_text(json.dumps(steps(1.5, [1.1, 1.3, 3.0])))
+    pooled = load_timing([before, after])
+    assert pooled.batch_steps == (
+        (1, pytest.approx(0.25)),
+        (8, pytest.approx(0.5)),
+    )  # each batch's step the mean of the two
+    alone = [load_timing([p]) for p in (before, after)]
+    assert alone[0].admit_s < pooled.admit_s < alone[1].admit_s  # fitted over both files' requests
+    assert alone[1].prefill_tokens_per_s < pooled.prefill_tokens_per_s < alone[0].prefill_tokens_per_s
+    assert pooled.step_jitter == (0.9, 1.1, 1.3)  # the mixture's quantiles, every second of the six
+    assert load_timing([before]).step_jitter == (0.9, 1.0, 1.2)
+    assert pool_quantiles([[1.0, 3.0, 5.0, 7.0], [2.0, 4.0, 6.0, 8.0]]) == (1.0, 3.0, 5.0, 7.0)

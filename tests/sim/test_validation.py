@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from sim.replica import SimRequest
-from sim.validation import Tolerance, real_side, realized, sim_side, verdict
+from sim.validation import (
+    INVALID,
+    Tolerance,
+    drift,
+    pooled_contention,
+    real_side,
+    realized,
+    sim_side,
+    verdict,
+)
 from sim.workload import Request
 
 
@@ -63,3 +72,46 @@ def test_verdict_applies_the_looser_of_the_relative_and_absolute_bounds() -> Non
         "gpu_hit_rate",
     ]
     assert bad["checks"]["gpu_hit_rate"]["sim_minus_real"] == pytest.approx(-0.11)
+
+
+def steps_file(step_b1: float, step_b8: float, ttfts: tuple[float, float], contention: float) -> dict:
+    return {
+        "runs": [
+            {"batch": 1, "decode_step_s": {"1": {"median": step_b1}}},
+            {"batch": 8, "decode_step_s": {"1": {"median": step_b8}, "8": {"median": 9.0}}},
+        ],
+        "prefill_by_length": [
+            {"prompt_tokens": 40, "ttft_s": ttfts[0]},
+            {"prompt_tokens": 300, "ttft_s": ttfts[1]},
+        ],
+        "host_contention": contention,
+    }
+
+
+def test_drift_is_the_geometric_mean_of_after_over_before_at_the_one_adapter_points() -> None:
+    before = steps_file(0.2, 0.4, (0.5, 1.0), 0.3)
+    after = steps_file(0.4, 0.8, (0.25, 1.0), 0.1)  # steps 2x slower, one ttft 2x faster, one the same
+    d = drift(before, after)
+    assert d["points"] == {"step_b1": 2.0, "step_b8": 2.0, "ttft_40_tokens": 0.5, "ttft_300_tokens": 1.0}
+    assert d["after_over_before"] == pytest.approx(2 ** (1 / 4), abs=1e-4)
+    assert d["host_contention"] == {"before": 0.3, "after": 0.1}
+    assert drift(before, before)["after_over_before"] == 1.0
+
+
+def test_a_run_whose_host_speed_changed_past_the_bound_is_invalid_whatever_its_checks() -> None:
+    tol = Tolerance(max_drift=0.25)
+    real = {"ttft_p50_s": 0.8, "ttft_p95_s": 1.6, "gpu_hit_rate": 0.9}
+    near = {"ttft_p50_s": 0.85, "ttft_p95_s": 1.7, "gpu_hit_rate": 0.88}
+    far = {"ttft_p50_s": 1.2, "ttft_p95_s": 1.7, "gpu_hit_rate": 0.88}
+    assert verdict(real, near, tol)["outcome"] == "agrees"  # one calibration: no drift rule
+    assert verdict(real, near, tol, 1.24)["outcome"] == "agrees"
+    assert verdict(real, far, tol, 0.81)["outcome"] == "disagrees"
+    for ratio in (1.26, 0.79):
+        v = verdict(real, near, tol, ratio)
+        assert v["outcome"] == INVALID and not v["valid"] and v["agrees"]  # the checks are still reported
+    assert not verdict(real, far, tol, 1.3)["agrees"]
+
+
+def test_pooled_contention_is_the_mean_of_the_calibrations_that_measured_it() -> None:
+    assert pooled_contention([0.2, None, 0.4]) == pytest.approx(0.3)
+    assert pooled_contention([None]) is None
