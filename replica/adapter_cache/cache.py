@@ -221,6 +221,8 @@ class AdapterCache:
             return
         try:
             if target == "gpu" and adapter_id in self.host:
+                if ("gpu", adapter_id) not in self._flights and self._ram_to_gpu_now(adapter_id):
+                    return
                 await self._once("gpu", adapter_id, lambda: self._ram_to_gpu(adapter_id))
                 return
             record = self.records.get(adapter_id) or await self._once(
@@ -425,6 +427,24 @@ class AdapterCache:
         for adapter_id in self._ids_with_digest(fetched.weights_digest):
             self._emit("load", adapter_id, source, "disk", time.perf_counter() - start, fetched.nbytes)
         return name
+
+    def _ram_to_gpu_now(self, adapter_id: str) -> bool:
+        """RAM -> slot on the loop, start to end without an await, when the write is short: no other
+        coroutine can run in between, so it needs no singleflight task (a loop round trip saved). False
+        when the entry is gone or too large for the loop (the caller takes the threaded path)."""
+        item = self.host.get_pinned(adapter_id)
+        if item is None:
+            return False
+        try:
+            if item.nbytes > self.inline_write_bytes:
+                return False
+            start = time.perf_counter()
+            check_fits(item, self.spec, self.gpu.row_layout(item.rank))
+            _ref, evicted = self.gpu.load(item)
+        finally:
+            self.host.unpin(adapter_id)
+        self._slotted(item, evicted, time.perf_counter() - start)
+        return True
 
     async def _ram_to_gpu(self, adapter_id: str) -> None:
         item = self.host.get_pinned(adapter_id)
