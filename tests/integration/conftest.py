@@ -15,6 +15,7 @@ import pytest_asyncio
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
 from tests.integration import services as svc
+from tests.integration.databases import drop_database
 
 
 @pytest.fixture(scope="session")
@@ -42,11 +43,7 @@ async def fresh_db(services: svc.ServiceAddresses) -> AsyncIterator[str]:
     finally:
         await admin.close()
     yield _with_db(services.database_url, name)
-    admin = await asyncpg.connect(services.database_url)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
+    await drop_database(services.database_url, name)
 
 
 @pytest_asyncio.fixture

@@ -23,6 +23,7 @@ import httpx
 from gateway.tenants import create_key, create_tenant
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
+from tests.integration.databases import drop_database
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "gw-test-replica-token"
@@ -176,6 +177,4 @@ async def gateway_stack(
         stop(gw)
         for r in replicas.values():
             stop(r.proc)
-        admin = await asyncpg.connect(platform.database_url)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
+        await drop_database(platform.database_url, name)
