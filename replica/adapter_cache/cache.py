@@ -50,10 +50,10 @@ from replica.lora.spec import AdapterSpec
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# A RAM -> slot write of at most this many bytes runs on the event loop: it takes about a millisecond
-# (one memcpy, or one host-to-device transfer, of the packed buffer), less than the ~0.3 ms worker-thread
-# hop plus the wake-up it would otherwise add to a request's time to first token. Larger writes go to a
-# worker thread so the loop is never blocked for long.
+# A RAM -> slot write of at most this many bytes runs on the event loop: it is one memcpy (or one
+# host-to-device transfer) of the packed buffer, short enough that a worker-thread hop and wake-up would
+# add a noticeable share of it to a request's time to first token (bench load's RAM tier shows the
+# difference). Larger writes go to a worker thread so the loop is never blocked for long.
 INLINE_WRITE_BYTES = 32 << 20
 
 
@@ -324,8 +324,7 @@ class AdapterCache:
             return None
         start = time.perf_counter()
         try:
-            check_fits(host, self.spec, self.gpu.row_layout(host.rank))
-            _ref, evicted = self.gpu.load(host)
+            evicted = self._load_checked(host)
         except NoFreeSlotError:
             return None
         return evicted, time.perf_counter() - start
@@ -348,7 +347,8 @@ class AdapterCache:
         if not self.disk.pin(name):
             raise ChecksumMismatchError("the local copy was evicted before it was read")
         verified = self.disk.verified(name)
-        write = self._begin_streamed(record.adapter_id, verified[1] if verified else None) if slot else None
+        layout_known = verified[1] if verified is not None else None
+        write = self._begin_streamed(record.adapter_id, layout_known) if slot else None
         start = time.perf_counter()
         try:
             weights_digest, config_digest = self.disk.digests(name)
@@ -363,7 +363,7 @@ class AdapterCache:
                 self.gpu.dtype,
                 self._pin_host,
                 self.gpu.row_layout,
-                self._sink(write, layout=verified[1]) if write is not None and verified else None,
+                self._sink(write, layout_known.start) if write is not None and layout_known else None,
             )
             if write is not None:
                 check_fits(host, self.spec, self.gpu.row_layout(host.rank))
@@ -390,8 +390,9 @@ class AdapterCache:
         except (NoFreeSlotError, ValueError):
             return None  # the slot step after the read tries again (and waits for a slot)
 
-    def _sink(self, write: SlotWrite, layout: Layout) -> Callable[[torch.Tensor, int, int], None]:
-        item, start = self.gpu.dtype.itemsize, layout.start
+    def _sink(self, write: SlotWrite, start: int) -> Callable[[torch.Tensor, int, int], None]:
+        """Hand each landed chunk buf[lo:hi] of the data section (from byte `start`) to the slot write."""
+        item = self.gpu.dtype.itemsize
 
         def copy(buf: torch.Tensor, lo: int, hi: int) -> None:
             flat = buf[start:].view(self.gpu.dtype)  # [numel]: the view layout's packed buffer
@@ -439,8 +440,7 @@ class AdapterCache:
             if item.nbytes > self.inline_write_bytes:
                 return False
             start = time.perf_counter()
-            check_fits(item, self.spec, self.gpu.row_layout(item.rank))
-            _ref, evicted = self.gpu.load(item)
+            evicted = self._load_checked(item)
         finally:
             self.host.unpin(adapter_id)
         self._slotted(item, evicted, time.perf_counter() - start)
@@ -454,14 +454,18 @@ class AdapterCache:
             assert item is not None
         try:
             start = time.perf_counter()
-            check_fits(item, self.spec, self.gpu.row_layout(item.rank))
             if item.nbytes <= self.inline_write_bytes:
-                _ref, evicted = self.gpu.load(item)
+                evicted = self._load_checked(item)
             else:
-                _ref, evicted = await asyncio.to_thread(self.gpu.load, item)
+                evicted = await asyncio.to_thread(self._load_checked, item)
         finally:
             self.host.unpin(adapter_id)
         self._slotted(item, evicted, time.perf_counter() - start)
+
+    def _load_checked(self, host: HostAdapter) -> str | None:
+        """Metadata checks (promote.check_fits), then the slot write; returns the idle adapter evicted."""
+        check_fits(host, self.spec, self.gpu.row_layout(host.rank))
+        return self.gpu.load(host)[1]
 
     def _ids_with_digest(self, digest: str) -> list[str]:
         return [r.adapter_id for r in self.records.values() if r.digest == digest]

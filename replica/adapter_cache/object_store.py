@@ -88,7 +88,7 @@ def new_buffer(size: int, pin: bool) -> tuple[torch.Tensor, memoryview]:
 
     Unpinned buffers come from numpy, whose allocator reuses freed heap memory and asks for huge pages:
     a fresh torch.empty buffer of an adapter's size was faulted in page by page on every read, which
-    doubled a disk read (6.4 ms against 2.8 ms into a reused buffer, for 19.6 MB). Pinned buffers come
+    about doubled a disk read in profiling (bench load's disk tier moves with it). Pinned buffers come
     from torch's caching host allocator, which reuses its blocks.
     """
     if pin:

@@ -1,6 +1,7 @@
 """Slot writes: a RAM entry's buffer into one slot row of an arena, following the row plan's runs.
 
-Semantics (plan from RowLayout.plan(entry.targets)); write_all does the three steps in order:
+Semantics (plan from RowLayout.plan(entry.targets)); a whole write (GpuTier.begin, copy_span, finish) does
+the three steps in order:
     zero_gaps:    for row_off, n in plan.zeros:               row[row_off : row_off + n] = 0
                   for j, n in plan.scale_zeros:               row_scales[j : j + n] = 0
     copy_span:    for row_off, buf_off, n in plan.copies, the part of flat[buf_off : buf_off + n] that
@@ -71,18 +72,3 @@ def copy_span(plan: RowPlan, row: torch.Tensor, flat: torch.Tensor, lo: int, hi:
 def copy_scales(plan: RowPlan, row_scales: torch.Tensor, scales: torch.Tensor, host: bool) -> None:
     for j, i, n in plan.scale_copies:
         _copy(row_scales, j, scales, i, n, host)
-
-
-def write_all(
-    plan: RowPlan,
-    row: torch.Tensor,
-    row_scales: torch.Tensor,
-    flat: torch.Tensor,
-    scales: torch.Tensor,
-    host: bool,
-) -> None:
-    """row [row_numel], row_scales [num_modules] fp32; flat [plan.numel], scales [plan.num_scales]."""
-    check(row, row_scales, flat, scales)
-    zero_gaps(plan, row, row_scales, host)
-    copy_span(plan, row, flat, 0, plan.numel, host)
-    copy_scales(plan, row_scales, scales, host)

@@ -34,7 +34,7 @@ class SlotArena:
         r, s, start = self.layout.rank, self.num_slots, self.layout.offsets[j]
         a = self.data[:, start : start + r * fan_in].view(s, r, fan_in)
         b = self.data[:, start + r * fan_in : start + r * (fan_in + fan_out)].view(s, fan_out, r)
-        return BucketPool.of_views(r, a, b, self.scales[:, j], self)
+        return BucketPool(r, a, b, self.scales[:, j], self)
 
 
 def build_arenas(

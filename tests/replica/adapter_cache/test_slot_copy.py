@@ -38,14 +38,11 @@ def test_a_slot_write_follows_the_plan(
     plan = ROW.plan(targets)
     flat, scales = torch.randn(plan.numel), torch.rand(len(targets)) + 0.5
     row, row_scales = torch.full((ROW.row_numel,), 7.0), torch.full((len(ROW.modules),), 7.0)  # stale slot
-    if spans == 1:
-        slot_copy.write_all(plan, row, row_scales, flat, scales, host)
-    else:
-        cuts = sorted({0, plan.numel, *(rng.randrange(plan.numel + 1) for _ in range(spans - 1))})
-        slot_copy.zero_gaps(plan, row, row_scales, host)
-        for lo, hi in reversed(list(zip(cuts, cuts[1:], strict=False))):  # any order
-            slot_copy.copy_span(plan, row, flat, lo, hi, host)
-        slot_copy.copy_scales(plan, row_scales, scales, host)
+    cuts = sorted({0, plan.numel, *(rng.randrange(plan.numel + 1) for _ in range(spans - 1))})
+    slot_copy.zero_gaps(plan, row, row_scales, host)
+    for lo, hi in reversed(list(zip(cuts, cuts[1:], strict=False))):  # any order
+        slot_copy.copy_span(plan, row, flat, lo, hi, host)
+    slot_copy.copy_scales(plan, row_scales, scales, host)
     assert torch.equal(row, expected(targets, flat))
     want_scales = torch.zeros(len(ROW.modules))
     for n, key in enumerate(targets):
@@ -58,7 +55,6 @@ def test_a_buffer_of_another_dtype_or_a_strided_row_is_refused() -> None:
     flat, scales = torch.randn(plan.numel), torch.ones(len(ROW.modules))
     row_scales = torch.zeros(len(ROW.modules))
     with pytest.raises(ValueError, match="slot dtype"):
-        slot_copy.write_all(plan, torch.zeros(ROW.row_numel), row_scales, flat.half(), scales, True)
+        slot_copy.check(torch.zeros(ROW.row_numel), row_scales, flat.half(), scales)
     with pytest.raises(ValueError, match="contiguous"):
-        row = torch.zeros(ROW.row_numel, 2)[:, 0]
-        slot_copy.write_all(plan, row, row_scales, flat, scales, True)
+        slot_copy.check(torch.zeros(ROW.row_numel, 2)[:, 0], row_scales, flat, scales)

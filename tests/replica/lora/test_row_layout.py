@@ -60,7 +60,7 @@ def test_a_plan_writes_the_targets_where_the_row_holds_them_and_zeroes_the_rest(
         assert span == want.get(key, [0] * len(span))
         assert row_scales[j] == (targets.index(key) + 1 if key in targets else 0)
     # contiguous targets become one run: never more runs than target groups
-    groups = sum(1 for _, g in itertools.groupby(keys, key=lambda k: k in targets) if _)
+    groups = sum(1 for targeted, _run in itertools.groupby(keys, key=lambda k: k in targets) if targeted)
     assert len(plan.copies) == groups
 
 
