@@ -59,6 +59,11 @@ def gpu_copies(tokens_per_s: float, policy: Policy) -> int:
     return max(1, math.ceil(tokens_per_s / policy.replica_capacity_tokens_per_s))
 
 
+def wants_gpu(tokens_per_s: float, policy: Policy) -> bool:
+    """Whether an adapter's traffic makes it a candidate for GPU slots."""
+    return tokens_per_s > 0 and tokens_per_s >= policy.gpu_tokens_per_s
+
+
 def gpu_budget(slots: int, policy: Policy) -> int:
     """How many of a replica's GPU slots its gpu placements may take."""
     return math.floor(max(slots, 0) * policy.gpu_slot_fraction)
@@ -92,13 +97,14 @@ def desired(
             continue
         k = owner_count(tps, len(fleet), policy)
         owned[adapter_id] = _ranked(adapter_id, fleet)[:k]
-        if k and tps > 0 and tps >= policy.gpu_tokens_per_s:
+        if k and wants_gpu(tps, policy):
             copies = min(k, gpu_copies(tps, policy))
             for replica_id in owned[adapter_id][:copies]:
                 candidates[replica_id].append((-tps / copies, adapter_id))
+    slots = gpu_slots or {}
     gpu: set[tuple[str, str]] = set()
     for replica_id, ranked_here in candidates.items():
-        budget = gpu_budget((gpu_slots or {}).get(replica_id, 0), policy)
+        budget = gpu_budget(slots.get(replica_id, 0), policy)
         gpu.update((adapter_id, replica_id) for _, adapter_id in sorted(ranked_here)[:budget])
     return {
         adapter_id: {r: "gpu" if (adapter_id, r) in gpu else "ram" for r in owners_}
@@ -109,7 +115,7 @@ def desired(
 def touches_gpu_share(demand: Mapping[str, float], current: Placements, policy: Policy) -> bool:
     """Whether planning just these adapters could move a replica's GPU share: one has GPU-worthy traffic
     or holds a gpu placement it may lose. If not, they plan alone (all in RAM) without the full ranking."""
-    return any(tps > 0 and tps >= policy.gpu_tokens_per_s for tps in demand.values()) or any(
+    return any(wants_gpu(tps, policy) for tps in demand.values()) or any(
         "gpu" in tiers.values() for tiers in current.values()
     )
 

@@ -50,6 +50,7 @@ from loadtest.runner import LoadTestConfig  # noqa: E402
 from loadtest.setup import adapter_id as setup_adapter_id  # noqa: E402
 from loadtest.setup import setup  # noqa: E402
 from placement_worker.config import PlacementSettings  # noqa: E402
+from placement_worker.planner import Policy, wants_gpu  # noqa: E402
 from replica.config import ReplicaSettings  # noqa: E402
 from replica.lora.slots import SlotTable  # noqa: E402
 from sim import validation  # noqa: E402
@@ -310,7 +311,7 @@ def compare(a: argparse.Namespace, run: Path, replicas: list[str], start: Start)
             "replica_reported_gpu_slots": sum(rs.lora_slots.values()),
             "sim_gpu_slots": sizes.gpu_slots,
             "peak_adapter_window_tokens_per_s": round(peak, 3),
-            "gpu_rule_acts": peak >= sim_cfg.gpu_tokens_per_s,
+            "gpu_rule_acts": wants_gpu(peak, Policy(gpu_tokens_per_s=sim_cfg.gpu_tokens_per_s)),
         },
         "calibration_drift": drift,
         "real": real,
