@@ -6,10 +6,9 @@ tokens/s, on its highest-ranked owners; its other owners hold it in RAM. Each re
 hottest first (tokens/s per copy) into at most gpu_slot_fraction of its GPU slots; the rest are placed in
 RAM, and the rest of its slots belong to the replica's LRU. A placement tier is a load target, not a pin:
 the replica loads a `gpu` placement into a slot now, and a `ram` one does not evict it from a slot.
-Why: asking every owner of every adapter with >= 1 tok/s into GPU loaded copies the router never used (it
-prefers the owner that already holds an adapter in GPU) and adapters LRU would not keep, each load evicting
-one it would have: `lorafleet simulate --duration 3600 --replan-s 60` at the brief's load measured a 94.1%
-GPU hit rate that way, 95.9% with no GPU placements at all, and 96.1% with this rule.
+Why a share and not every owner: the router prefers the owner that already holds an adapter in GPU, so a
+GPU copy on every owner of every warm adapter is mostly unused, and each such load evicts an adapter LRU
+would have kept.
 
 Retired versions: a version an alias moved away from, that no alias points at any more, wants no owners, so
 the diff unloads it everywhere (the replica drains its running requests first). A rollback makes it aliased

@@ -5,7 +5,7 @@ A miss promotes the adapter to where it is wanted. Each step runs once however m
 running. Only idle adapters are evicted. Requests hold a pin from acquire() to release(); unload() waits for
 those pins to drain. Every load and eviction is reported to `on_event`.
 
-Where the checks happen (the lead's decisions on issue 5, measured with `lorafleet bench load`):
+Where the checks happen:
 - sha256 once, when bytes enter the machine: the object store streams them into one buffer and hashes each
   piece as it lands (replica.adapter_cache.object_store). Never a second pass.
 - Promotion from disk does not hash: the open files must show the identities the disk tier recorded at

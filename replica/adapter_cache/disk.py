@@ -4,7 +4,7 @@ An entry is `<root>/<weights sha256>_<config sha256>/` holding adapter_model.saf
 adapter_config.json; its name comes only from digests, never from an adapter id or a request. Files are
 written in `<root>/.partial/` and renamed into place whole, so a half-written entry is never visible.
 
-Verification (the lead's decisions, issue 5): the sha256 is checked once, when the bytes enter the machine
+Verification: the sha256 is checked once, when the bytes enter the machine
 (replica.adapter_cache.object_store hashes them as they stream in); they are validated and written here only
 after that. Promotion does not hash again. The index keeps, for each verified entry, its files' identities
 (replica.adapter_cache.identity) and its layout (what validation learned from the header and config: the

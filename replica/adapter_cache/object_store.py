@@ -1,6 +1,6 @@
 """Object-store tier: fetch an adapter's two files into memory, hashing the bytes as they stream in.
 
-This is where bytes enter the machine, so this is where the sha256 is verified, once (issue 5). The weights
+This is where bytes enter the machine, so this is where the sha256 is verified, once. The weights
 stream into one preallocated buffer (pinned when a GPU is present), sized from the object's length and
 capped; each piece is hashed on a worker thread as soon as it lands, so hashing overlaps the transfer and
 no byte is read twice. Bytes that do not hash to the registered digest raise ChecksumMismatchError and
