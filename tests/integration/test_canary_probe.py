@@ -18,12 +18,12 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from canary.manifest import MANIFEST_NAME, CanaryManifest
+from canary.probe import run_probe
+from canary.probe_setup import install_canaries
+from canary.train import TrainConfig, train_canaries
 from gateway.config import GatewayConfig, GatewaySettings
 from lorafleet.config import RelaySettings
-from replica.canary.manifest import MANIFEST_NAME, CanaryManifest
-from replica.canary.probe import run_probe
-from replica.canary.probe_setup import install_canaries
-from replica.canary.train import TrainConfig, train_canaries
 from tests.integration.gateway_stack import REPO, GatewayStack, free_port, gateway_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from replica.canary.manifest import CanaryManifest
-from replica.canary.prompts import PromptSampler
-from replica.canary.tiny_base import TINY_CONFIG, write_tiny_base
-from replica.canary.train import TrainConfig, train_canaries
+from canary.manifest import CanaryManifest
+from canary.prompts import PromptSampler
+from canary.tiny_base import TINY_CONFIG, write_tiny_base
+from canary.train import TrainConfig, train_canaries
 from replica.engine.engine import LLMEngine
 from replica.engine.model_runner import ModelRunner
 from replica.lora.manager import LoraManager

@@ -12,15 +12,15 @@ import torch
 from safetensors import safe_open
 from typer.testing import CliRunner
 
-from replica.canary.cli import app
-from replica.canary.errors import CanaryTrainingError
-from replica.canary.manifest import CanaryManifest
-from replica.canary.tiny_base import write_tiny_base
-from replica.canary.train import TrainConfig, train_canaries
+from canary.cli import app
+from canary.errors import CanaryTrainingError
+from canary.manifest import CanaryManifest
+from canary.tiny_base import write_tiny_base
+from canary.train import TrainConfig, train_canaries
 from replica.lora.spec import AdapterSpec
 from replica.lora.weights import read_adapter
 from replica.model.llama import LlamaConfig
-from tests.replica.canary.canary_util import tiny_sampler
+from tests.canary.canary_util import tiny_sampler
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from replica.canary.check import IsolationTally
-from replica.canary.markers import make_markers, markers_in_text, markers_in_tokens
+from canary.check import IsolationTally
+from canary.markers import make_markers, markers_in_text, markers_in_tokens
 
 
 def test_token_markers_have_distinct_first_tokens_so_one_token_names_the_adapter() -> None:

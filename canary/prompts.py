@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from typing import Any, Protocol
 
-from replica.canary.markers import RESERVED_TOKEN_IDS, prompt_token_range
+from canary.markers import RESERVED_TOKEN_IDS, prompt_token_range
 
 ASSISTANT_TURN_ID = RESERVED_TOKEN_IDS - 1  # ends every tokenizer-less prompt, like a generation prompt
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from replica.canary.probe import STRANGER_EVERY, ProbeRun, plan
-from replica.canary.probe_setup import ProbeTarget
+from canary.probe import STRANGER_EVERY, ProbeRun, plan
+from canary.probe_setup import ProbeTarget
 
 
 def _targets(n: int) -> list[ProbeTarget]:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import typer
 
-from replica.canary.errors import CanaryTrainingError
-from replica.canary.tiny_base import write_tiny_base
-from replica.canary.train import TrainConfig, train_canaries
+from canary.errors import CanaryTrainingError
+from canary.tiny_base import write_tiny_base
+from canary.train import TrainConfig, train_canaries
 
 app = typer.Typer(no_args_is_help=True, help="Canary adapters for the tenant-isolation checks.")
 
@@ -105,10 +105,10 @@ def probe(
     import logging
     import time
 
+    from canary.errors import CanaryError
+    from canary.probe import run_probe
+    from canary.probe_setup import install_canaries
     from gateway.config import GatewayConfig
-    from replica.canary.errors import CanaryError
-    from replica.canary.probe import run_probe
-    from replica.canary.probe_setup import install_canaries
 
     logging.getLogger("httpx").setLevel(logging.WARNING)
     config = GatewayConfig.from_env()

@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from replica.canary.errors import CanaryTrainingError
-from replica.canary.manifest import CanaryEntry, CanaryManifest
-from replica.canary.markers import Marker, make_markers
-from replica.canary.peft_format import adapter_config, save_peft_adapter
-from replica.canary.prompts import PromptSampler
-from replica.canary.stacked_lora import wrap_layers
+from canary.errors import CanaryTrainingError
+from canary.manifest import CanaryEntry, CanaryManifest
+from canary.markers import Marker, make_markers
+from canary.peft_format import adapter_config, save_peft_adapter
+from canary.prompts import PromptSampler
+from canary.stacked_lora import wrap_layers
 from replica.lora.spec import MODULE_PARENTS
 from replica.model.base_hash import base_model_hash
 from replica.model.tokenizer import Tokenizer

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import httpx
 
+from canary.errors import CanaryError
+from canary.manifest import CanaryManifest
 from gateway.config import GatewayConfig
-from replica.canary.errors import CanaryError
-from replica.canary.manifest import CanaryManifest
 
 log = logging.getLogger(__name__)
 

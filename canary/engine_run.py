@@ -12,9 +12,9 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from replica.canary.check import IsolationTally
-from replica.canary.markers import Marker, markers_in_tokens
-from replica.canary.prompts import PromptSampler
+from canary.check import IsolationTally
+from canary.markers import Marker, markers_in_tokens
+from canary.prompts import PromptSampler
 from replica.engine.engine import LLMEngine
 from replica.engine.sampler import SamplingParams
 

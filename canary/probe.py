@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from replica.canary.check import IsolationTally
-from replica.canary.markers import Marker
-from replica.canary.probe_setup import ProbeTarget
+from canary.check import IsolationTally
+from canary.markers import Marker
+from canary.probe_setup import ProbeTarget
 
 PROMPTS = (
     "Hello!",
@@ -141,7 +141,7 @@ async def _stream(client: httpx.AsyncClient, p: Planned) -> tuple[int, str, str 
 
 
 async def _one(client: httpx.AsyncClient, p: Planned, markers: list[Marker], run: ProbeRun) -> None:
-    from replica.canary.markers import markers_in_text
+    from canary.markers import markers_in_text
 
     stranger = p.caller is not p.target
     try:

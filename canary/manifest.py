@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from replica.canary.markers import Marker
+from canary.markers import Marker
 
 MANIFEST_NAME = "manifest.json"
 
