@@ -20,6 +20,8 @@ import torch
 
 from bench._util import cuda_peak_mib, environment, median, peak_rss_mib, reset_cuda_peak, sync
 from bench.hf_baselines import ALL_TARGETS, adapter_dir, load_hf_model, make_peft_adapters, timed_generate
+from lorafleet.model.base_hash import base_model_hash
+from lorafleet.model.prepare import ensure_default_model
 from replica.engine.engine import LLMEngine
 from replica.engine.model_runner import ModelRunner
 from replica.engine.sampler import SamplingParams
@@ -27,9 +29,7 @@ from replica.lora.manager import LoraManager
 from replica.lora.replace import apply_lora
 from replica.lora.spec import AdapterSpec
 from replica.lora.weights import read_adapter
-from replica.model.base_hash import base_model_hash
 from replica.model.loader import load_model
-from replica.model.prepare import ensure_default_model
 from replica.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger(__name__)

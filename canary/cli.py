@@ -48,7 +48,7 @@ def train(
     if tiny:
         model_dir = write_tiny_base(out / "base", seed)
     elif model_dir is None:
-        from replica.model.prepare import ensure_default_model
+        from lorafleet.model.prepare import ensure_default_model
 
         model_dir = ensure_default_model()
     cfg = TrainConfig(

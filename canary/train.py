@@ -26,8 +26,8 @@ from canary.markers import Marker, make_markers
 from canary.peft_format import adapter_config, save_peft_adapter
 from canary.prompts import PromptSampler
 from canary.stacked_lora import wrap_layers
+from lorafleet.model.base_hash import base_model_hash
 from replica.lora.spec import MODULE_PARENTS
-from replica.model.base_hash import base_model_hash
 from replica.model.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

@@ -34,8 +34,8 @@ def demo_dir(config: GatewayConfig) -> Path:
 
 def prepare_adapters(config: GatewayConfig) -> dict[str, Path]:
     """The demo's PEFT folders (made once)."""
-    from replica.model.base_hash import base_model_hash
-    from replica.model.prepare import ensure_default_model
+    from lorafleet.model.base_hash import base_model_hash
+    from lorafleet.model.prepare import ensure_default_model
 
     model_dir = ensure_default_model()
     return make_peft_adapters(

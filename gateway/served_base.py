@@ -1,7 +1,7 @@
 """The served base model as the registry sees it: its hash and its adaptable shapes.
 
-The hash's definition and the default model's preparation live with the model code in replica/model; they
-are imported lazily here, in this one place (the lead may move base_model_hash to a shared module).
+The hash's definition and the default model's preparation are the platform's (lorafleet/model), shared
+with the replica, so the registry and the replica compute the same base_model_hash.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from pathlib import Path
 
 from gateway.base_spec import BaseSpec
 from gateway.config import DEFAULT_MODEL_DIR, GatewaySettings
+from lorafleet.model.base_hash import base_model_hash
+from lorafleet.model.prepare import ensure_default_model
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +21,6 @@ def served_model_dir(settings: GatewaySettings) -> Path:
     """The served model directory; the default model is prepared (once) when it is missing."""
     model_dir = settings.served_model_dir
     if model_dir == DEFAULT_MODEL_DIR and not (model_dir / "config.json").is_file():
-        from replica.model.prepare import ensure_default_model
-
         model_dir = ensure_default_model(model_dir)
     return model_dir
 
@@ -29,8 +29,6 @@ def served_base_hash(settings: GatewaySettings) -> str:
     """The configured hash, or the base_model_hash of the served model directory."""
     if settings.served_base_model_hash:
         return settings.served_base_model_hash
-    from replica.model.base_hash import base_model_hash
-
     model_dir = served_model_dir(settings)
     digest = base_model_hash(model_dir)
     log.info("served base %s has base_model_hash %s", model_dir, digest)

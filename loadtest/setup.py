@@ -125,8 +125,8 @@ def setup(count: int, tenant: str, rank: int = 16, wait_s: float = 300.0) -> tup
     """Ensure `count` ready adapters with aliases for `tenant`; return (aliases, {tenant: key}).
 
     Adapter folders and the tenant's key (mode 600) are kept under <data dir>/loadtest/."""
-    from replica.model.base_hash import base_model_hash
-    from replica.model.prepare import ensure_default_model
+    from lorafleet.model.base_hash import base_model_hash
+    from lorafleet.model.prepare import ensure_default_model
 
     config = GatewayConfig.from_env()
     model_dir = ensure_default_model()

@@ -25,7 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "Start, stop and inspect the local Kafka, PostgreSQL and S3.",
     ),
     "db": ("lorafleet.db.cli", "app", "Database migrations."),
-    "model": ("replica.model.cli", "app", "Prepare and inspect base models."),
+    "model": ("lorafleet.model.cli", "app", "Prepare and inspect base models."),
     "replica": ("replica.cli", "app", "Run a replica (inference engine + adapter cache)."),
     "bench": ("bench.cli", "app", "Benchmarks that print JSON."),
     "canary": ("canary.cli", "app", "Canary adapters for the tenant-isolation checks."),

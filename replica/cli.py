@@ -44,7 +44,7 @@ def serve(
     )
     settings = ReplicaSettings(**{k: v for k, v in flags.items() if v is not None})
     if settings.model_dir == DEFAULT_MODEL_DIR and not (DEFAULT_MODEL_DIR / "config.json").is_file():
-        from replica.model.prepare import ensure_default_model
+        from lorafleet.model.prepare import ensure_default_model
 
         settings = settings.model_copy(update={"model_dir": ensure_default_model()})
     run(settings)

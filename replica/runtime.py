@@ -9,6 +9,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lorafleet.model.base_hash import base_model_hash
 from replica.adapter_cache.cache import AdapterCache, Lease
 from replica.adapter_cache.disk import DiskTier
 from replica.adapter_cache.gpu import GpuTier
@@ -28,7 +29,6 @@ from replica.lora.registry import AdapterRegistry
 from replica.lora.replace import apply_lora
 from replica.lora.spec import AdapterSpec
 from replica.metrics import EngineLoad, ReplicaMetrics, engine_load
-from replica.model.base_hash import base_model_hash
 from replica.model.llama import LlamaForCausalLM
 from replica.model.loader import load_model
 from replica.model.tokenizer import IncrementalDetokenizer, Tokenizer

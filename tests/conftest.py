@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+import pytest
 
 # Nothing in the suite may reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -13,3 +16,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # (A device node check, not torch.cuda.is_available(), so that this file does not import torch.)
 if not os.path.exists("/dev/nvidia0") or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The default base model as a Hugging Face directory (prepared once from the bundled GGUF)."""
+    from lorafleet.model.prepare import ensure_default_model
+
+    return ensure_default_model()

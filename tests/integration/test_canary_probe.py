@@ -35,8 +35,8 @@ REQUESTS = 60
 
 def trained_canaries() -> Path:
     """.data/canaries/<hash of settings and base>: trained once, reused by later runs."""
-    from replica.model.base_hash import base_model_hash
-    from replica.model.prepare import ensure_default_model
+    from lorafleet.model.base_hash import base_model_hash
+    from lorafleet.model.prepare import ensure_default_model
 
     model_dir = ensure_default_model()
     key = json.dumps({"base": base_model_hash(model_dir), **asdict(CANARIES)}, sort_keys=True)

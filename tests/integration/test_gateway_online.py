@@ -18,7 +18,7 @@ import pytest
 from gateway import aliases
 from gateway.demo_adapters import make_peft_adapters
 from lorafleet.kafka import make_producer
-from replica.model.prepare import ensure_default_model
+from lorafleet.model.prepare import ensure_default_model
 from schemas.events import AliasChanged
 from tests.integration.gateway_stack import ADAPTERS, GatewayStack, gateway_stack, start_replica, wait_http
 
@@ -29,7 +29,7 @@ CHAT = {"model": "acme/support:prod", "messages": [{"role": "user", "content": "
 
 @pytest.fixture(scope="module")
 async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GatewayStack]:
-    from replica.model.base_hash import base_model_hash
+    from lorafleet.model.base_hash import base_model_hash
 
     model_dir = ensure_default_model()
     base_hash = base_model_hash(model_dir)

@@ -17,7 +17,7 @@ from gateway.demo_adapters import make_peft_adapters
 from loadtest.burst import BurstConfig
 from loadtest.cli import run_loadtest
 from loadtest.runner import LoadTestConfig
-from replica.model.prepare import ensure_default_model
+from lorafleet.model.prepare import ensure_default_model
 from sim.workload import WorkloadConfig
 from tests.integration.gateway_stack import ADAPTERS, TOKEN, GatewayStack, gateway_stack
 
@@ -29,7 +29,7 @@ MODELS = ("acme/support:prod", *EXTRA.values())  # four acme adapters: acme's li
 
 @pytest.fixture(scope="module")
 async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GatewayStack]:
-    from replica.model.base_hash import base_model_hash
+    from lorafleet.model.base_hash import base_model_hash
 
     model_dir = ensure_default_model()
     base_hash = base_model_hash(model_dir)

@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random Llama checkpoints written by transformers, and the default SmolLM2 dir."""
+"""Shared fixtures: tiny random Llama checkpoints written by transformers."""
 
 from __future__ import annotations
 
@@ -61,10 +61,3 @@ def tiny_llama3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "original_max_position_embeddings": 64,
         },
     )
-
-
-@pytest.fixture(scope="session")
-def smollm2_dir() -> Path:
-    """The default base model as a Hugging Face directory (prepared once from the bundled GGUF)."""
-    prepare = pytest.importorskip("replica.model.prepare")
-    return prepare.ensure_default_model()

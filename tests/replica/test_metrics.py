@@ -9,12 +9,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from lorafleet.model.base_hash import base_model_hash
 from replica.adapter_cache.tier import CacheEvent
 from replica.config import ReplicaSettings
 from replica.engine.sampler import SamplingParams
 from replica.engine.sequence import Sequence
 from replica.metrics import ReplicaMetrics, engine_load
-from replica.model.base_hash import base_model_hash
 from replica.runtime import Replica, build_replica
 from replica.server import create_app
 from tests.replica.peft_util import AdapterRecipe, make_peft_adapters

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from lorafleet.model.base_hash import base_model_hash
 from replica.config import ReplicaSettings
-from replica.model.base_hash import base_model_hash
 from replica.runtime import Replica, build_replica
 from replica.server import create_app
 from tests.replica.peft_util import AdapterRecipe, make_peft_adapters

@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from replica.errors import UnsupportedModelError
+from lorafleet.model.errors import BaseModelError
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def base_model_hash(model_dir: Path) -> str:
     model_dir = Path(model_dir)
     shards = sorted(model_dir.glob("*.safetensors"))
     if not shards:
-        raise UnsupportedModelError(f"no *.safetensors in {model_dir}; cannot compute base_model_hash")
+        raise BaseModelError(f"no *.safetensors in {model_dir}; cannot compute base_model_hash")
     key = shard_fingerprint(shards)
     cached = read_cache(model_dir / CACHE_FILE, key)
     if cached is not None:
@@ -73,9 +73,7 @@ def read_entries(shards: list[Path]) -> list[TensorEntry]:
             if name == "__metadata__":
                 continue
             if name in entries:
-                raise UnsupportedModelError(
-                    f"tensor {name!r} appears in two shards ({entries[name].path.name})"
-                )
+                raise BaseModelError(f"tensor {name!r} appears in two shards ({entries[name].path.name})")
             begin, end = info["data_offsets"]
             entries[name] = TensorEntry(
                 name, info["dtype"], tuple(info["shape"]), path, data_start + begin, data_start + end
@@ -95,7 +93,7 @@ def hash_tensors(entries: list[TensorEntry]) -> str:
             while remaining > 0:
                 chunk = f.read(min(CHUNK_BYTES, remaining))
                 if not chunk:
-                    raise UnsupportedModelError(f"{entry.path} is truncated inside tensor {entry.name!r}")
+                    raise BaseModelError(f"{entry.path} is truncated inside tensor {entry.name!r}")
                 h.update(chunk)
                 remaining -= len(chunk)
     return HASH_PREFIX + h.hexdigest()

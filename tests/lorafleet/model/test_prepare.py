@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from replica.model.prepare import (
+from lorafleet.model.prepare import (
     EXPECTED_CONFIG,
     bundled_gguf_path,
     ensure_default_model,
@@ -92,8 +92,8 @@ def test_tokenizer_files_name_the_real_eos_and_carry_the_chat_template(smollm2_d
 def test_cli_prepare_prints_the_directory_and_its_hash(smollm2_dir: Path) -> None:
     from typer.testing import CliRunner
 
-    from replica.model.base_hash import base_model_hash
-    from replica.model.cli import app
+    from lorafleet.model.base_hash import base_model_hash
+    from lorafleet.model.cli import app
 
     result = CliRunner().invoke(app, ["prepare", "--out", str(smollm2_dir)])
     assert result.exit_code == 0, result.output

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from replica.model.base_hash import CACHE_FILE, base_model_hash, hash_tensors, read_entries
+from lorafleet.model.base_hash import CACHE_FILE, base_model_hash, hash_tensors, read_entries
 
 
 def _tensors(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -83,7 +83,7 @@ def test_prepared_smollm2_cached_hash_equals_a_fresh_computation(smollm2_dir: Pa
 def test_cli_hash_prints_the_hash(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from replica.model.cli import app
+    from lorafleet.model.cli import app
 
     d = _write(tmp_path / "a", [_tensors()])
     result = CliRunner().invoke(app, ["hash", str(d)])

