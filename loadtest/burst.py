@@ -96,13 +96,14 @@ async def burst_once(
 
 
 def measure(records: list[RequestRecord], wall_s: float) -> dict[str, Any]:
+    """One burst's record: tokens_per_s is exactly output_tokens / wall_s (rounding is the report's job)."""
     ok = [r for r in records if r.status == 200 and r.usage_completion_tokens >= 0]
     tokens = sum(r.usage_completion_tokens for r in ok)
     return {
         "ok": len(ok),
         "output_tokens": tokens,
-        "wall_s": round(wall_s, 3),
-        "tokens_per_s": round(tokens / wall_s, 2) if wall_s > 0 else None,
+        "wall_s": wall_s,
+        "tokens_per_s": tokens / wall_s if wall_s > 0 else None,
         "tiers": dict(Counter(r.tier for r in ok)),
     }
 
@@ -116,8 +117,8 @@ def summarise(runs: dict[int, list[dict[str, Any]]], burst: BurstConfig, prewarm
         "max_tokens": burst.max_tokens,
         "repeats": burst.repeats,
         "prewarmed": prewarmed,
-        "tokens_per_s": {str(d): round(v, 2) for d, v in median.items()},
-        "ratio_to_1_adapter": {str(d): round(v / one, 3) for d, v in median.items()} if one else None,
+        "tokens_per_s": {str(d): v for d, v in median.items()},
+        "ratio_to_1_adapter": {str(d): v / one for d, v in median.items()} if one else None,
         "ratio_to_base": None,
         "base_note": "the public API serves no base model; `lorafleet bench engine` gives the ratio to base",
         "runs": {str(d): rs for d, rs in runs.items()},

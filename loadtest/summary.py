@@ -104,6 +104,7 @@ def _burst(burst: dict[str, Any] | None) -> list[str]:
         "|---|---|---|",
     ]
     for d, tps in burst["tokens_per_s"].items():
-        lines.append(f"| {d} | {tps} | {ratios.get(d, '-')} |")
+        ratio = ratios.get(d)
+        lines.append(f"| {d} | {tps:.2f} | {'-' if ratio is None else f'{ratio:.3f}'} |")
     lines += ["", f"Ratio to base: {burst['base_note']}."]
     return lines

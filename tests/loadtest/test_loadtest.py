@@ -17,9 +17,11 @@ from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import generate_latest
 
-from loadtest.burst import BurstConfig, prewarm_order, run_bursts
+from loadtest.burst import BurstConfig, measure, prewarm_order, run_bursts
 from loadtest.cli import run_loadtest
+from loadtest.client import RequestRecord
 from loadtest.runner import LoadTestConfig
+from loadtest.summary import markdown
 from replica.metrics import ReplicaMetrics
 from sim.workload import WorkloadConfig, generate
 
@@ -78,17 +80,19 @@ def gateway_app() -> FastAPI:
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(gateway_app(), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))  # the server is handed this socket: no window for another to take the port
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(gateway_app(), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not server.started:
+        assert thread.is_alive(), "the stand-in gateway should start"
         time.sleep(0.02)
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(5)
+    sock.close()
 
 
 def config(gateway: str, keys: dict[str, str]) -> LoadTestConfig:
@@ -150,6 +154,16 @@ def test_prewarm_leaves_each_replica_its_own_share_last() -> None:
     assert prewarm_order(["a0"], ["r0", "r1"]) == {"r0": ["a0"], "r1": ["a0"]}
 
 
+def test_a_burst_record_divides_by_the_wall_time_it_reports() -> None:
+    records = [
+        RequestRecord(j, 0.0, "m", 8, 5, status=200, tier="gpu", usage_completion_tokens=5) for j in range(6)
+    ]
+    # 0.0415 s would be reported as 0.042 s if rounded: 30 tokens over it read 714, not 723 tokens/s
+    run = measure(records, 0.0415)
+    assert run["wall_s"] == 0.0415 and run["tokens_per_s"] == 30 / 0.0415
+    assert measure([], 0.0)["tokens_per_s"] is None
+
+
 def test_bursts_measure_each_distinct_count_after_a_prewarm(gateway: str) -> None:
     PREWARMS.clear()
     burst = BurstConfig((1, 3, 8), size=6, max_tokens=5, repeats=2, replica_token="replica-token", settle_s=0)
@@ -159,8 +173,13 @@ def test_bursts_measure_each_distinct_count_after_a_prewarm(gateway: str) -> Non
         assert len(result["runs"][d]) == 2
         for run in result["runs"][d]:
             assert run["ok"] == 6 and run["output_tokens"] == 6 * 5
-            assert run["tokens_per_s"] == pytest.approx(30 / run["wall_s"], rel=0.01)
+            assert run["wall_s"] >= 0.02 + 5 * 0.002  # no burst is faster than one stand-in stream
+            assert run["tokens_per_s"] == run["output_tokens"] / run["wall_s"]
     assert result["ratio_to_1_adapter"]["1"] == 1.0 and result["ratio_to_base"] is None
+    head = {"gateway": gateway, "models": list(TIERS), "duration_s": 2.0, "zipf_s": 1.0, "rates": []}
+    report = markdown({**head, "burst": result})
+    tps, ratio = result["tokens_per_s"]["3"], result["ratio_to_1_adapter"]["3"]
+    assert f"| 3 | {tps:.2f} | {ratio:.3f} |" in report  # the report rounds; the numbers stay exact
     ids = [adapter_of(m) for m in TIERS]
     one, three = prewarm_order(ids[:1], ["r0", "r1"]), prewarm_order(ids, ["r0", "r1"])
     for rid in ("r0", "r1"):  # before every burst, in order: 1 adapter, 3 adapters, twice
