@@ -98,9 +98,12 @@ class ReplicaCommand(Event):
     target_tier: Literal["gpu", "ram", "disk"] = "ram"
 
 
-class ReplicaState(Event):
-    topic: ClassVar[topics.Topic] = topics.REPLICA_STATE
-    type: Literal["replica.state"] = "replica.state"
+class ReplicaStateBody(BaseModel):
+    """One replica's membership, tiers and load: the payload of replica.state, and the core of the
+    replica's GET state body (schemas.replica_api.StateResponse), so the two cannot drift apart."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     replica_id: ReplicaId
     url: str
     status: Literal["starting", "ready", "draining"] = "ready"
@@ -112,6 +115,11 @@ class ReplicaState(Event):
     tokens_in_flight: NonNegativeInt = 0
     evictions_per_min: NonNegativeFloat = 0.0
     loads_per_min: NonNegativeFloat = 0.0
+
+
+class ReplicaState(Event, ReplicaStateBody):
+    topic: ClassVar[topics.Topic] = topics.REPLICA_STATE
+    type: Literal["replica.state"] = "replica.state"
 
 
 class ReplicaEvent(Event):

@@ -1,0 +1,140 @@
+"""The gateway↔replica contract: the replica's internal HTTP API, whose one production caller is the gateway.
+
+POST /internal/replicas/{replica_id}/generate takes a GenerateRequest. A request refused before any token
+is answered with an ErrorBody (schemas.api) and a 4xx/5xx status; an accepted one is answered 200 with an
+NDJSON stream (application/x-ndjson): one StreamEvent per line, named by its `type`, in this order:
+    {"type":"token","token_id":123,"text":"Hel"}                 any number; text may be ""
+    {"type":"done","finish_reason":"stop","text":"...","usage":{...}}   last line of a finished request
+    {"type":"error","error":{"message":...,"type":...,"param":...,"code":...}}  last line of a failed one
+A "length" finish sends its last token as a token line, and done.text is "". A "stop" finish sends no
+line for the token that stopped it; done.text is the rest of the text. The completion's text is the
+concatenation of every token's text and done.text. A stream that ends without a done or error line has
+lost its replica. Lines are written by encode_event and read by STREAM_EVENT.validate_json; anything else
+on a line is a protocol error.
+
+Responses carry x-request-id, and for adapter requests x-adapter-id and x-adapter-tier (gpu | ram | disk |
+remote: where the adapter was when the request arrived).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, TypeAdapter
+
+from schemas.api import ErrorDetail
+from schemas.events import ReplicaState, ReplicaStateBody
+from schemas.ids import AdapterId, Sha256
+from schemas.openai import FinishReason, Usage
+
+_CONTRACT = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+ChatRole = Literal["system", "user", "assistant", "tool"]
+
+
+class ChatMessage(BaseModel):
+    """One message for the replica's chat template (the gateway maps OpenAI's developer role to system)."""
+
+    model_config = _CONTRACT
+    role: ChatRole
+    content: str
+
+
+class GenerateRequest(BaseModel):
+    """A prompt (exactly one of chat messages or token ids), the adapter to use (None = base) and sampling."""
+
+    model_config = _CONTRACT
+
+    messages: list[ChatMessage] | None = None
+    prompt_token_ids: list[int] | None = None
+    adapter_id: AdapterId | None = None
+    request_id: str | None = Field(default=None, max_length=128)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    max_tokens: int = Field(default=256, ge=1)
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+
+
+class TokenEvent(BaseModel):
+    """One generated token and the text it adds (empty while a multi-byte character is incomplete)."""
+
+    model_config = _CONTRACT
+    type: Literal["token"] = "token"
+    token_id: NonNegativeInt
+    text: str
+
+
+class DoneEvent(BaseModel):
+    """The request finished: why, the text not yet sent in token lines, and the token counts."""
+
+    model_config = _CONTRACT
+    type: Literal["done"] = "done"
+    finish_reason: FinishReason
+    text: str
+    usage: Usage
+
+
+class ErrorEvent(BaseModel):
+    """The request failed after its stream started; OpenAI's error object."""
+
+    model_config = _CONTRACT
+    type: Literal["error"] = "error"
+    error: ErrorDetail
+
+
+StreamEvent = Annotated[TokenEvent | DoneEvent | ErrorEvent, Field(discriminator="type")]
+STREAM_EVENT: TypeAdapter[TokenEvent | DoneEvent | ErrorEvent] = TypeAdapter(StreamEvent)
+
+
+def encode_event(event: TokenEvent | DoneEvent | ErrorEvent) -> bytes:
+    """One NDJSON line: the event's JSON (fields in declaration order, UTF-8 unescaped) and a newline."""
+    return (event.model_dump_json() + "\n").encode()
+
+
+class LoadRequest(BaseModel):
+    """POST .../adapters/{adapter_id}/load (optional body): the base_model_hash from the registration."""
+
+    model_config = _CONTRACT
+    base_model_hash: Sha256 | None = None
+
+
+class LoadResponse(BaseModel):
+    """The adapter holds a GPU slot of this rank bucket; load_ms is how long it took to get there."""
+
+    model_config = _CONTRACT
+    adapter_id: AdapterId
+    tier: Literal["gpu"]
+    rank_bucket: int
+    load_ms: float
+
+
+class UnloadResponse(BaseModel):
+    """POST .../adapters/{adapter_id}/unload: the adapter is gone from every tier of this replica."""
+
+    model_config = _CONTRACT
+    adapter_id: AdapterId
+    unloaded: bool
+
+
+class StateResponse(ReplicaStateBody):
+    """GET .../state: what replica.state reports, plus the base checkpoint and the merged adapter."""
+
+    base_model_hash: Sha256
+    merged_adapter_id: AdapterId | None = None
+
+    @classmethod
+    def of(
+        cls, state: ReplicaStateBody, base_model_hash: str, merged_adapter_id: str | None
+    ) -> StateResponse:
+        """The state body around a replica.state event (or any ReplicaStateBody)."""
+        return cls(
+            **{name: getattr(state, name) for name in ReplicaStateBody.model_fields},
+            base_model_hash=base_model_hash,
+            merged_adapter_id=merged_adapter_id,
+        )
+
+    def replica_state(self) -> ReplicaState:
+        """The replica.state event this body reports (a fresh envelope)."""
+        return ReplicaState(**{name: getattr(self, name) for name in ReplicaStateBody.model_fields})
