@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from schemas.api import ErrorBody, ErrorDetail
+
 
 class ReplicaError(Exception):
     """Base of every error the replica reports to a caller."""
@@ -15,9 +17,11 @@ class ReplicaError(Exception):
         self.message = message
         self.param = param
 
-    def to_body(self) -> dict[str, dict[str, str | None]]:
+    def to_body(self) -> ErrorBody:
         """Return the OpenAI-shaped error body."""
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return ErrorBody(
+            error=ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
+        )
 
 
 class UnsupportedModelError(ReplicaError):

@@ -33,6 +33,7 @@ from replica.model.llama import LlamaForCausalLM
 from replica.model.loader import load_model
 from replica.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from schemas.events import ReplicaState
+from schemas.replica_api import StateResponse
 
 log = logging.getLogger(__name__)
 
@@ -221,22 +222,9 @@ class Replica:
             tokens_in_flight=load.tokens_in_flight,
         )
 
-    def state(self) -> dict[str, object]:
+    def state(self) -> StateResponse:
         """The body of GET /state: the replica.state fields plus the base model and merged mode."""
-        event = self.replica_state()
-        return {
-            "replica_id": event.replica_id,
-            "base_model_hash": self.base_model_hash,
-            "merged_adapter_id": self.merged_adapter_id,
-            "gpu_adapters": event.gpu_adapters,
-            "ram_adapters": event.ram_adapters,
-            "disk_adapters": event.disk_adapters,
-            "gpu_slots": event.gpu_slots,
-            "queue_depth": event.queue_depth,
-            "tokens_in_flight": event.tokens_in_flight,
-            "evictions_per_min": event.evictions_per_min,
-            "loads_per_min": event.loads_per_min,
-        }
+        return StateResponse.of(self.replica_state(), self.base_model_hash, self.merged_adapter_id)
 
 
 def build_replica(settings: ReplicaSettings) -> Replica:

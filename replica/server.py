@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -18,13 +17,22 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
-from replica.api import GenerateRequest, LoadRequest, LoadResponse, StateResponse, UnloadResponse
 from replica.control.supervisor import supervise_control
 from replica.engine.sampler import SamplingParams
 from replica.errors import InvalidRequestError, ReplicaError, UnauthorizedError, WrongReplicaError
 from replica.metrics import RequestTimer
 from replica.runtime import AdapterUse, Replica
+from replica.stream_events import stream_events
+from schemas.api import ErrorBody, ErrorDetail
 from schemas.ids import AdapterId
+from schemas.replica_api import (
+    GenerateRequest,
+    LoadRequest,
+    LoadResponse,
+    StateResponse,
+    UnloadResponse,
+    encode_event,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,26 +86,20 @@ def create_app(replica: Replica) -> FastAPI:
 
     @app.exception_handler(ReplicaError)
     async def replica_error(request: Request, exc: ReplicaError) -> JSONResponse:
-        return JSONResponse(exc.to_body(), status_code=exc.status)
+        return JSONResponse(exc.to_body().model_dump(), status_code=exc.status)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         err = InvalidRequestError(f"invalid request: {first.get('msg', 'malformed body')}", param=param)
-        return JSONResponse(err.to_body(), status_code=400)
+        return JSONResponse(err.to_body().model_dump(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        err = {
-            "message": str(exc.detail),
-            "type": "invalid_request_error",
-            "param": None,
-            "code": "not_found",
-        }
-        if exc.status_code != 404:
-            err["code"] = "http_error"
-        return JSONResponse({"error": err}, status_code=exc.status_code)
+        code = "not_found" if exc.status_code == 404 else "http_error"
+        err = ErrorDetail(message=str(exc.detail), type="invalid_request_error", code=code)
+        return JSONResponse(ErrorBody(error=err).model_dump(), status_code=exc.status_code)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -159,7 +161,7 @@ def create_app(replica: Replica) -> FastAPI:
 
     @app.get("/internal/replicas/{replica_id}/state")
     async def state(replica_id: str, _: Authorized) -> StateResponse:
-        return StateResponse(**replica.state())
+        return replica.state()
 
     return app
 
@@ -190,35 +192,12 @@ async def _stream(
     gen = replica.engine.generate(prompt, params, use.engine_adapter_id, request_id)
     async with contextlib.aclosing(gen):
         async for out in gen:
-            if out.error is not None:
-                err = {
-                    "message": out.error,
-                    "type": "server_error",
-                    "param": None,
-                    "code": "generation_failed",
-                }
-                yield _line({"type": "error", "error": err})
-                return
             if out.token_id is not None:
                 timer.token()
-            if not out.finished:
-                yield _line({"type": "token", "token_id": out.token_id, "text": out.text})
-                continue
-            if out.token_id is not None and out.finish_reason == "length":
-                yield _line({"type": "token", "token_id": out.token_id, "text": out.text})
-                out_text = ""
-            else:
-                out_text = out.text
-            timer.finished(out.finish_reason, out.prompt_tokens, out.completion_tokens)
-            usage = {
-                "prompt_tokens": out.prompt_tokens,
-                "completion_tokens": out.completion_tokens,
-                "total_tokens": out.prompt_tokens + out.completion_tokens,
-            }
-            yield _line(
-                {"type": "done", "finish_reason": out.finish_reason, "text": out_text, "usage": usage}
-            )
-
-
-def _line(obj: dict[str, object]) -> bytes:
-    return (json.dumps(obj, ensure_ascii=False) + "\n").encode()
+            ended = out.finished or out.error is not None
+            if ended and out.error is None:
+                timer.finished(out.finish_reason, out.prompt_tokens, out.completion_tokens)
+            for event in stream_events(out):
+                yield encode_event(event)
+            if ended:
+                return

@@ -45,7 +45,7 @@ async def test_merged_replica_equals_unmerged(tiny_model_dir: Path, tmp_path: Pa
         assert await _tokens(merged, "heavy") == await _tokens(unmerged, "heavy") != base
         with pytest.raises(AdapterNotServedError):
             await merged.acquire(None)
-        assert merged.state()["gpu_adapters"] == ["heavy"]
+        assert merged.state().gpu_adapters == ["heavy"]
     finally:
         for r in (unmerged, merged):
             await r.stop()
@@ -75,9 +75,7 @@ async def test_a_request_pulls_its_adapter_through_the_tiers_and_holds_it_until_
         assert replica.cache.gpu.ref_count("a1") == 1
         await replica.cache.settle()  # the disk copy is written behind the slot load
         state = replica.state()
-        assert (
-            "a1" in state["gpu_adapters"] and "a1" in state["ram_adapters"] and "a1" in state["disk_adapters"]
-        )
+        assert "a1" in state.gpu_adapters and "a1" in state.ram_adapters and "a1" in state.disk_adapters
         replica.release(use)
         replica.release(use)  # idempotent: a second release must not unpin another request's hold
         assert replica.cache.gpu.ref_count("a1") == 0
