@@ -60,6 +60,13 @@ class ServiceUnavailable(GatewayError):
     type = "server_error"
 
 
+class BadGateway(GatewayError):
+    """A replica answered with something that is not the generate contract."""
+
+    status = 502
+    type = "server_error"
+
+
 class BadRequest(GatewayError):
     """The public API's 400: a body that does not parse or a parameter we refuse."""
 

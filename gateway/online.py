@@ -21,6 +21,7 @@ from gateway.routing import ROUTING_MODES, RouterPolicy
 from gateway.tenants import Caller
 from schemas.events import RequestCompleted
 from schemas.openai import Usage
+from schemas.replica_api import GenerateRequest
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class Online:
             self.metrics.requests.labels(caller.tenant_id, "429").inc()
         return decision
 
-    async def open_upstream(self, rec: RequestRecord, body: dict) -> UpstreamStream:
+    async def open_upstream(self, rec: RequestRecord, body: GenerateRequest) -> UpstreamStream:
         assert rec.adapter_id is not None
         plan = self.route(rec.adapter_id, self.view.live(), self.policy, self.rng)
         upstream = await self.replicas.open(plan.replicas, body, self.view.mark_failed)

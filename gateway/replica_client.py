@@ -8,20 +8,22 @@ not here"); a replica that cannot take it (503, adapter missing there) passes it
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from gateway.routing import ReplicaLoad
+from schemas.api import ErrorBody, ErrorDetail
+from schemas.replica_api import GenerateRequest
 
 log = logging.getLogger(__name__)
 
 # Codes with which a replica says "not me", so the next one may serve it.
 _PASS_ON = {"adapter_not_found", "adapter_not_served", "no_free_slot", "wrong_replica"}
+_JSON = {"Content-Type": "application/json"}
 
 
 class ReplicaUnavailable(Exception):
@@ -31,8 +33,8 @@ class ReplicaUnavailable(Exception):
 class ReplicaRejected(Exception):
     """A replica refused the request itself (bad parameters, prompt too long): relay its error."""
 
-    def __init__(self, status: int, error: dict[str, Any]) -> None:
-        super().__init__(error.get("message", "replica refused the request"))
+    def __init__(self, status: int, error: ErrorDetail) -> None:
+        super().__init__(error.message)
         self.status = status
         self.error = error
 
@@ -49,10 +51,16 @@ class UpstreamStream:
     def adapter_tier(self) -> str | None:
         return self.response.headers.get("x-adapter-tier")
 
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
-        async for line in self.response.aiter_lines():
-            if line:
-                yield json.loads(line)
+    async def lines(self) -> AsyncIterator[bytes]:
+        """The NDJSON body's non-empty lines, as raw bytes without their newline."""
+        rest = b""
+        async for chunk in self.response.aiter_bytes():
+            *lines, rest = (rest + chunk).split(b"\n")
+            for line in lines:
+                if line:
+                    yield line
+        if rest:
+            yield rest
 
     async def aclose(self) -> None:
         await self.response.aclose()
@@ -76,18 +84,19 @@ class ReplicaClient:
     async def open(
         self,
         plan: Sequence[ReplicaLoad],
-        body: dict[str, Any],
+        body: GenerateRequest,
         on_failure: Callable[[str], None],
         max_attempts: int = 2,
     ) -> UpstreamStream:
         """Open the stream on plan[0], or on the next replica after a connection failure (once)."""
         attempts = 0
+        content = body.model_dump_json(exclude_none=True)
         for replica in plan:
             if attempts >= max_attempts:
                 break
             attempts += 1
             url = f"{replica.url.rstrip('/')}/internal/replicas/{replica.replica_id}/generate"
-            request = self.http.build_request("POST", url, json=body)
+            request = self.http.build_request("POST", url, content=content, headers=_JSON)
             try:
                 response = await self.http.send(request, stream=True)
             except (
@@ -102,7 +111,7 @@ class ReplicaClient:
             if response.status_code == 200:
                 return UpstreamStream(replica, response, retried=attempts > 1)
             error = await _error_of(response)
-            if response.status_code >= 500 or error.get("code") in _PASS_ON:
+            if response.status_code >= 500 or error.code in _PASS_ON:
                 log.warning(
                     "replica %s cannot take it: %s %s", replica.replica_id, response.status_code, error
                 )
@@ -111,12 +120,11 @@ class ReplicaClient:
         raise ReplicaUnavailable("no replica could take the request")
 
 
-async def _error_of(response: httpx.Response) -> dict[str, Any]:
+async def _error_of(response: httpx.Response) -> ErrorDetail:
+    """The replica's error object, or one that says what status came without one."""
     try:
-        await response.aread()
-        error = response.json().get("error")
-    except (ValueError, AttributeError, httpx.HTTPError):
-        error = None
+        return ErrorBody.model_validate_json(await response.aread()).error
+    except (ValidationError, httpx.HTTPError):
+        return ErrorDetail(message=f"replica answered {response.status_code}", type="server_error")
     finally:
         await response.aclose()
-    return error if isinstance(error, dict) else {"message": f"replica answered {response.status_code}"}

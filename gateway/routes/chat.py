@@ -1,41 +1,27 @@
 """POST /v1/chat/completions: authenticate, resolve the alias, admit under the tenant's limits, route, relay.
 
-The alias is resolved here only; the replica gets the immutable adapter id. Streaming relays the replica's
-tokens as SSE chunks as they arrive and ends with the usage chunk (when asked) and `data: [DONE]`, or with
-an `event: error` and no [DONE] when the replica fails midway. A client that goes away closes the upstream
-stream, which aborts the generation on the replica.
+The alias is resolved here only; the replica gets the immutable adapter id. The response over the
+replica's stream is gateway.chat_relay's. A client that goes away closes the upstream stream, which aborts
+the generation on the replica.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
 
-import anyio
-import httpx
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sse_starlette.sse import EventSourceResponse
 
+from gateway.chat_relay import completion_response, sse_chunks
 from gateway.deps import PublicCaller
 from gateway.errors import BadRequest, NotFound, PayloadTooLarge, RateLimited, ServiceUnavailable
 from gateway.online import Online, RequestRecord
 from gateway.rate_limit import retry_after_header
-from gateway.replica_client import ReplicaRejected, ReplicaUnavailable, UpstreamStream
-from schemas.openai import (
-    AssistantMessage,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-    Choice,
-    ChunkChoice,
-    Delta,
-    Usage,
-)
+from gateway.replica_client import ReplicaRejected, ReplicaUnavailable
+from schemas.openai import ChatCompletionRequest
+from schemas.replica_api import ChatMessage, GenerateRequest
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -76,22 +62,17 @@ def estimate_prompt_tokens(body: ChatCompletionRequest) -> int:
 
 def replica_body(
     body: ChatCompletionRequest, adapter_id: str, request_id: str, max_tokens: int
-) -> dict[str, Any]:
+) -> GenerateRequest:
+    """The replica's generate request; sampling fields the caller left out keep the replica's defaults."""
     # The replica's chat template knows system/user/assistant/tool; developer is OpenAI's new name for system.
     messages = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages
+        ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text())
+        for m in body.messages
     ]
-    out: dict[str, Any] = {
-        "messages": messages,
-        "adapter_id": adapter_id,
-        "request_id": request_id,
-        "max_tokens": max_tokens,
-    }
-    for name in ("temperature", "top_p", "seed", "stop"):
-        value = getattr(body, name)
-        if value is not None:
-            out[name] = value
-    return out
+    sampling = body.model_dump(include={"temperature", "top_p", "seed", "stop"}, exclude_none=True)
+    return GenerateRequest(
+        messages=messages, adapter_id=adapter_id, request_id=request_id, max_tokens=max_tokens, **sampling
+    )
 
 
 @router.post("/v1/chat/completions")
@@ -126,8 +107,8 @@ async def chat_completions(request: Request, caller: PublicCaller) -> Response:
     try:
         upstream = await online.open_upstream(rec, replica_body(body, adapter_id, rec.request_id, max_tokens))
     except ReplicaRejected as exc:
-        await online.finish(rec, "error", exc.error.get("code") or "replica_rejected")
-        code, msg, param = exc.error.get("code"), exc.error.get("message", ""), exc.error.get("param")
+        await online.finish(rec, "error", exc.error.code or "replica_rejected")
+        code, msg, param = exc.error.code, exc.error.message, exc.error.param
         if exc.status in (400, 413, 422):
             raise BadRequest(code or "invalid_request", msg, param) from exc
         raise ServiceUnavailable(code or "replica_error", msg, None, {"Retry-After": "1"}) from exc
@@ -142,106 +123,6 @@ async def chat_completions(request: Request, caller: PublicCaller) -> Response:
         "x-request-id": rec.request_id,
     }
     if body.stream:
-        stream = _sse(online, rec, upstream, body.model, body.wants_usage_chunk())
+        stream = sse_chunks(rec, upstream, body.model, body.wants_usage_chunk(), online.finish)
         return EventSourceResponse(stream, headers=headers, ping=15)
-    return await _complete(online, rec, upstream, body.model, headers)
-
-
-def _chunk(rec: RequestRecord, model: str, delta: Delta, finish: str | None = None) -> str:
-    choice = ChunkChoice(delta=delta, finish_reason=finish)
-    return ChatCompletionChunk(
-        id=rec.completion_id, created=rec.created, model=model, choices=[choice]
-    ).model_dump_json(exclude_none=False)
-
-
-def _error_event(code: str, message: str) -> dict[str, str]:
-    err = {"message": message, "type": "server_error", "param": None, "code": code}
-    return {"event": "error", "data": json.dumps({"error": err})}
-
-
-async def _sse(
-    online: Online, rec: RequestRecord, upstream: UpstreamStream, model: str, usage_chunk: bool
-) -> AsyncIterator[dict[str, str] | str]:
-    status, code = "error", "replica_lost"
-    first = True
-    try:
-        async for ev in upstream.events():
-            kind = ev.get("type")
-            if kind == "token":
-                rec.token_seen()
-                text = ev.get("text") or ""
-                if first or text:
-                    yield _chunk(
-                        rec, model, Delta(role="assistant", content=text) if first else Delta(content=text)
-                    )
-                    first = False
-            elif kind == "done":
-                rec.usage = Usage(**ev["usage"])
-                tail = ev.get("text") or ""
-                if tail or first:
-                    yield _chunk(
-                        rec, model, Delta(role="assistant", content=tail) if first else Delta(content=tail)
-                    )
-                yield _chunk(rec, model, Delta(), ev.get("finish_reason") or "stop")
-                if usage_chunk:
-                    yield ChatCompletionChunk(
-                        id=rec.completion_id, created=rec.created, model=model, choices=[], usage=rec.usage
-                    ).model_dump_json()
-                yield "[DONE]"
-                status, code = "ok", None
-                return
-            elif kind == "error":
-                err = ev.get("error") or {}
-                status, code = "error", err.get("code") or "generation_failed"
-                yield _error_event(code, err.get("message") or "generation failed")
-                return
-        yield _error_event("replica_lost", "the replica stopped before the completion finished")
-    except httpx.HTTPError as exc:
-        log.warning("request %s: replica %s lost mid-stream: %r", rec.request_id, rec.replica_id, exc)
-        yield _error_event("replica_lost", "the replica stopped before the completion finished")
-    except BaseException:
-        status, code = "cancelled", "client_disconnected"
-        raise
-    finally:
-        with anyio.CancelScope(shield=True):
-            await upstream.aclose()
-            await online.finish(rec, status, code)
-
-
-async def _complete(
-    online: Online, rec: RequestRecord, upstream: UpstreamStream, model: str, headers: dict[str, str]
-) -> Response:
-    parts: list[str] = []
-    try:
-        async for ev in upstream.events():
-            kind = ev.get("type")
-            if kind == "token":
-                rec.token_seen()
-                parts.append(ev.get("text") or "")
-            elif kind == "done":
-                parts.append(ev.get("text") or "")
-                rec.usage = Usage(**ev["usage"])
-                message = AssistantMessage(content="".join(parts))
-                choice = Choice(message=message, finish_reason=ev.get("finish_reason") or "stop")
-                result = ChatCompletion(
-                    id=rec.completion_id, created=rec.created, model=model, choices=[choice], usage=rec.usage
-                )
-                await online.finish(rec, "ok", None)
-                return JSONResponse(result.model_dump(), headers=headers)
-            elif kind == "error":
-                err = ev.get("error") or {}
-                await online.finish(rec, "error", err.get("code") or "generation_failed")
-                raise ServiceUnavailable("generation_failed", err.get("message") or "generation failed")
-    except httpx.HTTPError:
-        pass
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await online.finish(rec, "cancelled", "client_disconnected")
-        raise
-    finally:
-        with anyio.CancelScope(shield=True):
-            await upstream.aclose()
-    await online.finish(rec, "error", "replica_lost")
-    raise ServiceUnavailable(
-        "replica_lost", "the replica stopped before the completion finished", None, {"Retry-After": "1"}
-    )
+    return await completion_response(rec, upstream, body.model, headers, online.finish)

@@ -1,0 +1,66 @@
+"""The one reader of a replica's generate stream, under both the SSE and the JSON chat response.
+
+Each NDJSON line is parsed once, by the contract's own TypeAdapter, straight from its bytes. The reader
+yields every token line and then the done line, and records them on the request (first-token time, token
+count, usage). Any other ending raises the GatewayError the client gets, in OpenAI's error shape: the
+replica's own error line, a line that is not a generate event (502), or a stream that stops before its
+done line (503, retry).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator
+
+import httpx
+from pydantic import ValidationError
+
+from gateway.errors import BadGateway, GatewayError, ServiceUnavailable
+from gateway.online import RequestRecord
+from gateway.replica_client import UpstreamStream
+from schemas.replica_api import STREAM_EVENT, DoneEvent, TokenEvent
+
+log = logging.getLogger(__name__)
+
+_LOG_LINE_BYTES = 200
+
+
+def replica_lost() -> GatewayError:
+    return ServiceUnavailable(
+        "replica_lost", "the replica stopped before the completion finished", None, {"Retry-After": "1"}
+    )
+
+
+async def completion_events(
+    upstream: UpstreamStream, rec: RequestRecord
+) -> AsyncGenerator[TokenEvent | DoneEvent, None]:
+    """The stream's token events, then its done event; anything else raises (see the module doc)."""
+    try:
+        async for line in upstream.lines():
+            try:
+                event = STREAM_EVENT.validate_json(line)
+            except ValidationError as exc:
+                log.warning(
+                    "request %s: replica %s sent a line outside the generate contract: %r (%s)",
+                    rec.request_id,
+                    rec.replica_id,
+                    line[:_LOG_LINE_BYTES],
+                    exc.errors(include_url=False, include_input=False)[0]["msg"],
+                )
+                raise BadGateway(
+                    "bad_replica_response", "the replica sent a malformed generate event"
+                ) from exc
+            if isinstance(event, TokenEvent):
+                rec.token_seen()
+                yield event
+            elif isinstance(event, DoneEvent):
+                rec.usage = event.usage
+                yield event
+                return
+            else:
+                err = event.error
+                raise ServiceUnavailable(err.code or "generation_failed", err.message or "generation failed")
+    except httpx.HTTPError as exc:
+        log.warning("request %s: replica %s lost mid-stream: %r", rec.request_id, rec.replica_id, exc)
+        raise replica_lost() from exc
+    raise replica_lost()
