@@ -1,0 +1,154 @@
+"""The gateway↔replica join with both sides real: the gateway's request builder, replica client and stream
+reader against the replica server on SmolLM2, over a real socket."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from gateway.online import RequestRecord
+from gateway.replica_client import ReplicaClient, ReplicaRejected, UpstreamStream
+from gateway.routes.chat import replica_body
+from gateway.routing import ReplicaLoad
+from gateway.upstream_events import completion_events
+from lorafleet.model.base_hash import base_model_hash
+from replica.config import ReplicaSettings
+from replica.engine.sampler import SamplingParams
+from replica.runtime import Replica, build_replica
+from replica.server import create_app
+from schemas.openai import ChatCompletionRequest
+from schemas.replica_api import DoneEvent, GenerateRequest, LoadResponse, StateResponse, TokenEvent
+from tests.replica.peft_util import AdapterRecipe, make_peft_adapters
+
+TOKEN = "join-token"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+async def served(
+    smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[tuple[Replica, ReplicaLoad]]:
+    out = tmp_path_factory.mktemp("join-adapters")
+    recipes = [AdapterRecipe("join-a", 8, 16, targets=("q_proj", "v_proj"), seed=3)]
+    _, dirs = make_peft_adapters(smollm2_dir, out, recipes, base_hash=base_model_hash(smollm2_dir), std=0.2)
+    settings = ReplicaSettings(
+        replica_id="rj",
+        service_token=TOKEN,
+        model_dir=smollm2_dir,
+        device="cpu",
+        max_num_seqs=2,
+        max_model_len=256,
+        lora_slots={8: 1},
+        adapter_dirs={"join-a": dirs["join-a"]},
+        registry_url=None,
+        control_enabled=False,
+        cache_dir=out / "cache",
+    )
+    replica = build_replica(settings)
+    port = _free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(replica), host="127.0.0.1", port=port, log_level="warning")
+    )
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        assert not task.done(), "the replica server should start"
+        await asyncio.sleep(0.05)
+    yield replica, ReplicaLoad("rj", f"http://127.0.0.1:{port}", 0)
+    server.should_exit = True
+    await task
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[ReplicaClient]:
+    c = ReplicaClient(TOKEN)
+    yield c
+    await c.aclose()
+
+
+def _failed(replica_id: str) -> None:
+    raise AssertionError(f"replica {replica_id} should answer")
+
+
+async def _read(upstream: UpstreamStream, rec: RequestRecord) -> list[TokenEvent | DoneEvent]:
+    try:
+        return [ev async for ev in completion_events(upstream, rec)]
+    finally:
+        await upstream.aclose()
+
+
+async def test_every_generated_token_reaches_the_gateway_in_order(served, client: ReplicaClient) -> None:
+    replica, load = served
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+    body = GenerateRequest(
+        prompt_token_ids=prompt, adapter_id="join-a", temperature=0, max_tokens=9, ignore_eos=True
+    )
+    rec = RequestRecord(request_id="join-1", tenant_id="acme", started=0.0)
+    upstream = await client.open([load], body, _failed)
+    assert upstream.response.headers["x-adapter-id"] == "join-a" and upstream.adapter_tier in {
+        "remote",
+        "gpu",
+    }
+    events = await _read(upstream, rec)
+
+    params = SamplingParams(temperature=0, max_tokens=9, ignore_eos=True)
+    use = await replica.acquire("join-a")
+    try:
+        direct = [o async for o in replica.engine.generate(prompt, params, use.engine_adapter_id)]
+    finally:
+        replica.release(use)
+    tokens, done = events[:-1], events[-1]
+    assert all(isinstance(e, TokenEvent) for e in tokens) and isinstance(done, DoneEvent)
+    assert [e.token_id for e in tokens] == [o.token_id for o in direct]  # type: ignore[union-attr]
+    assert done.finish_reason == "length" and done.usage.completion_tokens == len(tokens) == 9
+    assert rec.usage == done.usage and done.usage.prompt_tokens == len(prompt)
+
+
+async def test_the_gateways_chat_request_is_one_the_replica_serves(served, client: ReplicaClient) -> None:
+    _, load = served
+    chat = ChatCompletionRequest.model_validate(
+        {
+            "model": "acme/support:prod",
+            "messages": [
+                {"role": "developer", "content": "Answer briefly."},
+                {"role": "user", "content": [{"type": "text", "text": "Say hello."}]},
+            ],
+            "temperature": 0,
+            "stop": ["\n\n"],
+        }
+    )
+    rec = RequestRecord(request_id="join-2", tenant_id="acme", started=0.0)
+    events = await _read(await client.open([load], replica_body(chat, "join-a", "join-2", 12), _failed), rec)
+    done = events[-1]
+    assert isinstance(done, DoneEvent) and "".join(e.text for e in events).strip()
+    stopped = done.finish_reason == "stop"
+    assert done.usage.completion_tokens == len(events) - 1 + stopped <= 12
+
+
+async def test_a_refused_request_comes_back_as_the_replicas_error(served, client: ReplicaClient) -> None:
+    _, load = served
+    with pytest.raises(ReplicaRejected) as err:
+        await client.open([load], GenerateRequest(prompt_token_ids=[1] * 300), _failed)
+    assert err.value.status == 400 and err.value.error.code == "context_length_exceeded"
+    assert err.value.error.type == "invalid_request_error" and err.value.error.param == "messages"
+
+
+async def test_load_and_state_bodies_parse_as_the_contract(served) -> None:
+    _, load = served
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=f"{load.url}/internal/replicas/rj", headers=headers) as c:
+        loaded = LoadResponse.model_validate_json((await c.post("/adapters/join-a/load")).content)
+        state = StateResponse.model_validate_json((await c.get("/state")).content)
+    assert loaded.adapter_id == "join-a" and loaded.rank_bucket == 8
+    assert "join-a" in state.gpu_adapters and state.replica_id == "rj" and state.url
+    assert state.replica_state().gpu_adapters == state.gpu_adapters
