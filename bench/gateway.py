@@ -57,7 +57,7 @@ async def _publish_states(replicas: dict[str, str], token: str, stop: asyncio.Ev
     """replica.state from each replica's /state, for a stack whose replicas do not publish it themselves."""
     from lorafleet.config import PlatformSettings
     from lorafleet.kafka import make_producer
-    from schemas.events import ReplicaState
+    from schemas.replica_api import StateResponse
 
     producer = make_producer(PlatformSettings())
     await producer.start()
@@ -65,15 +65,8 @@ async def _publish_states(replicas: dict[str, str], token: str, stop: asyncio.Ev
         async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as c:
             while not stop.is_set():
                 for rid, url in replicas.items():
-                    st = (await c.get(f"{url}/internal/replicas/{rid}/state")).json()
-                    ev = ReplicaState(
-                        replica_id=rid,
-                        url=url,
-                        gpu_adapters=st["gpu_adapters"],
-                        ram_adapters=st["ram_adapters"],
-                        tokens_in_flight=st["tokens_in_flight"],
-                        queue_depth=st["queue_depth"],
-                    )
+                    resp = await c.get(f"{url}/internal/replicas/{rid}/state")
+                    ev = StateResponse.model_validate_json(resp.raise_for_status().content).replica_state()
                     await producer.send(ev.topic.name, ev.to_bytes(), key=ev.key().encode())
                 await asyncio.sleep(0.5)
     finally:

@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 
 from loadtest.client import chat_body
+from schemas.replica_api import STREAM_EVENT, ChatMessage, DoneEvent, GenerateRequest, TokenEvent
 
 PROMPT = "Tell me a long story about a dragon who guards a library."
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
@@ -45,25 +46,29 @@ def prompt_of(words: int) -> str:
 async def generate(
     c: httpx.AsyncClient, rid: str, url: str, adapter: str, tokens: int, words: int = 0
 ) -> dict[str, Any]:
-    body = {
-        "messages": [{"role": "user", "content": prompt_of(words)}],
-        "adapter_id": adapter,
-        "max_tokens": tokens,
-        "ignore_eos": True,
-        "temperature": 0.0,
-    }
+    body = GenerateRequest(
+        messages=[ChatMessage(role="user", content=prompt_of(words))],
+        adapter_id=adapter,
+        max_tokens=tokens,
+        ignore_eos=True,
+        temperature=0.0,
+    )
     start = time.perf_counter()
     times, prompt_tokens = [], 0
-    async with c.stream("POST", f"{url}/internal/replicas/{rid}/generate", json=body) as resp:
+    url = f"{url}/internal/replicas/{rid}/generate"
+    content, headers = body.model_dump_json(exclude_none=True), {"Content-Type": "application/json"}
+    async with c.stream("POST", url, content=content, headers=headers) as resp:
         resp.raise_for_status()
         async for line in resp.aiter_lines():
             if not line.strip():
                 continue
-            event = json.loads(line)
-            if event.get("type") == "token":  # a "length" finish sends its last token, then "done"
+            event = STREAM_EVENT.validate_json(line)
+            if isinstance(event, TokenEvent):  # a "length" finish sends its last token, then "done"
                 times.append(time.perf_counter())
-            if event.get("type") == "done":
-                prompt_tokens = event["usage"]["prompt_tokens"]
+            elif isinstance(event, DoneEvent):
+                prompt_tokens = event.usage.prompt_tokens
+            else:
+                raise RuntimeError(f"replica {rid}: {event.error.code}: {event.error.message}")
     return _timing(start, times, prompt_tokens)
 
 
