@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,17 +23,12 @@ from gateway.tenants import create_key, create_tenant
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
 from tests.integration.databases import drop_database
+from tests.integration.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "gw-test-replica-token"
 ADAPTERS = {"acme-support-v1": "acme", "acme-support-v2": "acme", "globex-sales-v1": "globex"}
 ALIASES = {"acme/support:prod": "acme-support-v1", "globex/sales:prod": "globex-sales-v1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

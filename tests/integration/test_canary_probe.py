@@ -24,7 +24,8 @@ from canary.probe_setup import install_canaries
 from canary.train import TrainConfig, train_canaries
 from gateway.config import GatewayConfig, GatewaySettings
 from lorafleet.config import RelaySettings
-from tests.integration.gateway_stack import REPO, GatewayStack, free_port, gateway_stack
+from tests.integration.gateway_stack import REPO, GatewayStack, gateway_stack
+from tests.integration.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -49,8 +49,9 @@ from tests.gateway.adapter_files import (
     write_base_config,
 )
 from tests.gateway.internal_app import TOKEN, gateway_config, internal_client
-from tests.integration.gateway_stack import free_port, stop, wait_http
+from tests.integration.gateway_stack import stop, wait_http
 from tests.integration.kafka_helpers import collect
+from tests.integration.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,16 +35,11 @@ from schemas.topics import ALERTS, AUTOSCALE_SIGNALS
 from stats_stream.closing import output_id
 from stats_stream.windows import from_ms, to_ms, window_start
 from tests.integration.kafka_helpers import collect
+from tests.integration.ports import free_port
 
 pytestmark = pytest.mark.integration
 
 WINDOW_S = 2.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Stream:
@@ -108,7 +102,7 @@ def stream(services, migrated_db, tmp_path) -> Iterator[tuple[Stream, str]]:
         "LORAFLEET_STATS_IDLE_CLOSE_S": "5",
         "LORAFLEET_STATS_TICK_S": "0.3",
         "LORAFLEET_STATS_SESSION_TIMEOUT_S": "6",
-        "LORAFLEET_STATS_METRICS_PORT": str(_free_port()),
+        "LORAFLEET_STATS_METRICS_PORT": str(free_port()),
     }
     s = Stream(env, tmp_path / "stats-stream.log")
     s.start()
