@@ -27,12 +27,14 @@ async def test_a_faust_app_consumes_into_a_table_and_emits_to_another_topic(serv
         "FAUST_TEST_SINK": sink,
         "FAUST_TEST_DATADIR": str(tmp_path / "faust"),
     }
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "faust", "-A", "tests.integration.faust_app", "worker", "-l", "warn"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    log = tmp_path / "faust.log"
+    with log.open("wb") as out:  # a file, not a pipe nobody reads: a chatty worker never blocks on it
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "faust", "-A", "tests.integration.faust_app", "worker", "-l", "warn"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         producer = AIOKafkaProducer(bootstrap_servers=services.kafka_bootstrap)
         await producer.start()
@@ -60,7 +62,7 @@ async def test_a_faust_app_consumes_into_a_table_and_emits_to_another_topic(serv
             ),
             timeout=120,
         )
-        assert worker.poll() is None, worker.stdout.read().decode()[-3000:]
+        assert worker.poll() is None, log.read_text()[-3000:]
         assert final_counts(records) == {"acme": 10, "globex": 10, "initech": 10}
     finally:
         worker.terminate()
