@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import uuid
 
 import asyncpg
@@ -13,7 +14,7 @@ from prometheus_client import REGISTRY
 from lorafleet.config import RelaySettings
 from lorafleet.kafka import make_producer
 from lorafleet.outbox.idempotency import apply_once
-from lorafleet.outbox.relay import Relay
+from lorafleet.outbox.relay import LEADER_LOCK_KEY, Relay
 from lorafleet.outbox.writer import emit, outbox_transaction
 from schemas.events import AliasChanged, EventValidationError, parse_event
 from schemas.topics import ALIASES_CHANGED
@@ -179,10 +180,7 @@ async def test_writers_of_one_key_take_seq_in_commit_order(pool: asyncpg.Pool) -
     queued = asyncio.create_task(write(same_key))
 
     async def waiting_on_the_key_lock() -> bool:
-        return (
-            await pool.fetchval("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
-            == 1
-        )
+        return await _advisory_locks(pool, granted=False) == 1
 
     await wait_until(waiting_on_the_key_lock, "the same-key writer to queue on the key lock")
     assert not queued.done()
@@ -209,32 +207,51 @@ async def test_the_relay_sets_the_event_id_header_and_the_aggregate_key(pool, pr
     assert record.key == event.alias.encode()
 
 
-async def test_a_second_relay_stands_by_while_the_first_holds_the_outbox(pool, producer, services) -> None:
+async def test_a_second_relay_stands_by_while_the_first_holds_the_outbox(
+    pool, producer, services, caplog: pytest.LogCaptureFixture
+) -> None:
     """Only one relay publishes at a time (per-key order); the other takes over when the first stops."""
+    caplog.set_level(logging.INFO, logger="lorafleet.outbox.relay")
     stop_a, stop_b = asyncio.Event(), asyncio.Event()
     a = Relay(pool, producer, RelaySettings(poll_interval_s=0.05))
     b = Relay(pool, producer, RelaySettings(poll_interval_s=0.05))
     task_a = asyncio.create_task(a.run(stop_a))
-    await asyncio.sleep(0.5)
+
+    async def a_leads() -> bool:
+        return await _advisory_locks(pool, granted=True, key=LEADER_LOCK_KEY) == 1
+
+    async def b_stands_by() -> bool:
+        return any("standing by" in r.getMessage() for r in caplog.records)
+
+    await wait_until(a_leads, "the first relay to take the outbox")
     task_b = asyncio.create_task(b.run(stop_b))
-    await asyncio.sleep(0.5)
+    await wait_until(b_stands_by, "the second relay to find the outbox taken")
     first = alias_event(uuid.uuid4().hex[:6], 1)
     async with outbox_transaction(pool) as conn:
         await emit(conn, first)
-    for _ in range(100):
-        if a.stats.published:
-            break
-        await asyncio.sleep(0.05)
+
+    async def published(relay: Relay) -> bool:
+        return relay.stats.published > 0
+
+    await wait_until(lambda: published(a), "the leading relay to publish", timeout=30)
     assert a.stats.published == 1 and b.stats.published == 0
     stop_a.set()
     await task_a
     second = alias_event(uuid.uuid4().hex[:6], 2)
     async with outbox_transaction(pool) as conn:
         await emit(conn, second)
-    for _ in range(100):
-        if b.stats.published:
-            break
-        await asyncio.sleep(0.05)
+    await wait_until(lambda: published(b), "the standing-by relay to take over", timeout=30)
     stop_b.set()
     await task_b
-    assert b.stats.published == 1
+    assert a.stats.published == 1 and b.stats.published == 1
+
+
+async def _advisory_locks(pool: asyncpg.Pool, granted: bool, key: int | None = None) -> int:
+    """Advisory locks held (or waited for) in this test's database; pg_locks lists every database's."""
+    return await pool.fetchval(
+        """SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted = $1
+           AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND ($2::bigint IS NULL OR (classid::bigint << 32 | objid::bigint) = $2)""",
+        granted,
+        key,
+    )

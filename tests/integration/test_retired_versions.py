@@ -78,7 +78,16 @@ async def test_two_aliases_moving_off_one_version_at_once_retire_it(pool: asyncp
         second = asyncio.create_task(
             two.execute("UPDATE aliases SET adapter_id = 'z' WHERE alias = 'acme/b:prod'")
         )
-        await asyncio.sleep(0.3)
+
+        async def second_waits_on_a_lock() -> bool:
+            return bool(
+                await pool.fetchval(
+                    """SELECT count(*) FROM pg_stat_activity
+                       WHERE datname = current_database() AND wait_event_type = 'Lock'"""
+                )
+            )
+
+        await wait_until(second_waits_on_a_lock, "the second move to wait for the first")
         assert not second.done()
         await tx1.commit()
         await asyncio.wait_for(second, 10)
