@@ -26,6 +26,9 @@ from tests.integration.waiting import wait_until
 pytestmark = pytest.mark.integration
 
 N_ADAPTERS = 60
+# Membership is judged on heartbeat times against the worker's clock, so a worker that falls behind (a
+# loaded machine) sees them late: heartbeats come far more often than they expire.
+HEARTBEAT_EVERY_S, MEMBERSHIP_TTL_S = 0.4, 5.0
 
 
 async def _placements(pool: asyncpg.Pool) -> dict[str, dict[str, str]]:
@@ -53,7 +56,10 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
     )
     platform = services.settings().model_copy(update={"database_url": migrated_db})
     settings = PlacementSettings(
-        group_id=f"test-placement-{run}", replica_id_prefix=prefix, membership_ttl_s=2.0, tick_s=0.2
+        group_id=f"test-placement-{run}",
+        replica_id_prefix=prefix,
+        membership_ttl_s=MEMBERSHIP_TTL_S,
+        tick_s=0.2,
     )
     stop, ready = asyncio.Event(), asyncio.Event()
     producer = make_producer(platform)
@@ -67,7 +73,7 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
         while not stop.is_set():
             for r in sorted(alive):
                 await send(ReplicaState(replica_id=r, url=f"http://{r}", gpu_slots=16))
-            await asyncio.sleep(0.4)
+            await asyncio.sleep(HEARTBEAT_EVERY_S)
 
     relay = asyncio.create_task(Relay(pool, producer, RelaySettings(poll_interval_s=0.05)).run(stop))
     worker = asyncio.create_task(
@@ -124,7 +130,7 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
         shrunk = [r for r in grown if r != gone]
         await wait_until(
             lambda: _no_placements_on(pool, gone),
-            timeout=20,
+            timeout=30,
             what="the departed replica's placements to move",
         )
         after_leave = await _placements(pool)
