@@ -8,7 +8,6 @@ import uuid
 from pathlib import Path
 
 from lorafleet.autoscale.config import AutoscaleSettings
-from lorafleet.autoscale.decide import Limits
 from lorafleet.autoscale.local import LocalFleet, run
 from lorafleet.kafka import make_producer
 from schemas.events import AutoscaleSignal
@@ -20,8 +19,15 @@ SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
 async def test_a_signal_for_our_fleet_stops_our_highest_replica_only(services, tmp_path: Path) -> None:
     platform = services.settings(data_dir=tmp_path)
     fleet_name = f"fleet-{uuid.uuid4().hex[:8]}"
-    settings = AutoscaleSettings(fleet=fleet_name, group_id=f"autoscale-{fleet_name}", max_replicas=4)
-    fleet = LocalFleet(platform, Limits(2, 4))
+    # replica-0 and -1 unmanaged, 2 to 4 in all: 3 desired stops replica-3 only, 0 desired would stop both
+    settings = AutoscaleSettings(
+        fleet=fleet_name,
+        group_id=f"autoscale-{fleet_name}",
+        min_replicas=2,
+        max_replicas=4,
+        unmanaged_replicas=2,
+    )
+    fleet = LocalFleet(platform, settings.limits())
     procs = {i: fleet.process(i) for i in (2, 3)}
     pids = {i: p.start(SLEEP) for i, p in procs.items()}
     task = asyncio.create_task(run(platform, settings))
