@@ -1,7 +1,10 @@
-"""Alias -> adapter id for the caller's tenant, cached; aliases.changed updates the cache at once.
+"""Alias -> adapter id for the caller's tenant, cached; aliases.changed makes the next request read it again.
 
 Only the caller's own tenant's aliases resolve: another tenant's alias is indistinguishable from one that
-does not exist. The TTL is a backstop for a missed event; an event newer than the cached revision wins.
+does not exist. The database decides where an alias points, never the event: an event only drops the cached
+entry. So an event for the same alias name from another fleet on the same Kafka cluster, or a replayed
+one, costs one read and cannot route a request anywhere the row does not say. The TTL is a backstop for a
+missed event.
 """
 
 from __future__ import annotations
@@ -21,40 +24,36 @@ log = logging.getLogger(__name__)
 
 
 class AliasCache:
-    """(tenant, alias) -> (expires, revision, adapter_id | None)."""
+    """(tenant, alias) -> (expires, adapter_id | None), read from the aliases table."""
 
     def __init__(self, pool: asyncpg.Pool, ttl_s: float = 10.0, max_entries: int = 100_000) -> None:
         self.pool = pool
         self.ttl_s = ttl_s
         self.max_entries = max_entries
-        self._entries: dict[tuple[str, str], tuple[float, int, str | None]] = {}
+        self._entries: dict[tuple[str, str], tuple[float, str | None]] = {}
+        self._changes = 0  # events applied so far
 
     async def resolve(self, tenant_id: str, alias: str) -> str | None:
         """The adapter id the alias points at now, if the alias exists and belongs to tenant_id."""
         key = (tenant_id, alias)
-        now = time.monotonic()
         hit = self._entries.get(key)
-        if hit is not None and hit[0] > now:
-            return hit[2]
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        changes = self._changes
         row = await self.pool.fetchrow(
-            "SELECT adapter_id, revision FROM aliases WHERE alias = $1 AND tenant_id = $2", alias, tenant_id
+            "SELECT adapter_id FROM aliases WHERE alias = $1 AND tenant_id = $2", alias, tenant_id
         )
-        current = self._entries.get(key)
-        if current is not None and row is not None and current[1] > row["revision"]:
-            return current[2]  # an event already told us something newer than this read
-        if len(self._entries) >= self.max_entries:
-            self._entries.clear()
-        value = (row["adapter_id"], row["revision"]) if row is not None else (None, 0)
-        self._entries[key] = (now + self.ttl_s, value[1], value[0])
-        return value[0]
+        adapter_id = row["adapter_id"] if row is not None else None
+        if changes == self._changes:  # an event during the read: the row may predate it, answer uncached
+            if len(self._entries) >= self.max_entries:
+                self._entries.clear()
+            self._entries[key] = (time.monotonic() + self.ttl_s, adapter_id)
+        return adapter_id
 
     def apply(self, event: AliasChanged) -> None:
-        """An alias moved: cache the new target unless we already hold a newer revision."""
-        key = (event.tenant_id, event.alias)
-        current = self._entries.get(key)
-        if current is not None and current[1] >= event.revision:
-            return
-        self._entries[key] = (time.monotonic() + self.ttl_s, event.revision, event.adapter_id)
+        """An alias moved (here or in a fleet sharing the topic): read it again on its next request."""
+        self._changes += 1
+        self._entries.pop((event.tenant_id, event.alias), None)
 
     async def list_aliases(self, tenant_id: str) -> list[tuple[str, float]]:
         """(alias, updated_at unix) of the tenant's aliases."""
@@ -78,6 +77,6 @@ async def consume_alias_changes(platform: PlatformSettings, cache: AliasCache, r
                 continue
             assert isinstance(event, AliasChanged)
             cache.apply(event)
-            log.info("alias %s -> %s (revision %d)", event.alias, event.adapter_id, event.revision)
+            log.info("alias %s changed (revision %d): read again", event.alias, event.revision)
     finally:
         await consumer.stop()
