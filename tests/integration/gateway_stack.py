@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 TOKEN = "gw-test-replica-token"
 ADAPTERS = {"acme-support-v1": "acme", "acme-support-v2": "acme", "globex-sales-v1": "globex"}
 ALIASES = {"acme/support:prod": "acme-support-v1", "globex/sales:prod": "globex-sales-v1"}
+TENANT_LIMITS = {"acme": (50, 200_000), "globex": (2, 200_000)}  # (requests/s, tokens/min)
 
 
 @dataclass
@@ -63,8 +64,8 @@ async def _seed(database_url: str, adapter_dirs: dict[str, Path], base_hash: str
     await migrate(database_url)
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     try:
-        await create_tenant(pool, "acme", 50, 200_000)
-        await create_tenant(pool, "globex", 2, 200_000)
+        for tenant, (requests_per_s, tokens_per_min) in TENANT_LIMITS.items():
+            await create_tenant(pool, tenant, requests_per_s, tokens_per_min)
         for adapter_id, tenant in ADAPTERS.items():
             await pool.execute(
                 """INSERT INTO adapters (adapter_id, tenant_id, version, base_model_hash, rank, alpha,
@@ -84,7 +85,7 @@ async def _seed(database_url: str, adapter_dirs: dict[str, Path], base_hash: str
                 alias.split("/")[0],
                 adapter_id,
             )
-        return {t: (await create_key(pool, t)).secret for t in ("acme", "globex")}
+        return {t: (await create_key(pool, t)).secret for t in TENANT_LIMITS}
     finally:
         await pool.close()
 
