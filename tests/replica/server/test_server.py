@@ -58,16 +58,31 @@ def _events(body: str) -> list[dict]:
     return [json.loads(line) for line in body.splitlines() if line]
 
 
-async def test_generate_streams_tokens_then_usage(client: httpx.AsyncClient) -> None:
+async def _generate(client: httpx.AsyncClient, **changes: object) -> tuple[list[dict], dict]:
+    """(token events, done event) of one generate call."""
     body = {"messages": [{"role": "user", "content": "Say hello."}], "temperature": 0, "max_tokens": 8}
-    resp = await client.post(f"{BASE}/generate", json=body, headers=AUTH)
+    resp = await client.post(f"{BASE}/generate", json=body | changes, headers=AUTH)
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("application/x-ndjson")
     events = _events(resp.text)
-    tokens = [e for e in events if e["type"] == "token"]
-    done = events[-1]
-    assert done["type"] == "done" and done["finish_reason"] in {"stop", "length"}
-    assert done["usage"]["completion_tokens"] == len(tokens) or done["finish_reason"] == "stop"
-    assert "".join(e["text"] for e in tokens) + done["text"]  # real text came back
+    assert [e["type"] for e in events] == ["token"] * (len(events) - 1) + ["done"]
+    return events[:-1], events[-1]
+
+
+async def test_generate_streams_tokens_then_usage(client: httpx.AsyncClient) -> None:
+    """Every generated token is counted; each is streamed as a token event except the one that stops."""
+    tokens, done = await _generate(client, ignore_eos=True)  # no end token: runs to max_tokens
+    assert done["finish_reason"] == "length" and done["text"] == ""
+    assert done["usage"]["completion_tokens"] == len(tokens) == 8
+    text = "".join(e["text"] for e in tokens)
+    assert text.strip()  # real text came back
+    # The same greedy answer, told to stop at a piece of its own text: it ends there, or earlier on its
+    # end token. Either way the token that stopped it is counted in usage but not streamed.
+    stop = next(e["text"] for e in tokens[1:] if e["text"].strip())
+    stopped, done = await _generate(client, stop=[stop])
+    assert done["finish_reason"] == "stop"
+    assert done["usage"]["completion_tokens"] == len(stopped) + 1 <= 8
+    assert stop not in "".join(e["text"] for e in stopped) + done["text"]
+    assert text.startswith("".join(e["text"] for e in stopped) + done["text"])
 
 
 async def test_adapter_request_reports_tier_and_differs_from_base(
