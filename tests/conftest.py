@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 # Nothing in the suite may reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -16,6 +17,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # (A device node check, not torch.cuda.is_available(), so that this file does not import torch.)
 if not os.path.exists("/dev/nvidia0") or os.environ.get("CUDA_VISIBLE_DEVICES") == "":
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Hypothesis's per-example deadline (200 ms) measures the machine, not the property: on a loaded CI box a
+# slow example fails as "flaky". The suite's per-test timeout bounds a test's time instead.
+settings.register_profile("lorafleet", deadline=None)
+settings.load_profile("lorafleet")
 
 
 @pytest.fixture(scope="session")
