@@ -26,6 +26,7 @@ from schemas.ids import AdapterId, Alias, ReplicaId, Sha256, TenantId
 SCHEMA_VERSION = 1
 
 Tier = Literal["gpu", "ram", "disk", "remote"]
+ResidentTier = Literal["gpu", "ram", "disk"]  # where a replica holds an adapter (remote: it holds none)
 
 
 class EventValidationError(ValueError):
@@ -45,6 +46,7 @@ class Event(BaseModel):
     event_id: uuid.UUID = Field(default_factory=uuid.uuid4)
     occurred_at: datetime = Field(default_factory=_now)
     schema_version: int = SCHEMA_VERSION
+    type: str  # each event narrows it to its own Literal name, the discriminator parse_event reads
 
     def key(self) -> str:
         return str(getattr(self, self.topic.key_field))
@@ -95,7 +97,7 @@ class ReplicaCommand(Event):
     replica_id: ReplicaId
     command: Literal["load", "unload", "prewarm"]
     adapter_id: AdapterId
-    target_tier: Literal["gpu", "ram", "disk"] = "ram"
+    target_tier: ResidentTier = "ram"
 
 
 class ReplicaStateBody(BaseModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import AfterValidator, StringConstraints
@@ -18,7 +19,7 @@ REPLICA_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-]{0,63}$")
 SHA256_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
-def _check(pattern: re.Pattern[str], what: str):
+def _check(pattern: re.Pattern[str], what: str) -> Callable[[str], str]:
     def check(value: str) -> str:
         if not pattern.fullmatch(value) or value in (".", ".."):
             raise ValueError(f"invalid {what}: {value!r}")

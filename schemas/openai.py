@@ -8,7 +8,7 @@ schemas.api.ErrorBody.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -80,7 +80,7 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
     refusal: None = None
-    annotations: list[dict] = Field(default_factory=list)
+    annotations: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class Choice(BaseModel):
