@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
@@ -10,16 +12,23 @@ from lorafleet.config import PlatformSettings
 from schemas.topics import ALL_TOPICS, Topic
 
 
-def make_producer(settings: PlatformSettings, **overrides) -> AIOKafkaProducer:
+def make_producer(settings: PlatformSettings, **overrides: Any) -> AIOKafkaProducer:
     """An idempotent producer: enable_idempotence implies acks=all (aiokafka defaults to neither)."""
-    options = {"enable_idempotence": True, "acks": "all", "linger_ms": 5, "request_timeout_ms": 15000}
+    options: dict[str, Any] = {
+        "enable_idempotence": True,
+        "acks": "all",
+        "linger_ms": 5,
+        "request_timeout_ms": 15000,
+    }
     options.update(overrides)
     return AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, **options)
 
 
-def make_consumer(settings: PlatformSettings, *topics: str, group_id: str, **overrides) -> AIOKafkaConsumer:
+def make_consumer(
+    settings: PlatformSettings, *topics: str, group_id: str | None, **overrides: Any
+) -> AIOKafkaConsumer:
     """A consumer that commits only after processing (at-least-once; handlers dedupe on event_id)."""
-    options = {
+    options: dict[str, Any] = {
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "isolation_level": "read_committed",

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aioboto3
 from botocore.config import Config
 
 from lorafleet.config import PlatformSettings
+
+if TYPE_CHECKING:  # stub-only packages (dev extras): their names exist for the type checker alone
+    from aiobotocore.session import ClientCreatorContext
+    from types_aiobotocore_s3 import S3Client
 
 
 def client_config() -> Config:
@@ -31,6 +35,6 @@ def client_kwargs(settings: PlatformSettings) -> dict[str, Any]:
     }
 
 
-def async_client(settings: PlatformSettings):  # -> async context manager yielding an S3 client
+def async_client(settings: PlatformSettings) -> ClientCreatorContext[S3Client]:
     """`async with async_client(settings) as s3:` an aioboto3 S3 client for the configured store."""
     return aioboto3.Session().client("s3", **client_kwargs(settings))

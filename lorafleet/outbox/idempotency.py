@@ -6,16 +6,16 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-import asyncpg
+from lorafleet.db.conn import Connection
 
 T = TypeVar("T")
 
 
 async def apply_once(
-    conn: asyncpg.Connection,
+    conn: Connection,
     consumer: str,
     event_id: uuid.UUID,
-    effect: Callable[[asyncpg.Connection], Awaitable[T]],
+    effect: Callable[[Connection], Awaitable[T]],
 ) -> tuple[bool, T | None]:
     """Run effect(conn) and record (consumer, event_id) in one transaction; skip if already recorded.
 

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
@@ -133,7 +134,7 @@ class Relay:
             await self._pool.release(leader)  # releasing the connection resets it and drops the lock
 
 
-def _payload_without_type(payload: str | dict) -> dict:
+def _payload_without_type(payload: str | dict[str, Any]) -> dict[str, Any]:
     data = json.loads(payload) if isinstance(payload, str) else dict(payload)
     data.pop("type", None)
     return data

@@ -8,13 +8,14 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
+from lorafleet.db.conn import Connection
 from schemas.events import Event, validate_payload
 
 # Class of the per-key advisory locks, apart from the project's other advisory locks ("outb").
 KEY_LOCK_CLASS = 0x6F757462
 
 
-async def emit(conn: asyncpg.Connection, event: Event) -> None:
+async def emit(conn: Connection, event: Event) -> None:
     """Insert the event's outbox row on conn; call inside the transaction that writes the domain rows."""
     if not conn.is_in_transaction():
         raise RuntimeError("outbox rows must be written inside the domain transaction")
@@ -40,7 +41,7 @@ async def emit(conn: asyncpg.Connection, event: Event) -> None:
 
 
 @asynccontextmanager
-async def outbox_transaction(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+async def outbox_transaction(pool: asyncpg.Pool) -> AsyncIterator[Connection]:
     """`async with outbox_transaction(pool) as conn:` write domain rows, then `await emit(conn, event)`."""
     async with pool.acquire() as conn, conn.transaction():
         yield conn

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import urllib.error
 import urllib.request
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import boto3
@@ -13,6 +14,9 @@ from lorafleet.config import PlatformSettings
 from lorafleet.s3 import client_kwargs
 from lorafleet.services.paths import INFRA, java_classpath, log_dir, run_dir, service_dir
 from lorafleet.services.process import ManagedProcess, wait_until
+
+if TYPE_CHECKING:  # a stub-only package (dev extras)
+    from mypy_boto3_s3 import S3Client
 
 NAME = "objectstore"
 
@@ -57,7 +61,7 @@ def _write_config(settings: PlatformSettings) -> str:
     return str(config)
 
 
-def client(settings: PlatformSettings):  # -> botocore S3 client
+def client(settings: PlatformSettings) -> S3Client:
     return boto3.client("s3", **client_kwargs(settings))
 
 

@@ -7,6 +7,7 @@ import pwd
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from lorafleet.config import PlatformSettings
@@ -50,7 +51,7 @@ def _chown_tree(path: Path) -> None:
         os.chown(p, pw.pw_uid, pw.pw_gid)
 
 
-def _run(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+def _run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(_as_owner(argv), check=True, capture_output=True, text=True, **kwargs)
 
 
@@ -61,7 +62,7 @@ def ready(settings: PlatformSettings) -> bool:
     return result.returncode == 0
 
 
-def _pg_ctl(settings: PlatformSettings, *args: str) -> subprocess.CompletedProcess:
+def _pg_ctl(settings: PlatformSettings, *args: str) -> subprocess.CompletedProcess[str]:
     _, data, _ = _paths(settings)
     return _run([_bin("pg_ctl"), "-D", str(data), *args])
 
