@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
 
 import asyncpg
 
+from lorafleet.db.conn import Connection
 from lorafleet.outbox.idempotency import apply_once
 from placement_worker import producer, store
 from placement_worker.config import PlacementSettings
@@ -65,20 +65,22 @@ class PlacementWorker:
         self._dirty: set[str] = set()  # adapters with a new stats window, replanned at most once per tick_s
         self._next_dirty = 0.0
         self._next_expiry = 0.0
-        self._handlers: dict[type[Event], Callable[[Event], Awaitable[None]]] = {
-            AdapterValidated: self.on_validated,
-            AdapterStats: self.on_stats,
-            ReplicaState: self.on_replica_state,
-            AliasChanged: self.on_alias_changed,
-            RequestCompleted: self.on_request_completed,
-        }
 
     async def handle(self, event: Event) -> None:
-        handler = self._handlers.get(type(event))
-        if handler is not None:
-            await handler(event)
+        """Apply the event with its type's handler; the worker ignores other event types."""
+        match event:
+            case AdapterValidated():
+                await self.on_validated(event)
+            case AdapterStats():
+                await self.on_stats(event)
+            case ReplicaState():
+                await self.on_replica_state(event)
+            case AliasChanged():
+                await self.on_alias_changed(event)
+            case RequestCompleted():
+                await self.on_request_completed(event)
 
-    async def replan(self, conn: asyncpg.Connection, adapter_ids: list[str] | None) -> list[Change]:
+    async def replan(self, conn: Connection, adapter_ids: list[str] | None) -> list[Change]:
         """Bring the placements of the given adapters (None: all) to the plan for the current members."""
         await conn.execute("SELECT pg_advisory_xact_lock($1)", store.PLAN_LOCK_KEY)
         prefix, ttl = self._s.replica_id_prefix, self._s.demand_ttl_s
@@ -104,7 +106,7 @@ class PlacementWorker:
         return changes
 
     async def on_validated(self, event: AdapterValidated) -> None:
-        async def effect(conn: asyncpg.Connection) -> None:
+        async def effect(conn: Connection) -> None:
             if event.status == "ready":
                 changes = await self.replan(conn, [event.adapter_id])
                 if changes:
@@ -127,7 +129,7 @@ class PlacementWorker:
             self._dirty.add(event.adapter_id)
 
     async def on_alias_changed(self, event: AliasChanged) -> None:
-        async def effect(conn: asyncpg.Connection) -> None:
+        async def effect(conn: Connection) -> None:
             moved = [event.adapter_id] + ([event.previous_adapter_id] if event.previous_adapter_id else [])
             changes = await self.replan(conn, moved)
             if changes:

@@ -23,10 +23,12 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Literal
 
+from schemas.events import ResidentTier
 from schemas.rendezvous import ranked
 
-Placements = dict[str, dict[str, str]]  # adapter_id -> {replica_id: tier}
+Placements = dict[str, dict[str, ResidentTier]]  # adapter_id -> {replica_id: tier}
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,8 @@ class Change:
 
     adapter_id: str
     replica_id: str
-    command: str  # load | unload
-    tier: str  # ram | gpu (the target tier of a load; the tier held before an unload)
+    command: Literal["load", "unload"]
+    tier: ResidentTier  # the target tier of a load (ram | gpu); the tier held before an unload
 
 
 def owner_count(tokens_per_s: float, fleet_size: int, policy: Policy) -> int:

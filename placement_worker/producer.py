@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncpg
-
+from lorafleet.db.conn import Connection
 from lorafleet.outbox.writer import emit
 from placement_worker.planner import Change
 from schemas.events import ReplicaCommand
@@ -18,12 +17,12 @@ def command_for(change: Change) -> ReplicaCommand:
     )
 
 
-async def emit_changes(conn: asyncpg.Connection, changes: list[Change]) -> None:
+async def emit_changes(conn: Connection, changes: list[Change]) -> None:
     for change in changes:
         await emit(conn, command_for(change))
 
 
-async def emit_prewarm(conn: asyncpg.Connection, adapter_id: str, replica_ids: list[str]) -> None:
+async def emit_prewarm(conn: Connection, adapter_id: str, replica_ids: list[str]) -> None:
     """Ask the owners to bring an adapter into GPU slots ahead of traffic (an alias just moved to it)."""
     for replica_id in replica_ids:
         await emit(

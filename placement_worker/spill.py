@@ -23,20 +23,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-TIER_ORDER = ("gpu", "ram", "disk")  # fastest first
+from schemas.events import ResidentTier
+
+TIER_ORDER: tuple[ResidentTier, ...] = ("gpu", "ram", "disk")  # fastest first
 
 
 @dataclass(frozen=True)
 class SpillRow:
     adapter_id: str
     replica_id: str
-    tier: str
+    tier: ResidentTier
     last_used_at: datetime
 
 
-def resident_tiers(gpu: Iterable[str], ram: Iterable[str], disk: Iterable[str]) -> dict[str, str]:
+def resident_tiers(gpu: Iterable[str], ram: Iterable[str], disk: Iterable[str]) -> dict[str, ResidentTier]:
     """adapter_id -> the fastest tier a replica reports it in."""
-    out: dict[str, str] = {}
+    out: dict[str, ResidentTier] = {}
     for tier, ids in reversed(list(zip(TIER_ORDER, (gpu, ram, disk), strict=True))):
         out.update(dict.fromkeys(ids, tier))
     return out

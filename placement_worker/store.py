@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 import asyncpg
 
+from lorafleet.db.conn import Connection
 from placement_worker.membership import Heartbeat
 from placement_worker.planner import Change, Placements
 from placement_worker.spill import SpillRow
+from schemas.events import ResidentTier
 
 # One planner at a time: replans from several worker instances must not interleave.
 PLAN_LOCK_KEY = 0x706C616E  # "plan"
 
 
 async def upsert_heartbeat(
-    conn: asyncpg.Connection, replica_id: str, url: str, status: str, at: datetime, gpu_slots: int = 0
+    conn: Connection, replica_id: str, url: str, status: str, at: datetime, gpu_slots: int = 0
 ) -> bool:
     """Record a replica.state; an older (replayed) one changes nothing. True when the row changed."""
     return bool(
@@ -36,7 +39,7 @@ async def upsert_heartbeat(
     )
 
 
-async def heartbeats(conn: asyncpg.Connection | asyncpg.Pool, prefix: str) -> list[Heartbeat]:
+async def heartbeats(conn: Connection | asyncpg.Pool, prefix: str) -> list[Heartbeat]:
     rows = await conn.fetch(
         "SELECT replica_id, status, last_seen, gpu_slots FROM replicas WHERE starts_with(replica_id, $1)",
         prefix,
@@ -45,7 +48,7 @@ async def heartbeats(conn: asyncpg.Connection | asyncpg.Pool, prefix: str) -> li
 
 
 async def record_stats(
-    conn: asyncpg.Connection, adapter_id: str, window_start: datetime, requests: int, tps: float, hit: float
+    conn: Connection, adapter_id: str, window_start: datetime, requests: int, tps: float, hit: float
 ) -> bool:
     """Store one traffic window of a known adapter once; True when it is new."""
     return bool(
@@ -62,7 +65,7 @@ async def record_stats(
     )
 
 
-async def demand(conn: asyncpg.Connection, adapter_ids: list[str] | None, ttl_s: float) -> dict[str, float]:
+async def demand(conn: Connection, adapter_ids: list[str] | None, ttl_s: float) -> dict[str, float]:
     """Ready adapters (all, or the given ones) -> tokens/s of their latest fresh window (0 if none)."""
     rows = await conn.fetch(
         """SELECT a.adapter_id, coalesce(s.tokens_per_s, 0) AS tps
@@ -79,7 +82,7 @@ async def demand(conn: asyncpg.Connection, adapter_ids: list[str] | None, ttl_s:
     return {r["adapter_id"]: float(r["tps"]) for r in rows}
 
 
-async def retired(conn: asyncpg.Connection, adapter_ids: list[str] | None) -> frozenset[str]:
+async def retired(conn: Connection, adapter_ids: list[str] | None) -> frozenset[str]:
     """Versions an alias moved away from that no alias points at now (retired_versions, kept by a trigger)."""
     rows = await conn.fetch(
         "SELECT adapter_id FROM retired_versions WHERE ($1::text[] IS NULL OR adapter_id = ANY($1))",
@@ -88,7 +91,7 @@ async def retired(conn: asyncpg.Connection, adapter_ids: list[str] | None) -> fr
     return frozenset(r["adapter_id"] for r in rows)
 
 
-async def placements(conn: asyncpg.Connection, adapter_ids: list[str] | None, prefix: str) -> Placements:
+async def placements(conn: Connection, adapter_ids: list[str] | None, prefix: str) -> Placements:
     rows = await conn.fetch(
         """SELECT adapter_id, replica_id, tier FROM placements
            WHERE role = 'owner' AND starts_with(replica_id, $2)
@@ -102,7 +105,7 @@ async def placements(conn: asyncpg.Connection, adapter_ids: list[str] | None, pr
     return out
 
 
-async def apply_changes(conn: asyncpg.Connection, changes: list[Change]) -> None:
+async def apply_changes(conn: Connection, changes: list[Change]) -> None:
     for c in changes:
         if c.command == "load":
             await conn.execute(
@@ -118,7 +121,7 @@ async def apply_changes(conn: asyncpg.Connection, changes: list[Change]) -> None
             )
 
 
-async def owners_of(conn: asyncpg.Connection, adapter_id: str, prefix: str) -> list[str]:
+async def owners_of(conn: Connection, adapter_id: str, prefix: str) -> list[str]:
     rows = await conn.fetch(
         """SELECT replica_id FROM placements WHERE adapter_id = $1 AND role = 'owner'
            AND starts_with(replica_id, $2) ORDER BY replica_id""",
@@ -129,7 +132,7 @@ async def owners_of(conn: asyncpg.Connection, adapter_id: str, prefix: str) -> l
 
 
 async def sync_spills(
-    conn: asyncpg.Connection, replica_id: str, resident: dict[str, str], at: datetime
+    conn: Connection, replica_id: str, resident: Mapping[str, ResidentTier], at: datetime
 ) -> None:
     """Make a replica's spill rows what its newest state lists: each ready, unretired adapter it holds and
     does not own (new rows used at `at`, tiers refreshed); rows for adapters it no longer holds go."""
@@ -155,9 +158,7 @@ async def sync_spills(
     )
 
 
-async def touch_used(
-    conn: asyncpg.Connection | asyncpg.Pool, adapter_id: str, replica_id: str, at: datetime
-) -> None:
+async def touch_used(conn: Connection | asyncpg.Pool, adapter_id: str, replica_id: str, at: datetime) -> None:
     """A request for the adapter completed on the replica at `at`: its placement there was used."""
     await conn.execute(
         """UPDATE placements SET last_used_at = $3
@@ -168,7 +169,7 @@ async def touch_used(
     )
 
 
-async def spills(conn: asyncpg.Connection, prefix: str) -> list[SpillRow]:
+async def spills(conn: Connection, prefix: str) -> list[SpillRow]:
     rows = await conn.fetch(
         """SELECT adapter_id, replica_id, tier, last_used_at FROM placements
            WHERE role = 'spill' AND starts_with(replica_id, $1)""",
@@ -177,7 +178,7 @@ async def spills(conn: asyncpg.Connection, prefix: str) -> list[SpillRow]:
     return [SpillRow(r["adapter_id"], r["replica_id"], r["tier"], r["last_used_at"]) for r in rows]
 
 
-async def take_spills(conn: asyncpg.Connection, rows: list[SpillRow]) -> list[Change]:
+async def take_spills(conn: Connection, rows: list[SpillRow]) -> list[Change]:
     """Delete these spill rows (each only if unchanged since read); an unload for each one deleted."""
     changes: list[Change] = []
     for r in rows:
@@ -193,7 +194,7 @@ async def take_spills(conn: asyncpg.Connection, rows: list[SpillRow]) -> list[Ch
     return changes
 
 
-async def spills_of(conn: asyncpg.Connection, adapter_ids: list[str], prefix: str) -> list[SpillRow]:
+async def spills_of(conn: Connection, adapter_ids: list[str], prefix: str) -> list[SpillRow]:
     rows = await conn.fetch(
         """SELECT adapter_id, replica_id, tier, last_used_at FROM placements
            WHERE role = 'spill' AND adapter_id = ANY($1::text[]) AND starts_with(replica_id, $2)""",
@@ -203,7 +204,7 @@ async def spills_of(conn: asyncpg.Connection, adapter_ids: list[str], prefix: st
     return [SpillRow(r["adapter_id"], r["replica_id"], r["tier"], r["last_used_at"]) for r in rows]
 
 
-async def drop_spills(conn: asyncpg.Connection | asyncpg.Pool, prefix: str, keep_on: list[str]) -> int:
+async def drop_spills(conn: Connection | asyncpg.Pool, prefix: str, keep_on: list[str]) -> int:
     """Forget spill rows on replicas outside keep_on (they left the fleet: no command); return how many."""
     rows = await conn.fetch(
         """DELETE FROM placements WHERE role = 'spill' AND starts_with(replica_id, $1)
