@@ -10,8 +10,9 @@ import json
 import logging
 import time
 from collections import Counter
+from typing import Any
 
-import faust
+from faust.types import TableT
 
 from schemas.events import Event, EventValidationError, parse_event
 from stats_stream import metrics
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 class WindowKeeper:
-    def __init__(self, table: faust.Table, sinks: Sinks, settings: StatsStreamSettings) -> None:
+    def __init__(self, table: TableT[str, Any], sinks: Sinks, settings: StatsStreamSettings) -> None:
         self.table = table
         self.sinks = sinks
         self.settings = settings
@@ -40,26 +41,32 @@ class WindowKeeper:
             None  # events per open window; rebuilt from the table after a restart
         )
 
-    def _get(self, key: str):
+    def _get(self, key: str) -> Any:
         # faust tables raise KeyError from .get() when there is no default factory
         return self.table[key] if key in self.table else None
 
     def forget_open_windows(self) -> None:
         self._open = None
 
+    def _open_windows(self) -> Counter[int]:
+        """Events per open window, recounted from the table when forgotten (a rebalance may come at any
+        await, even inside a window's close)."""
+        if self._open is None:
+            self._open = tb.open_windows(self.table)
+        return self._open
+
     async def handle(self, raw: bytes, wall_ms: int) -> None:
         """One message from the fleet topic: a tick, or a source event already validated upstream."""
         self._start_history(wall_ms)
-        if self._open is None:
-            self._open = tb.open_windows(self.table)
+        open_windows = self._open_windows()
         if not is_tick(raw):
             self._file(raw, wall_ms)
             return
         self.clock.arm(wall_ms)
         metrics.TICKS.inc()
-        for window_ms in self.clock.due(self._open, wall_ms):
+        for window_ms in self.clock.due(open_windows, wall_ms):
             await self._close(window_ms)
-        metrics.OPEN_EVENTS.set(sum(self._open.values()))
+        metrics.OPEN_EVENTS.set(sum(self._open_windows().values()))
 
     def _start_history(self, wall_ms: int) -> None:
         # A new app id reads its topics from the beginning; only the previous window onwards is counted.
@@ -84,7 +91,7 @@ class WindowKeeper:
             return
         self.table[key] = json.loads(raw)
         self.clock.observe(event_ms, wall_ms)
-        self._open[window_ms] += 1
+        self._open_windows()[window_ms] += 1
         metrics.EVENTS.labels(topic, "counted").inc()
 
     async def _close(self, window_ms: int) -> None:
@@ -103,7 +110,7 @@ class WindowKeeper:
             del self.table[key]
         self.table[tb.CLOSED_THROUGH] = window_ms
         self.table[tb.SCALE_STATE] = report.scale_state.to_json()
-        self._open.pop(window_ms, None)
+        self._open_windows().pop(window_ms, None)
         metrics.record(report, time.perf_counter() - started)
         log.info(
             "closed window %s: %d events, %d adapters, %d alerts, desired replicas %d",
