@@ -6,20 +6,21 @@ Every function takes the events of one window (already deduplicated by `dedupe`)
 from __future__ import annotations
 
 import math
+import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from schemas.events import Event, ReplicaEvent, ReplicaState, RequestCompleted
+from schemas.events import Event, ReplicaEvent, ReplicaState, RequestCompleted, Tier
 
 E = TypeVar("E", bound=Event)
-TIERS = ("gpu", "ram", "disk", "remote")
+TIERS: tuple[Tier, ...] = ("gpu", "ram", "disk", "remote")
 
 
 def dedupe(events: Iterable[E]) -> list[E]:
     """Keep the first delivery of each event_id: a redelivered event is counted once."""
-    seen: set = set()
+    seen: set[uuid.UUID] = set()
     out: list[E] = []
     for event in events:
         if event.event_id not in seen:
@@ -148,12 +149,12 @@ def tenant_costs(
     proxy for GPU share; idle capacity is spread the same way. With no durations, tokens are the share.
     """
     bill = billed_replicas * gpu_hour_usd * window_s / 3600.0
-    busy: Counter[str] = Counter()
+    busy: defaultdict[str, float] = defaultdict(float)  # request-seconds
     tokens: Counter[str] = Counter()
     for r in requests:
         busy[r.tenant_id] += r.total_s
         tokens[r.tenant_id] += r.prompt_tokens + r.completion_tokens
-    weights = busy if sum(busy.values()) > 0 else tokens
+    weights: Mapping[str, float] = busy if sum(busy.values()) > 0 else tokens
     total = sum(weights.values())
     out: dict[str, TenantCost] = {}
     for tenant in sorted(set(busy) | set(tokens)):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import faust
 
 from lorafleet.config import PlatformSettings
@@ -34,11 +36,11 @@ def build_app(platform: PlatformSettings, settings: StatsStreamSettings) -> faus
     fleet.register(app, topics, keeper, settings.tick_s)
 
     @app.on_rebalance_complete.connect
-    async def recount(app: faust.App, **kwargs) -> None:
+    async def recount(app: faust.App, /, *args: Any, **kwargs: Any) -> None:
         keeper.forget_open_windows()  # the table may have been recovered; recount on the next message
 
     @app.on_before_shutdown.connect
-    async def close_sinks(app: faust.App, **kwargs) -> None:
+    async def close_sinks(app: faust.App, /, *args: Any, **kwargs: Any) -> None:
         await sinks.close()
 
     return app

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from schemas.events import HotAdapter
 from stats_stream.aggregates import AdapterWindow, FleetLoad, ReplicaChurn, TenantLatency
@@ -92,11 +92,11 @@ class ScaleState:
     previous: int | None = None
     recent: tuple[int, ...] = field(default_factory=tuple)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"previous": self.previous, "recent": list(self.recent)}
 
     @classmethod
-    def from_json(cls, raw: Mapping | None) -> ScaleState:
+    def from_json(cls, raw: Mapping[str, Any] | None) -> ScaleState:
         if not raw:
             return cls()
         return cls(raw.get("previous"), tuple(raw.get("recent", ())))

@@ -7,9 +7,13 @@ the window, so closing a window twice after a crash changes nothing a consumer c
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
 import asyncpg
+import faust
+from faust.types import RecordMetadata
 
+from lorafleet.db.conn import Connection
 from schemas.events import Event
 from stats_stream.closing import WindowReport
 from stats_stream.topics import StreamTopics
@@ -22,7 +26,7 @@ SET requests = EXCLUDED.requests, tokens_per_s = EXCLUDED.tokens_per_s, gpu_hit_
 """
 
 
-async def write_adapter_stats(conn: asyncpg.Connection | asyncpg.Pool, report: WindowReport) -> None:
+async def write_adapter_stats(conn: Connection | asyncpg.Pool, report: WindowReport) -> None:
     rows = [
         (s.adapter_id, s.window_start, s.requests, s.tokens_per_s, s.gpu_hit_rate)
         for s in report.adapter_stats
@@ -54,7 +58,7 @@ class Sinks:
         pending.append(await self._send(self._topics.autoscale, report.autoscale))
         await asyncio.gather(*pending)
 
-    async def _send(self, topic, event: Event):
+    async def _send(self, topic: faust.TopicT, event: Event) -> Awaitable[RecordMetadata]:
         return await topic.send(key=event.key().encode(), value=event.to_bytes())
 
     async def close(self) -> None:

@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 import faust
+from faust.types import TableT
 
 TABLE_NAME = "window-events"
 CLOSED_THROUGH = "meta|closed_through"  # start (ms) of the newest closed window
@@ -18,7 +19,7 @@ SCALE_STATE = "meta|scale"  # autoscaling hysteresis carried between windows
 _EVENT_PREFIX = "w|"
 
 
-def declare(app: faust.App) -> faust.Table:
+def declare(app: faust.App) -> TableT[str, Any]:
     return app.Table(TABLE_NAME, default=None, partitions=1, key_type=str)
 
 
@@ -32,11 +33,11 @@ def window_of(key: str) -> int | None:
     return int(key.split("|", 2)[1])
 
 
-def open_windows(table: faust.Table) -> Counter[int]:
+def open_windows(table: TableT[str, Any]) -> Counter[int]:
     """How many events each open window holds (a full scan; done once after start or recovery)."""
     return Counter(w for w in (window_of(k) for k in list(table.keys())) if w is not None)
 
 
-def window_entries(table: faust.Table, window_ms: int) -> dict[str, Any]:
+def window_entries(table: TableT[str, Any], window_ms: int) -> dict[str, Any]:
     prefix = f"{_EVENT_PREFIX}{window_ms}|"
     return {k: v for k, v in list(table.items()) if k.startswith(prefix)}

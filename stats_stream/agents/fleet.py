@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import faust
+from faust.types import StreamT
 
 from stats_stream.keeper import WindowKeeper
 from stats_stream.topics import FLEET_KEY, StreamTopics, tick
@@ -12,7 +13,7 @@ from stats_stream.topics import FLEET_KEY, StreamTopics, tick
 
 def register(app: faust.App, topics: StreamTopics, keeper: WindowKeeper, tick_s: float) -> None:
     @app.agent(topics.fleet, name="windows")
-    async def windows(stream) -> None:
+    async def windows(stream: StreamT[bytes]) -> None:
         async for raw in stream:
             await keeper.handle(raw, int(time.time() * 1000))
 

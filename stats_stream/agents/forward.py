@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import faust
+from faust.types import StreamT
 
 from schemas.events import EventValidationError, parse_event
 from stats_stream import metrics
@@ -18,8 +21,8 @@ def register(app: faust.App, topics: StreamTopics) -> None:
         app.agent(source, name=f"forward-{name}")(_forwarder(name, topics.fleet))
 
 
-def _forwarder(name: str, fleet: faust.TopicT):
-    async def forward(stream) -> None:
+def _forwarder(name: str, fleet: faust.TopicT) -> Callable[[StreamT[bytes]], Coroutine[Any, Any, None]]:
+    async def forward(stream: StreamT[bytes]) -> None:
         async for raw in stream:
             try:
                 parse_event(raw, topic=name)
