@@ -129,7 +129,7 @@ async def run_bursts(
     cfg: LoadTestConfig,
     burst: BurstConfig,
     replicas: dict[str, str] | None = None,
-    on_burst: Callable[[], None] = lambda: None,
+    on_burst: Callable[[], object] = lambda: None,  # its result is ignored
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> dict[str, Any]:
     """Every distinct count (up to the number of aliases), interleaved, `repeats` times."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import defaultdict
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,7 +22,7 @@ def parse_replicas(specs: list[str]) -> dict[str, str]:
 
 def parse(text: str) -> dict[str, float]:
     """{"gpu_loads": n, "gpu_evictions": n, "ram_evictions": n, ...} from one scrape."""
-    out: Counter[str] = Counter()
+    out: defaultdict[str, float] = defaultdict(float)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if not sample.name.endswith("_total"):

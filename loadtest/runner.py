@@ -46,7 +46,7 @@ async def run_trace(
     cfg: LoadTestConfig,
     trace: list[Request],
     rate: float,
-    on_done: Callable[[RequestRecord], None] = lambda _r: None,
+    on_done: Callable[[RequestRecord], object] = lambda _r: None,  # its result is ignored
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> list[RequestRecord]:
     """Send a trace: each request leaves at its arrival time, whatever came before (open loop)."""
@@ -66,7 +66,7 @@ async def run_trace(
 async def run_rate(
     cfg: LoadTestConfig,
     rate: float,
-    on_done: Callable[[RequestRecord], None] = lambda _r: None,
+    on_done: Callable[[RequestRecord], object] = lambda _r: None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> list[RequestRecord]:
     """Send one generated trace at `rate` requests/s."""

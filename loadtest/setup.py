@@ -58,7 +58,7 @@ def make_adapters(model_dir: Path, root: Path, ids: list[str], base_hash: str, r
                 elif ".lora_B." in name:
                     p.copy_(torch.randn(p.shape, generator=gen) * 0.01)
         target = dirs[ids[i]]
-        peft_model.save_pretrained(target)
+        peft_model.save_pretrained(str(target))
         cfg_path = target / ADAPTER_CONFIG_NAME
         raw = json.loads(cfg_path.read_text())
         raw["base_model_hash"] = base_hash

@@ -61,7 +61,7 @@ def build(result: SimResult, gpu_hour_usd: float = 2.5, headroom: float = 0.3) -
     n = max(len(measured), 1)
     misses = n - found["gpu"]
     minutes = max(result.duration_s, 1e-9) / 60
-    per_replica = []
+    per_replica: list[dict[str, Any]] = []  # replica_id, then one float per figure
     for rep in result.replicas:
         per_replica.append(
             {
@@ -75,7 +75,7 @@ def build(result: SimResult, gpu_hour_usd: float = 2.5, headroom: float = 0.3) -
         )
 
     def summary(key: str) -> dict[str, float]:
-        values = [p[key] for p in per_replica]
+        values: list[float] = [p[key] for p in per_replica]
         return {"mean": round(sum(values) / len(values), 3), "max": round(max(values), 3)}
 
     tokens = sum(r.req.prompt_tokens + r.req.output_tokens for r in result.requests)

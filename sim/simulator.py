@@ -16,6 +16,7 @@ import random
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from gateway.routing import ROUTING_MODES, ReplicaLoad, RouterPolicy
 from placement_worker.planner import Placements, Policy, desired, diff
@@ -200,23 +201,25 @@ class Simulation:
                 next_report = now + self.cfg.report_interval_s
                 if on_progress is not None:
                     on_progress(now)
+            # Each kind has one payload type, fixed where it is scheduled; the casts name it.
             if kind == STEP:
                 if isinstance(payload, tuple):  # a step end timed by the shared host
-                    replica, version = payload
+                    replica, version = cast(tuple[SimReplica, float], payload)
+                    assert replica.host is not None  # only a shared host times steps this way
                     if replica.host.end(replica, version, now):
                         replica.step(now)
                 else:
-                    payload.step(now)  # type: ignore[attr-defined]
+                    cast(SimReplica, payload).step(now)
             elif kind == ARRIVE:
-                self._arrive(payload, now)  # type: ignore[arg-type]
+                self._arrive(cast(SimRequest, payload), now)
             elif kind == LOAD_DONE:
-                replica, aid = payload  # type: ignore[misc]
+                replica, aid = cast(tuple[SimReplica, str], payload)
                 replica.load_done(aid, now)
             elif kind == FETCHED:
-                replica, aid = payload  # type: ignore[misc]
+                replica, aid = cast(tuple[SimReplica, str], payload)
                 replica.fetched(aid, now)
             elif kind == REACH:
-                replica, sr = payload  # type: ignore[misc]
+                replica, sr = cast(tuple[SimReplica, SimRequest], payload)
                 replica.arrive(sr, now)
             elif kind == REPLAN:
                 self.replan(now)
