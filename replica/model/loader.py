@@ -61,9 +61,10 @@ def weight_files(model_dir: Path) -> list[Path]:
 def _set_tensor(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
     module_path, _, leaf = name.rpartition(".")
     module = model.get_submodule(module_path)
-    if leaf not in module._parameters:
+    param = module._parameters.get(leaf)
+    if param is None:  # no such parameter, or one registered as None (a bias the config turned off)
         raise UnsupportedModelError(f"checkpoint tensor {name} has no place in the model")
-    expected = module._parameters[leaf].shape
+    expected = param.shape
     if tuple(expected) != tuple(tensor.shape):
         raise UnsupportedModelError(
             f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(expected)}"
