@@ -11,7 +11,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from replica.engine.engine import LLMEngine, StepOutput
 from replica.engine.sampler import SamplingParams
@@ -55,7 +55,7 @@ class AsyncEngine:
         params: SamplingParams,
         adapter_id: str | None = None,
         request_id: str | None = None,
-    ) -> AsyncIterator[StepOutput]:
+    ) -> AsyncGenerator[StepOutput, None]:
         """Stream this request's outputs; leaving the iteration early cancels the request."""
         self.engine.check_request(prompt_token_ids, params)  # bad input fails here, before any event
         request_id = request_id or self.next_request_id()

@@ -48,7 +48,8 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_model_len = max_model_len
         for i, layer in enumerate(model.model.layers):
-            attn: LlamaAttention = layer.self_attn
+            attn = layer.self_attn
+            assert isinstance(attn, LlamaAttention)  # LoRA wraps the projections, never the attention
             attn.k_cache, attn.v_cache = self.k[i], self.v[i]
 
     @property

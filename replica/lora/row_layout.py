@@ -46,7 +46,7 @@ class RowLayout:
 
     rank: int
     modules: tuple[tuple[ModuleKey, int, int], ...]  # (key, in_features, out_features) in row order
-    _plans: dict = field(default_factory=dict, compare=False, repr=False)
+    _plans: dict[tuple[ModuleKey, ...], RowPlan] = field(default_factory=dict, compare=False, repr=False)
 
     @staticmethod
     def for_modules(rank: int, shapes: dict[ModuleKey, tuple[int, int]]) -> RowLayout:

@@ -120,6 +120,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to q and k at given positions (cos/sin computed in fp32, as transformers does)."""
 
+    inv_freq: torch.Tensor  # a buffer [head_dim // 2]
+
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
@@ -197,6 +199,7 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         """Write this step's k/v into the cache, then attend each sequence to its own row."""
         kc, vc = self.k_cache, self.v_cache  # [rows, kv_heads, max_len, head_dim]
+        assert kc is not None and vc is not None  # forward() takes this path only with the cache bound
         kc[ctx.token_rows, :, positions] = k
         vc[ctx.token_rows, :, positions] = v
         out = torch.empty_like(q)  # [num_tokens, heads, head_dim]

@@ -86,8 +86,9 @@ class Tokenizer:
         bos = _token_text(config.get("bos_token"))
         eos = _token_text(config.get("eos_token"))
         stops: set[int] = set()
-        if eos is not None and backend.token_to_id(eos) is not None:
-            stops.add(backend.token_to_id(eos))
+        eos_id = backend.token_to_id(eos) if eos is not None else None
+        if eos_id is not None:
+            stops.add(eos_id)
         gen_eos = generation.get("eos_token_id")
         stops.update(gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos])
         return cls(backend, _read_chat_template(model_dir, config), bos, eos, stops)
