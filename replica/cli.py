@@ -33,16 +33,17 @@ def serve(
     from replica.config import DEFAULT_MODEL_DIR, ReplicaSettings
     from replica.main import serve as run
 
-    flags = dict(
-        model_dir=model_dir,
-        host=host,
-        port=port,
-        replica_id=replica_id,
-        dtype=dtype,
-        device=device,
-        merged_adapter_id=merged_adapter_id,
-    )
-    settings = ReplicaSettings(**{k: v for k, v in flags.items() if v is not None})
+    flags: dict[str, object] = {
+        "model_dir": model_dir,
+        "host": host,
+        "port": port,
+        "replica_id": replica_id,
+        "dtype": dtype,
+        "device": device,
+        "merged_adapter_id": merged_adapter_id,
+    }
+    # The flags given beat the environment; model_validate still reads LORAFLEET_REPLICA_* for the rest.
+    settings = ReplicaSettings.model_validate({k: v for k, v in flags.items() if v is not None})
     if settings.model_dir == DEFAULT_MODEL_DIR and not (DEFAULT_MODEL_DIR / "config.json").is_file():
         from lorafleet.model.prepare import ensure_default_model
 

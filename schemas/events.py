@@ -27,6 +27,7 @@ SCHEMA_VERSION = 1
 
 Tier = Literal["gpu", "ram", "disk", "remote"]
 ResidentTier = Literal["gpu", "ram", "disk"]  # where a replica holds an adapter (remote: it holds none)
+ReplicaStatus = Literal["starting", "ready", "draining"]
 
 
 class EventValidationError(ValueError):
@@ -108,7 +109,7 @@ class ReplicaStateBody(BaseModel):
 
     replica_id: ReplicaId
     url: str
-    status: Literal["starting", "ready", "draining"] = "ready"
+    status: ReplicaStatus = "ready"
     gpu_adapters: list[AdapterId] = Field(default_factory=list)
     ram_adapters: list[AdapterId] = Field(default_factory=list)
     disk_adapters: list[AdapterId] = Field(default_factory=list)

@@ -10,10 +10,14 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from replica.adapter_cache.cache import AdapterCache
 from replica.errors import ReplicaError
 from schemas.events import EventValidationError, ReplicaCommand, parse_event
+
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaConsumer
 
 log = logging.getLogger(__name__)
 SEEN_CAPACITY = 10_000
@@ -26,7 +30,7 @@ class CommandHandler:
         self.cache = cache
         self.replica_id = replica_id
         self._seen: OrderedDict[str, None] = OrderedDict()
-        self._tails: dict[str, asyncio.Future[None]] = {}
+        self._tails: dict[str, asyncio.Future[object]] = {}
         self.actions: dict[str, Callable[[ReplicaCommand], Awaitable[object]]] = {
             "load": lambda c: cache.own(c.adapter_id, c.target_tier),
             "prewarm": lambda c: cache.own(c.adapter_id, "gpu"),
@@ -55,7 +59,7 @@ class CommandHandler:
         if previous is not None:
             await asyncio.gather(asyncio.shield(previous), return_exceptions=True)
         task = asyncio.ensure_future(self.actions[command.command](command))
-        self._tails[command.adapter_id] = task  # type: ignore[assignment]
+        self._tails[command.adapter_id] = task
         try:
             await task
         except ReplicaError as exc:
@@ -80,7 +84,7 @@ class CommandHandler:
         return sum(await asyncio.gather(*(in_order(cs) for cs in by_adapter.values())))
 
 
-async def consume_commands(consumer, handler: CommandHandler, stop: asyncio.Event) -> None:  # noqa: ANN001
+async def consume_commands(consumer: AIOKafkaConsumer, handler: CommandHandler, stop: asyncio.Event) -> None:
     """Read replica.commands with a started consumer until stop; commit after each applied batch."""
     while not stop.is_set():
         batch = await consumer.getmany(timeout_ms=500, max_records=200)

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from replica.adapter_cache.tier import CacheEvent
 from schemas.events import ReplicaEvent
+
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaProducer
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +41,7 @@ class EventPublisher:
         except asyncio.QueueFull:
             self.dropped += 1  # a slow broker must not slow loads; the state topic still carries rates
 
-    async def run(self, producer, stop: asyncio.Event) -> None:  # noqa: ANN001
+    async def run(self, producer: AIOKafkaProducer, stop: asyncio.Event) -> None:
         """Send queued events until stop (then flush what is left)."""
         while not (stop.is_set() and self.queue.empty()):
             try:

@@ -6,9 +6,13 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from replica.adapter_cache.cache import AdapterCache
-from schemas.events import ReplicaState
+from schemas.events import ReplicaState, ReplicaStatus
+
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaProducer
 
 log = logging.getLogger(__name__)
 
@@ -22,13 +26,13 @@ class Load:
 
 
 def build_state(
-    replica_id: str, url: str, status: str, cache: AdapterCache, gpu_slots: int, load: Load
+    replica_id: str, url: str, status: ReplicaStatus, cache: AdapterCache, gpu_slots: int, load: Load
 ) -> ReplicaState:
     tiers = cache.state()
     return ReplicaState(
         replica_id=replica_id,
         url=url,
-        status=status,  # type: ignore[arg-type]
+        status=status,
         gpu_adapters=tiers.gpu_adapters,
         ram_adapters=tiers.ram_adapters,
         disk_adapters=tiers.disk_adapters,
@@ -41,7 +45,7 @@ def build_state(
 
 
 async def publish_state(
-    producer,  # noqa: ANN001 - an started AIOKafkaProducer
+    producer: AIOKafkaProducer,  # started
     make_state: Callable[[], ReplicaState],
     stop: asyncio.Event,
     interval_s: float = 1.0,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from lorafleet.config import PlatformSettings
 from replica.adapter_cache.cache import AdapterCache
+from replica.adapter_cache.tier import CacheEvent
 from replica.control.events import EventPublisher
 from replica.control.service import run_control
 from schemas.events import ReplicaState
@@ -32,7 +33,12 @@ async def supervise_control(
     """Run the control loop until shutdown, restarting it retry_s after each failure."""
     events = EventPublisher(replica_id)
     local = cache.on_event  # the replica's metrics keep counting next to the published events
-    cache.on_event = lambda e: (local(e), events(e))
+
+    def both(e: CacheEvent) -> None:
+        local(e)
+        events(e)
+
+    cache.on_event = both
     while not shutdown.is_set():
         stop = asyncio.Event()  # run_control sets its stop event when it ends, so one per attempt
         forward = asyncio.create_task(_set_when(shutdown, stop))
