@@ -82,5 +82,8 @@ class IsolationTally:
             "missing_marker": self.missing_marker,
             "errors": self.errors,
             "ok": self.ok(),
-            "findings": [f.__dict__ for f in self.findings],
+            "findings": self.finding_rows(),
         }
+
+    def finding_rows(self) -> list[dict[str, object]]:
+        return [f.__dict__ for f in self.findings]

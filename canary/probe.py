@@ -74,7 +74,7 @@ class ProbeRun:
             "wall_s": round(wall_s, 2),
             "allow_missing": allow_missing,
             "ok": self.ok(allow_missing),
-            "findings": base["findings"] + self.cross_tenant_findings[:20],
+            "findings": self.tally.finding_rows() + self.cross_tenant_findings[:20],
         }
 
 

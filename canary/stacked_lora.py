@@ -20,6 +20,9 @@ from replica.lora.spec import MODULE_PARENTS
 class StackedLoraLinear(nn.Module):
     """y = x W^T + scale[n] * (x A[n]^T) B[n]^T for the rows of adapter n; W is frozen."""
 
+    mask: torch.Tensor  # buffer [num_adapters, max_rank]
+    scale: torch.Tensor  # buffer [num_adapters]
+
     def __init__(
         self, base: nn.Linear, ranks: list[int], alphas: list[float], generators: list[torch.Generator]
     ) -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
 FINAL_NORM_SCALE = 4.0
-TINY_CONFIG: dict[str, object] = dict(
+TINY_CONFIG: dict[str, Any] = dict(  # LlamaConfig keyword arguments
     vocab_size=320,
     hidden_size=64,
     intermediate_size=128,

@@ -15,6 +15,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +30,9 @@ from canary.stacked_lora import wrap_layers
 from lorafleet.model.base_hash import base_model_hash
 from replica.lora.spec import MODULE_PARENTS
 from replica.model.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # imported where it runs: transformers is slow to import
+    from transformers import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +81,7 @@ class Batch:
 class TrainingBase:
     """The frozen base as a transformers model, plus what marker building needs."""
 
-    model: torch.nn.Module
+    model: LlamaForCausalLM  # transformers'
     tokenizer: Tokenizer | None
     vocab_size: int
     eos_id: int | None
@@ -118,18 +122,24 @@ def _build_batch(
             r = len(seqs)
             seqs.append(p + target[:-1])  # the last target token is predicted, never fed
             for k, t in enumerate(target):
-                row.append(r), pos.append(len(p) - 1 + k), label.append(t), owner.append(n)
+                row.append(r)
+                pos.append(len(p) - 1 + k)
+                label.append(t)
+                owner.append(n)
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for r, s in enumerate(seqs):
         ids[r, : len(s)] = torch.tensor(s)
         mask[r, : len(s)] = 1  # right padding: positions of real tokens are unchanged
-    as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
+
+    def as_long(xs: list[int]) -> torch.Tensor:
+        return torch.tensor(xs, dtype=torch.long, device=device)
+
     return Batch(ids.to(device), mask.to(device), as_long(row), as_long(pos), as_long(label), as_long(owner))
 
 
-def _target_logits(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+def _target_logits(model: LlamaForCausalLM, batch: Batch) -> torch.Tensor:
     """Logits [num_targets, vocab] at the target positions only (the LM head never sees the prompts)."""
     hidden = model.model(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
