@@ -13,6 +13,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -213,7 +214,7 @@ def run_engine_bench(cfg: EngineBenchConfig) -> tuple[dict[str, Any], dict[str, 
     cuda_extra: dict[str, float | None] = {}
     for r in range(cfg.rounds):
         for name, fn in variants.items():
-            run, cuda_extra[name] = _cuda_peak_during(device, lambda fn=fn: fn(cfg.batch, cfg.new_tokens))
+            run, cuda_extra[name] = _cuda_peak_during(device, partial(fn, cfg.batch, cfg.new_tokens))
             runs[name].append(run)
             log.info("round %d %s: %.1f decode tok/s", r, name, run.decode_tokens_per_s)
 

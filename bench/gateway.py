@@ -12,7 +12,7 @@ import asyncio
 import json
 import statistics
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import httpx
 import typer
@@ -38,8 +38,14 @@ def _summary(ttft: list[float], total: list[float]) -> dict[str, float]:
     }
 
 
-async def _timed(client: httpx.AsyncClient, url: str, headers: dict, body: dict, first_marker: bytes):
-    """(ttft, total) of one streamed request: ttft at the first line carrying a token."""
+async def _timed(
+    client: httpx.AsyncClient,
+    url: str,
+    headers: dict[str, str],
+    body: dict[str, Any],
+    first_marker: bytes,
+) -> tuple[float, float] | None:
+    """(ttft, total) of one streamed request: ttft at the first line carrying a token; None unless 200."""
     start = time.perf_counter()
     ttft = None
     async with client.stream("POST", url, json=body, headers=headers) as resp:

@@ -51,7 +51,9 @@ def load_hf_model(model_dir: Path, dtype: str, device: torch.device) -> Any:
     """transformers' LlamaForCausalLM for the same checkpoint our engine serves."""
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=DTYPES[dtype]).to(device)
+    model = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=DTYPES[dtype])
+    # transformers wraps to() with functools.wraps(nn.Module.to), which types it as the unbound function
+    model = model.to(device)  # type: ignore[arg-type]
     return model.eval()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -103,7 +104,7 @@ def bench_shape(d: int, k: int, cfg: LoraBenchConfig, device: torch.device) -> l
                     if n is None:
                         t = time_call(run_base, device, cfg.inner)
                     else:
-                        t = time_call(lambda n=n: run_lora(n), device, cfg.inner)
+                        t = time_call(partial(run_lora, n), device, cfg.inner)
                     if rep >= cfg.warmup:
                         (base_times if n is None else lora_times[n]).append(t)
         finally:
