@@ -47,6 +47,7 @@ async def set_alias(pool: asyncpg.Pool, alias: str, adapter_id: str) -> tuple[Al
         )
         if row is None:
             current = await conn.fetchrow(f"SELECT {COLUMNS} FROM aliases WHERE alias = $1", alias)
+            assert current is not None  # the upsert skipped only an alias that already points there
             return AliasView(**dict(current)), False
         view = AliasView(**dict(row))
         await emit(

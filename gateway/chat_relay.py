@@ -21,6 +21,7 @@ from gateway.errors import GatewayError
 from gateway.online import RequestRecord
 from gateway.replica_client import UpstreamStream
 from gateway.upstream_events import completion_events
+from schemas.events import RequestStatus
 from schemas.openai import (
     AssistantMessage,
     ChatCompletion,
@@ -32,8 +33,7 @@ from schemas.openai import (
 )
 from schemas.replica_api import DoneEvent
 
-# Online.finish: (record, "ok" | "error" | "cancelled", error code)
-Finish = Callable[[RequestRecord, str, str | None], Awaitable[None]]
+Finish = Callable[[RequestRecord, RequestStatus, str | None], Awaitable[None]]  # Online.finish
 
 
 def _chunk(rec: RequestRecord, model: str, delta: Delta, finish: FinishReason | None = None) -> str:
@@ -51,7 +51,7 @@ async def sse_chunks(
     rec: RequestRecord, upstream: UpstreamStream, model: str, usage_chunk: bool, finish: Finish
 ) -> AsyncIterator[dict[str, str] | str]:
     """The SSE events of a streamed chat completion (see the module doc)."""
-    status = "error"
+    status: RequestStatus = "error"
     code: str | None = "replica_lost"
     first = True
     try:

@@ -4,6 +4,7 @@ place as OpenAI's error body {"error": {"message", "type", "param", "code"}}."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import asyncpg
 from fastapi import FastAPI, Request
@@ -31,7 +32,7 @@ class GatewayError(Exception):
         self.param = param
         self.headers = headers
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, Any]:
         detail = ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
         return ErrorBody(error=detail).model_dump()
 
@@ -85,7 +86,7 @@ class RateLimited(GatewayError):
         self.type = limit_type
 
 
-def _render(status: int, body: dict, headers: dict[str, str] | None = None) -> JSONResponse:
+def _render(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -113,9 +114,11 @@ def install_error_handlers(app: FastAPI) -> None:
         body = ServiceUnavailable("control_plane_unavailable", "the registry store is unavailable").body()
         return _render(503, body, {"Retry-After": "1"})
 
-    app.add_exception_handler(GatewayError, on_gateway_error)
-    app.add_exception_handler(OSError, on_store_down)
-    app.add_exception_handler(asyncpg.exceptions.ConnectionDoesNotExistError, on_store_down)
-    app.add_exception_handler(asyncpg.exceptions.CannotConnectNowError, on_store_down)
-    app.add_exception_handler(RequestValidationError, on_validation)
-    app.add_exception_handler(StarletteHTTPException, on_http)
+    # app.exception_handler (not add_exception_handler, typed for handlers of any Exception) takes each
+    # handler with the exception type it is registered for.
+    app.exception_handler(GatewayError)(on_gateway_error)
+    app.exception_handler(OSError)(on_store_down)
+    app.exception_handler(asyncpg.exceptions.ConnectionDoesNotExistError)(on_store_down)
+    app.exception_handler(asyncpg.exceptions.CannotConnectNowError)(on_store_down)
+    app.exception_handler(RequestValidationError)(on_validation)
+    app.exception_handler(StarletteHTTPException)(on_http)

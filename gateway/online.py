@@ -19,7 +19,7 @@ from gateway.replica_client import ReplicaClient, UpstreamStream
 from gateway.replica_view import ReplicaView
 from gateway.routing import ROUTING_MODES, RouterPolicy
 from gateway.tenants import Caller
-from schemas.events import RequestCompleted
+from schemas.events import RequestCompleted, RequestStatus, Tier
 from schemas.openai import Usage
 from schemas.replica_api import GenerateRequest
 
@@ -36,7 +36,7 @@ class RequestRecord:
     alias: str = ""
     adapter_id: str | None = None
     replica_id: str | None = None
-    tier: str | None = None
+    tier: Tier | None = None
     reserved_tokens: int = 0
     max_tokens: int = 0
     completion_tokens_seen: int = 0
@@ -100,7 +100,7 @@ class Online:
         self.view.add_inflight(rec.replica_id, rec.reserved_tokens)
         return upstream
 
-    async def finish(self, rec: RequestRecord, status: str, error_code: str | None) -> None:
+    async def finish(self, rec: RequestRecord, status: RequestStatus, error_code: str | None) -> None:
         """Refund unused tokens, release the replica, count, log and publish requests.completed. Once."""
         if rec.finished:
             return
@@ -147,7 +147,7 @@ class Online:
                 alias=rec.alias,
                 adapter_id=rec.adapter_id,
                 replica_id=rec.replica_id,
-                tier=rec.tier if rec.tier in ("gpu", "ram", "disk", "remote") else None,
+                tier=rec.tier,
                 status=status,
                 error_code=error_code,
                 prompt_tokens=prompt,

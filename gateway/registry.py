@@ -8,9 +8,10 @@ from typing import Any
 import asyncpg
 
 from gateway.errors import Conflict, InvalidRegistration
+from lorafleet.db.conn import Connection
 from lorafleet.outbox.writer import emit
-from schemas.api import AdapterRegistration, AdapterView
-from schemas.events import AdapterRegistered, AdapterValidated
+from schemas.api import AdapterRegistration, AdapterStatus, AdapterView
+from schemas.events import AdapterRegistered, AdapterValidated, Verdict
 
 CONTENT_FIELDS = (
     "tenant_id",
@@ -40,11 +41,11 @@ def content_of(reg: AdapterRegistration | AdapterRegistered) -> dict[str, Any]:
     return {f: getattr(reg, f) for f in ("adapter_id", *CONTENT_FIELDS)}
 
 
-async def tenant_exists(conn: asyncpg.Connection, tenant_id: str) -> bool:
+async def tenant_exists(conn: Connection, tenant_id: str) -> bool:
     return bool(await conn.fetchval("SELECT true FROM tenants WHERE tenant_id = $1", tenant_id))
 
 
-async def insert_pending(conn: asyncpg.Connection, fields: dict[str, Any]) -> asyncpg.Record | None:
+async def insert_pending(conn: Connection, fields: dict[str, Any]) -> asyncpg.Record | None:
     """Insert the version as pending; return the existing row instead when the id is taken."""
     inserted = await conn.fetchval(
         """INSERT INTO adapters (adapter_id, tenant_id, version, base_model_hash, rank, alpha,
@@ -66,7 +67,7 @@ async def insert_pending(conn: asyncpg.Connection, fields: dict[str, Any]) -> as
     return await conn.fetchrow(f"SELECT {COLUMNS} FROM adapters WHERE adapter_id = $1", fields["adapter_id"])
 
 
-async def register(pool: asyncpg.Pool, reg: AdapterRegistration) -> tuple[bool, str]:
+async def register(pool: asyncpg.Pool, reg: AdapterRegistration) -> tuple[bool, AdapterStatus]:
     """The HTTP door after the field checks: (created, status). Same content again changes nothing;
     different content under a taken adapter_id is a Conflict."""
     fields = content_of(reg)
@@ -90,9 +91,9 @@ async def register(pool: asyncpg.Pool, reg: AdapterRegistration) -> tuple[bool, 
 
 
 async def settle(
-    conn: asyncpg.Connection,
+    conn: Connection,
     row: asyncpg.Record | dict[str, Any],
-    status: str,
+    status: Verdict,
     reason_code: str | None = None,
     reason: str | None = None,
     size_bytes: int | None = None,
@@ -115,7 +116,7 @@ async def settle(
 
 def validated_event(
     row: asyncpg.Record | dict[str, Any],
-    status: str,
+    status: Verdict,
     reason_code: str | None = None,
     reason: str | None = None,
     size_bytes: int | None = None,
@@ -131,7 +132,7 @@ def validated_event(
     )
 
 
-async def get_adapter(conn: asyncpg.Connection | asyncpg.Pool, adapter_id: str) -> AdapterView | None:
+async def get_adapter(conn: Connection | asyncpg.Pool, adapter_id: str) -> AdapterView | None:
     row = await conn.fetchrow(f"SELECT {COLUMNS} FROM adapters WHERE adapter_id = $1", adapter_id)
     return AdapterView(**dict(row)) if row else None
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import get_args
 
 import httpx
 from pydantic import ValidationError
 
 from gateway.routing import ReplicaLoad
 from schemas.api import ErrorBody, ErrorDetail
+from schemas.events import Tier
 from schemas.replica_api import GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -24,6 +26,7 @@ log = logging.getLogger(__name__)
 # Codes with which a replica says "not me", so the next one may serve it.
 _PASS_ON = {"adapter_not_found", "adapter_not_served", "no_free_slot", "wrong_replica"}
 _JSON = {"Content-Type": "application/json"}
+_TIERS: dict[str, Tier] = {tier: tier for tier in get_args(Tier)}
 
 
 class ReplicaUnavailable(Exception):
@@ -48,8 +51,9 @@ class UpstreamStream:
     retried: bool
 
     @property
-    def adapter_tier(self) -> str | None:
-        return self.response.headers.get("x-adapter-tier")
+    def adapter_tier(self) -> Tier | None:
+        """The tier the replica found the adapter in (x-adapter-tier); None when absent or unknown."""
+        return _TIERS.get(self.response.headers.get("x-adapter-tier", ""))
 
     async def lines(self) -> AsyncIterator[bytes]:
         """The NDJSON body's non-empty lines, as raw bytes without their newline."""

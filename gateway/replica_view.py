@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiokafka.structs import TopicPartition
@@ -33,7 +34,9 @@ class _Entry:
 class ReplicaView:
     """replica_id -> latest state; plus this gateway's own tokens in flight per replica."""
 
-    def __init__(self, stale_s: float = 3.0, clock=time.monotonic, replica_id_prefix: str = "") -> None:
+    def __init__(
+        self, stale_s: float = 3.0, clock: Callable[[], float] = time.monotonic, replica_id_prefix: str = ""
+    ) -> None:
         self.stale_s = stale_s
         self.clock = clock
         # Only this fleet's replicas: replica.state is shared by every stack on one Kafka.

@@ -41,7 +41,7 @@ async def create_tenant(
     display_name: str = "",
 ) -> bool:
     """Create the tenant, or update its limits when given; True when it was new."""
-    row = await pool.fetchrow(
+    created = await pool.fetchval(
         """INSERT INTO tenants (tenant_id, display_name, requests_per_s, tokens_per_min)
            VALUES ($1, $2, coalesce($3, 10), coalesce($4, 200000))
            ON CONFLICT (tenant_id) DO UPDATE
@@ -53,7 +53,7 @@ async def create_tenant(
         requests_per_s,
         tokens_per_min,
     )
-    return bool(row["created"])
+    return bool(created)
 
 
 async def create_key(pool: asyncpg.Pool, tenant_id: str) -> IssuedKey:

@@ -10,7 +10,7 @@ import asyncio
 import logging
 
 import asyncpg
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gateway.artifact_fetch import TransientFetchError
 from gateway.config import GatewayConfig
@@ -82,7 +82,7 @@ async def run_validator(
         await pool.close()
 
 
-async def _wait_assigned(consumer, from_end: bool) -> None:
+async def _wait_assigned(consumer: AIOKafkaConsumer, from_end: bool) -> None:
     while not consumer.assignment():  # the group join runs in aiokafka's background task
         await asyncio.sleep(0.05)
     if from_end:

@@ -28,6 +28,8 @@ SCHEMA_VERSION = 1
 Tier = Literal["gpu", "ram", "disk", "remote"]
 ResidentTier = Literal["gpu", "ram", "disk"]  # where a replica holds an adapter (remote: it holds none)
 ReplicaStatus = Literal["starting", "ready", "draining"]
+Verdict = Literal["ready", "rejected"]  # a validated version's outcome
+RequestStatus = Literal["ok", "error", "cancelled"]  # how a request ended
 
 
 class EventValidationError(ValueError):
@@ -76,7 +78,7 @@ class AdapterValidated(Event):
     adapter_id: AdapterId
     tenant_id: TenantId
     version: Annotated[int, Field(ge=1)]
-    status: Literal["ready", "rejected"]
+    status: Verdict
     reason_code: str | None = None
     reason: str | None = None
     size_bytes: NonNegativeInt | None = None
@@ -146,7 +148,7 @@ class RequestCompleted(Event):
     adapter_id: AdapterId
     replica_id: ReplicaId | None = None
     tier: Tier | None = None
-    status: Literal["ok", "error", "cancelled"]
+    status: RequestStatus
     error_code: str | None = None
     prompt_tokens: NonNegativeInt = 0
     completion_tokens: NonNegativeInt = 0

@@ -23,7 +23,9 @@ router = APIRouter(prefix="/internal", dependencies=[Depends(require_service_tok
 
 
 @router.post("/adapters", status_code=202, response_model=RegistrationAccepted)
-async def register_adapter(body: AdapterRegistration, pool: Pool, rules: Rules, response: Response):
+async def register_adapter(
+    body: AdapterRegistration, pool: Pool, rules: Rules, response: Response
+) -> RegistrationAccepted:
     """Check the fields at once; store the version as pending and queue its validation (202)."""
     check_fields(
         rules,
@@ -44,12 +46,12 @@ async def list_adapters(
     pool: Pool,
     tenant_id: str | None = Query(default=None, max_length=63),
     status: AdapterStatus | None = None,
-):
+) -> AdapterList:
     return AdapterList(data=await registry.list_adapters(pool, tenant_id, status))
 
 
 @router.get("/adapters/{adapter_id}", response_model=AdapterView)
-async def get_adapter(adapter_id: str, pool: Pool):
+async def get_adapter(adapter_id: str, pool: Pool) -> AdapterView:
     view = await registry.get_adapter(pool, adapter_id)
     if view is None:
         raise NotFound("adapter_not_found", f"adapter {adapter_id[:200]!r} does not exist", "adapter_id")
@@ -57,17 +59,17 @@ async def get_adapter(adapter_id: str, pool: Pool):
 
 
 @router.put("/aliases/{alias:path}", response_model=AliasView)
-async def put_alias(alias: AliasPath, body: AliasUpdate, pool: Pool):
+async def put_alias(alias: AliasPath, body: AliasUpdate, pool: Pool) -> AliasView:
     """Move the alias (deploy or rollback); the old target is kept as previous_adapter_id."""
     view, _changed = await aliases.set_alias(pool, alias, body.adapter_id)
     return view
 
 
 @router.get("/aliases", response_model=AliasList)
-async def list_aliases(pool: Pool, tenant_id: str | None = Query(default=None, max_length=63)):
+async def list_aliases(pool: Pool, tenant_id: str | None = Query(default=None, max_length=63)) -> AliasList:
     return AliasList(data=await aliases.list_aliases(pool, tenant_id))
 
 
 @router.get("/aliases/{alias:path}", response_model=AliasView)
-async def get_alias(alias: AliasPath, pool: Pool):
+async def get_alias(alias: AliasPath, pool: Pool) -> AliasView:
     return await aliases.get_alias(pool, alias)
