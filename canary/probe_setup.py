@@ -17,6 +17,9 @@ import httpx
 from canary.errors import CanaryError
 from canary.manifest import CanaryManifest
 from gateway.config import GatewayConfig
+from gateway.served_base import served_base_hash
+from lorafleet.client.errors import PeftDirError, RegistrationError
+from lorafleet.client.registration import AdapterUpload, register_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -57,45 +60,6 @@ async def _tenants_and_keys(database_url: str, tenants: list[str]) -> dict[str, 
         await pool.close()
 
 
-def _register(
-    config: GatewayConfig, client: httpx.Client, adapter_dir: Path, adapter_id: str, tenant: str
-) -> None:
-    """Upload and register one canary version unless it is already registered."""
-    from gateway.cli import _upload, describe_peft_dir
-    from gateway.served_base import served_base_hash
-    from gateway.weights_uri import parse_s3_uri
-
-    existing = client.get(f"/internal/adapters/{adapter_id}")
-    if existing.status_code == 200:
-        if existing.json()["tenant_id"] != tenant:
-            raise CanaryError(f"{adapter_id} is registered to {existing.json()['tenant_id']}, not {tenant}")
-        return
-    location = parse_s3_uri(f"s3://{config.platform.s3_bucket}/adapters/{tenant}/{adapter_id}")
-    checksum = asyncio.run(_upload(config, adapter_dir, location))
-    body = {
-        "adapter_id": adapter_id,
-        "tenant_id": tenant,
-        "version": 1,
-        "base_model_hash": served_base_hash(config.gateway),
-        "weights_uri": location.uri(),
-        "checksum": checksum,
-        **describe_peft_dir(adapter_dir),
-    }
-    resp = client.post("/internal/adapters", json=body)
-    if resp.status_code >= 400:
-        raise CanaryError(f"registering {adapter_id} failed: {resp.status_code} {resp.text}")
-
-
-def _wait_ready(client: httpx.Client, adapter_ids: list[str], deadline: float) -> None:
-    for adapter_id in adapter_ids:
-        while (body := client.get(f"/internal/adapters/{adapter_id}").json())["status"] == "pending":
-            if time.monotonic() > deadline:
-                raise CanaryError(f"{adapter_id} is still pending; is the registry validator running?")
-            time.sleep(0.5)
-        if body["status"] != "ready":
-            raise CanaryError(f"{adapter_id} was {body['status']}: {body}")
-
-
 def _wait_servable(gateway: str, targets: list[ProbeTarget], deadline: float) -> None:
     """Each alias answers its owner with a 200 (the public gateway has seen the alias and a live replica)."""
     with httpx.Client(base_url=gateway, timeout=60) as client:
@@ -124,14 +88,24 @@ def install_canaries(
     deadline = time.monotonic() + wait_s
     token = config.gateway.service_token.get_secret_value()
     targets = []
+    uploads = [
+        AdapterUpload(entry.adapter_id, tenant, 1, manifest.adapter_dir(canaries, entry.adapter_id))
+        for entry, tenant in zip(manifest.adapters, tenants, strict=True)
+    ]
+    try:
+        register_and_wait(
+            config.gateway.internal_base_url(),
+            token,
+            config.platform,
+            served_base_hash(config.gateway),
+            uploads,
+            deadline - time.monotonic(),
+        )
+    except (RegistrationError, PeftDirError) as exc:
+        raise CanaryError(str(exc)) from exc
     with httpx.Client(
         base_url=config.gateway.internal_base_url(), headers={"Authorization": f"Bearer {token}"}, timeout=30
     ) as client:
-        for entry, tenant in zip(manifest.adapters, tenants, strict=True):
-            _register(
-                config, client, manifest.adapter_dir(canaries, entry.adapter_id), entry.adapter_id, tenant
-            )
-        _wait_ready(client, [e.adapter_id for e in manifest.adapters], deadline)
         for entry, tenant in zip(manifest.adapters, tenants, strict=True):
             alias = f"{tenant}/{ALIAS_NAME}"
             resp = client.put(f"/internal/aliases/{alias}", json={"adapter_id": entry.adapter_id})

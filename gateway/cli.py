@@ -10,14 +10,14 @@ from typing import Any
 import httpx
 import typer
 
-from gateway.artifact_checks import KEY_RE, ArtifactRejected, read_header
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
 from gateway.served_base import served_base_hash
-from gateway.upload import PeftDirError, upload_peft_dir
-from gateway.weights_uri import parse_s3_uri
+from gateway.weights_uri import ObjectLocation, parse_s3_uri
+from lorafleet.client.errors import PeftDirError
+from lorafleet.client.peft_dir import describe_peft_dir
+from lorafleet.client.upload import artifact_prefix, upload_peft_dir
 from lorafleet.s3 import async_client
-from schemas.api import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
 
 adapters_app = typer.Typer(no_args_is_help=True, help="Register and list adapter versions.")
 alias_app = typer.Typer(no_args_is_help=True, help="Deploy, roll back and list aliases.")
@@ -44,22 +44,6 @@ def _call(method: str, path: str, **kwargs: Any) -> dict[str, Any]:
     return resp.json()
 
 
-def describe_peft_dir(peft_dir: Path) -> dict[str, Any]:
-    """rank, alpha and target_modules as the files say: rank and modules from the tensor names and shapes."""
-    cfg = json.loads((peft_dir / ADAPTER_CONFIG_NAME).read_text())
-    with (peft_dir / ADAPTER_WEIGHTS_NAME).open("rb") as f:
-        head = f.read(8 + (64 << 20))
-    header, _ = read_header(head, 64 << 20)
-    modules, rank = set(), 0
-    for name, info in header.items():
-        m = KEY_RE.match(name)
-        if m:
-            modules.add(m[3])
-            if m[4] == "A":
-                rank = max(rank, int(info["shape"][0]))
-    return {"rank": rank, "alpha": float(cfg["lora_alpha"]), "target_modules": sorted(modules)}
-
-
 @adapters_app.command("register")
 def register(
     peft_dir: Path = typer.Option(..., "--peft-dir", exists=True, file_okay=False, help="PEFT LoRA folder"),
@@ -76,12 +60,12 @@ def register(
     """Upload adapter_config.json + adapter_model.safetensors, then register the version (checksum = sha256
     of adapter_model.safetensors)."""
     config = GatewayConfig.from_env()
-    uri = weights_uri or f"s3://{config.platform.s3_bucket}/adapters/{tenant}/{adapter_id}"
+    uri = weights_uri or f"s3://{config.platform.s3_bucket}/{artifact_prefix(tenant, adapter_id)}"
     try:
         location = parse_s3_uri(uri)
         facts = describe_peft_dir(peft_dir)
         checksum = asyncio.run(_upload(config, peft_dir, location))
-    except (GatewayError, ArtifactRejected, PeftDirError, OSError, ValueError, KeyError) as exc:
+    except (GatewayError, PeftDirError, OSError) as exc:
         typer.echo(f"cannot register {peft_dir}: {exc}", err=True)
         raise typer.Exit(1) from exc
     body = {
@@ -91,14 +75,16 @@ def register(
         "base_model_hash": base_model_hash or served_base_hash(config.gateway),
         "weights_uri": location.uri(),
         "checksum": checksum,
-        **facts,
+        "rank": facts.rank,
+        "alpha": facts.alpha,
+        "target_modules": facts.target_modules,
     }
     typer.echo(json.dumps(_call("POST", "/internal/adapters", json=body)))
 
 
-async def _upload(config: GatewayConfig, peft_dir: Path, location) -> str:
+async def _upload(config: GatewayConfig, peft_dir: Path, location: ObjectLocation) -> str:
     async with async_client(config.platform) as s3:
-        return await upload_peft_dir(s3, peft_dir, location)
+        return await upload_peft_dir(s3, peft_dir, location.bucket, location.key)
 
 
 @adapters_app.command("list")

@@ -18,6 +18,9 @@ import typer
 
 from gateway.config import GatewayConfig
 from gateway.demo_adapters import make_peft_adapters
+from gateway.served_base import served_base_hash
+from lorafleet.client.errors import RegistrationError
+from lorafleet.client.registration import AdapterUpload, register_and_wait
 
 TENANTS = {"acme": (20.0, 200_000), "globex": (5.0, 100_000)}
 ADAPTERS = {"acme-support-v1": ("acme", 1), "acme-support-v2": ("acme", 2), "globex-sales-v1": ("globex", 1)}
@@ -68,42 +71,15 @@ async def _keys(config: GatewayConfig) -> dict[str, str]:
     return keys
 
 
-def _register(config: GatewayConfig, client: httpx.Client, dirs: dict[str, Path]) -> None:
-    import asyncio
-
-    from gateway.cli import _upload, describe_peft_dir
-    from gateway.served_base import served_base_hash
-    from gateway.weights_uri import parse_s3_uri
-
-    for adapter_id, (tenant, version) in ADAPTERS.items():
-        existing = client.get(f"/internal/adapters/{adapter_id}")
-        if existing.status_code == 200:
-            continue
-        location = parse_s3_uri(f"s3://{config.platform.s3_bucket}/adapters/{tenant}/{adapter_id}")
-        checksum = asyncio.run(_upload(config, dirs[adapter_id], location))
-        body = {
-            "adapter_id": adapter_id,
-            "tenant_id": tenant,
-            "version": version,
-            "base_model_hash": served_base_hash(config.gateway),
-            "weights_uri": location.uri(),
-            "checksum": checksum,
-            **describe_peft_dir(dirs[adapter_id]),
-        }
-        client.post("/internal/adapters", json=body).raise_for_status()
-
-
-def _wait_ready(client: httpx.Client, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    for adapter_id in ADAPTERS:
-        while (status := client.get(f"/internal/adapters/{adapter_id}").json()["status"]) == "pending":
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{adapter_id} is still pending; is the registry validator running?")
-            time.sleep(0.5)
-        if status != "ready":
-            raise RuntimeError(
-                f"{adapter_id} was {status}: {client.get(f'/internal/adapters/{adapter_id}').text}"
-            )
+def _register(config: GatewayConfig, dirs: dict[str, Path], wait_s: float) -> None:
+    """Upload and register the demo versions not registered yet; wait until every one is ready."""
+    uploads = [
+        AdapterUpload(adapter_id, tenant, version, dirs[adapter_id])
+        for adapter_id, (tenant, version) in ADAPTERS.items()
+    ]
+    token = config.gateway.service_token.get_secret_value()
+    base_hash = served_base_hash(config.gateway)
+    register_and_wait(config.gateway.internal_base_url(), token, config.platform, base_hash, uploads, wait_s)
 
 
 def snippet(public_url: str, key: str, alias: str) -> str:
@@ -145,12 +121,15 @@ def demo(
         typer.echo(f"demo adapters in {demo_dir(config) / 'adapters'}")
         return
     keys = asyncio.run(_keys(config))
+    try:
+        _register(config, dirs, wait_s)
+    except RegistrationError as exc:
+        typer.echo(f"demo adapters are not ready: {exc}", err=True)
+        raise typer.Exit(1) from exc
     token = config.gateway.service_token.get_secret_value()
     with httpx.Client(
         base_url=config.gateway.internal_base_url(), headers={"Authorization": f"Bearer {token}"}, timeout=30
     ) as client:
-        _register(config, client, dirs)
-        _wait_ready(client, wait_s)
         for alias, adapter_id in ALIASES.items():
             client.put(f"/internal/aliases/{alias}", json={"adapter_id": adapter_id}).raise_for_status()
     public = config.gateway.public_base_url()

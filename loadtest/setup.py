@@ -13,12 +13,12 @@ import asyncio
 import json
 import logging
 import os
-import time
 from pathlib import Path
 
 import httpx
 
 from gateway.config import GatewayConfig
+from lorafleet.client.registration import AdapterUpload, register_and_wait
 from schemas.api import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
 
 log = logging.getLogger(__name__)
@@ -88,37 +88,14 @@ async def tenant_key(config: GatewayConfig, tenant: str, keys_path: Path) -> str
     return secret
 
 
-def register(
-    config: GatewayConfig, client: httpx.Client, tenant: str, dirs: dict[str, Path], wait_s: float
-) -> None:
-    """Upload and register each adapter not registered yet; wait until every one is ready."""
-    from gateway.cli import _upload, describe_peft_dir
+def register(config: GatewayConfig, tenant: str, dirs: dict[str, Path], wait_s: float) -> None:
+    """Upload and register each adapter (version 1) not registered yet; wait until every one is ready."""
     from gateway.served_base import served_base_hash
-    from gateway.weights_uri import parse_s3_uri
 
+    uploads = [AdapterUpload(aid, tenant, 1, folder) for aid, folder in dirs.items()]
+    token = config.gateway.service_token.get_secret_value()
     base_hash = served_base_hash(config.gateway)
-    for aid, folder in dirs.items():
-        if client.get(f"/internal/adapters/{aid}").status_code == 200:
-            continue
-        location = parse_s3_uri(f"s3://{config.platform.s3_bucket}/adapters/{tenant}/{aid}")
-        body = {
-            "adapter_id": aid,
-            "tenant_id": tenant,
-            "version": 1,
-            "base_model_hash": base_hash,
-            "weights_uri": location.uri(),
-            "checksum": asyncio.run(_upload(config, folder, location)),
-            **describe_peft_dir(folder),
-        }
-        client.post("/internal/adapters", json=body).raise_for_status()
-    deadline = time.monotonic() + wait_s
-    for aid in dirs:
-        while (status := client.get(f"/internal/adapters/{aid}").json()["status"]) == "pending":
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{aid} is still pending; is the registry validator running?")
-            time.sleep(0.5)
-        if status != "ready":
-            raise RuntimeError(f"{aid} was {status}: {client.get(f'/internal/adapters/{aid}').text}")
+    register_and_wait(config.gateway.internal_base_url(), token, config.platform, base_hash, uploads, wait_s)
 
 
 def setup(count: int, tenant: str, rank: int = 16, wait_s: float = 300.0) -> tuple[list[str], dict[str, str]]:
@@ -134,11 +111,11 @@ def setup(count: int, tenant: str, rank: int = 16, wait_s: float = 300.0) -> tup
     home = config.platform.data_path / "loadtest"
     dirs = make_adapters(model_dir, home / "adapters", ids, base_model_hash(model_dir), rank)
     key = asyncio.run(tenant_key(config, tenant, home / "keys.json"))
+    register(config, tenant, dirs, wait_s)
     token = config.gateway.service_token.get_secret_value()
     with httpx.Client(
         base_url=config.gateway.internal_base_url(), headers={"Authorization": f"Bearer {token}"}, timeout=60
     ) as client:
-        register(config, client, tenant, dirs, wait_s)
         names = [alias(tenant, i) for i in range(count)]
         for name, aid in zip(names, ids, strict=True):
             current = client.get(f"/internal/aliases/{name}")

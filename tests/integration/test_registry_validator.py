@@ -4,7 +4,6 @@ rejected with its own reason code and never becomes ready; duplicates and confli
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import pickle
 import shutil
@@ -18,10 +17,10 @@ import pytest
 from gateway.config import GatewayConfig
 from gateway.registration_rules import RegistryRules
 from gateway.served_base import served_base_spec
-from gateway.upload import upload_peft_dir
 from gateway.validator import RegistryValidator
 from gateway.validator_main import run_validator
 from gateway.weights_uri import ObjectLocation
+from lorafleet.client.upload import upload_peft_dir
 from lorafleet.config import RelaySettings
 from lorafleet.kafka import make_producer
 from lorafleet.outbox.relay import Relay
@@ -123,8 +122,8 @@ async def test_both_doors_reach_ready_and_duplicates_change_nothing(env, pool, p
         http_id, kafka_id = f"acme-http-{RUN}", f"acme-kafka-{RUN}"
         async with async_client(config.platform) as s3:
             http_loc, kafka_loc = _location("http"), _location("kafka")
-            checksum = await upload_peft_dir(s3, peft_dir, http_loc)
-            await upload_peft_dir(s3, peft_dir, kafka_loc)
+            checksum = await upload_peft_dir(s3, peft_dir, http_loc.bucket, http_loc.key)
+            await upload_peft_dir(s3, peft_dir, kafka_loc.bucket, kafka_loc.key)
         async with internal_client(config) as client:
             body = _event(http_id, http_loc, checksum).model_dump(mode="json", include=set(_BODY_FIELDS))
             assert (await client.post("/internal/adapters", json=body)).status_code == 202
@@ -235,7 +234,9 @@ async def test_bad_artifacts_are_rejected_with_their_code(env, pool, peft_dir, t
     adapter_id = f"acme-{case.replace('_', '-')}"
     async with async_client(config.platform) as s3:
         checksum = (
-            await upload_peft_dir(s3, variant, location) if change != "missing" else "sha256:" + "1" * 64
+            await upload_peft_dir(s3, variant, location.bucket, location.key)
+            if change != "missing"
+            else "sha256:" + "1" * 64
         )
         if extra:
             await s3.put_object(Bucket=BUCKET, Key=f"{location.key}/{extra}", Body=pickle.dumps([1]))
@@ -252,14 +253,3 @@ async def test_bad_artifacts_are_rejected_with_their_code(env, pool, peft_dir, t
     payloads = [json.loads(r["payload"]) for r in rows]
     assert [(p["status"], p["reason_code"]) for p in payloads] == [("rejected", code)]
     assert await pool.fetchval("SELECT count(*) FROM adapters WHERE status = 'ready'") == 0
-
-
-def test_cli_describes_a_peft_folder_from_its_tensors(peft_dir: Path) -> None:
-    from gateway.cli import describe_peft_dir
-    from gateway.upload import weights_checksum
-
-    assert describe_peft_dir(peft_dir) == {"rank": 4, "alpha": 8.0, "target_modules": sorted(TARGETS)}
-    assert (
-        weights_checksum(peft_dir)
-        == "sha256:" + hashlib.sha256((peft_dir / "adapter_model.safetensors").read_bytes()).hexdigest()
-    )

@@ -20,9 +20,9 @@ import uvicorn
 from torch import nn
 
 from gateway.main import build_internal_app
-from gateway.upload import upload_peft_dir
 from gateway.validator_main import run_validator
 from gateway.weights_uri import ObjectLocation
+from lorafleet.client.upload import upload_peft_dir
 from lorafleet.config import RelaySettings
 from lorafleet.kafka import make_producer
 from lorafleet.outbox.relay import Relay
@@ -107,7 +107,7 @@ async def ready_adapter(services, migrated_db: str, pool: asyncpg.Pool, tmp_path
     try:
         await asyncio.wait_for(ready.wait(), 30)
         async with async_client(platform) as s3:
-            checksum = await upload_peft_dir(s3, peft_dir, location)
+            checksum = await upload_peft_dir(s3, peft_dir, location.bucket, location.key)
         body = {
             "adapter_id": adapter_id,
             "tenant_id": "acme",
