@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from httpx_sse import aconnect_sse
 
 from loadtest.client import chat_body
 from schemas.replica_api import STREAM_EVENT, ChatMessage, DoneEvent, GenerateRequest, TokenEvent
@@ -89,12 +90,14 @@ async def via_gateway(
     start = time.perf_counter()
     times, prompt_tokens = [], 0
     headers = {"Authorization": f"Bearer {a.key}"}
-    async with c.stream("POST", f"{a.gateway}/v1/chat/completions", json=body, headers=headers) as resp:
-        resp.raise_for_status()
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:") or line.endswith("[DONE]"):
+    async with aconnect_sse(
+        c, "POST", f"{a.gateway}/v1/chat/completions", json=body, headers=headers
+    ) as source:
+        source.response.raise_for_status()
+        async for sse in source.aiter_sse():
+            if sse.data == "[DONE]":
                 continue
-            event = json.loads(line[5:])
+            event = sse.json()
             choices = event.get("choices") or []
             if choices and (choices[0].get("delta") or {}).get("content"):
                 times.append(time.perf_counter())

@@ -10,13 +10,13 @@ The public API serves only aliases, so there are no base-only rows end to end; c
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import statistics
 import time
 from dataclasses import dataclass, field
 
 import httpx
+from httpx_sse import aconnect_sse
 
 from canary.check import IsolationTally
 from canary.markers import Marker
@@ -118,25 +118,19 @@ async def _stream(client: httpx.AsyncClient, p: Planned) -> tuple[int, str, str 
     }
     headers = {"Authorization": f"Bearer {p.caller.key}"}
     start = time.perf_counter()
-    async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as resp:
+    async with aconnect_sse(client, "POST", "/v1/chat/completions", json=body, headers=headers) as source:
+        resp = source.response
         if resp.status_code != 200:
             return resp.status_code, "", None, None, (await resp.aread()).decode(errors="replace")
         tier, ttft, parts, error = resp.headers.get("x-adapter-tier"), None, [], ""
-        event = None
-        async for line in resp.aiter_lines():
-            if line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:"):
-                data = line[5:].strip()
-                if event == "error":
-                    error = data
-                elif data != "[DONE]":
-                    for choice in json.loads(data).get("choices", []):
-                        if content := choice.get("delta", {}).get("content"):
-                            ttft = ttft if ttft is not None else time.perf_counter() - start
-                            parts.append(content)
-            elif line == "":
-                event = None
+        async for sse in source.aiter_sse():
+            if sse.event == "error":
+                error = sse.data
+            elif sse.data != "[DONE]":
+                for choice in sse.json().get("choices", []):
+                    if content := choice.get("delta", {}).get("content"):
+                        ttft = ttft if ttft is not None else time.perf_counter() - start
+                        parts.append(content)
         return 200, "".join(parts), tier, ttft, error
 
 

@@ -3,11 +3,11 @@ and the token counts the server reports in its usage chunk."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 
 import httpx
+from httpx_sse import aconnect_sse
 
 from sim.workload import Request
 
@@ -71,22 +71,20 @@ async def send(
     start = time.perf_counter()
     first = last = 0.0
     try:
-        async with client.stream(
-            "POST", "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
-        ) as resp:
+        async with aconnect_sse(
+            client, "POST", "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as source:
+            resp = source.response
             rec.status = resp.status_code
             rec.tier = resp.headers.get("x-adapter-tier", "")
             rec.adapter_id = resp.headers.get("x-adapter-id", "")
             if resp.status_code != 200:
                 rec.error = (await resp.aread()).decode(errors="replace")[:200]
                 return rec
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+            async for sse in source.aiter_sse():
+                if sse.data == "[DONE]":
                     break
-                event = json.loads(data)
+                event = sse.json()
                 if "error" in event:
                     rec.error = str(event["error"].get("code"))
                     continue

@@ -14,6 +14,7 @@ import asyncpg
 import httpx
 import openai
 import pytest
+from httpx_sse import EventSource
 
 from gateway import aliases
 from gateway.demo_adapters import make_peft_adapters
@@ -55,17 +56,9 @@ def _auth(stack: GatewayStack, tenant: str = "acme") -> dict[str, str]:
 
 
 async def _sse(resp: httpx.Response) -> AsyncIterator[tuple[str | None, str]]:
-    """(event, data) per SSE event; comments (pings) skipped."""
-    event, data = None, []
-    async for line in resp.aiter_lines():
-        if line == "":
-            if data:
-                yield event, "\n".join(data)
-            event, data = None, []
-        elif line.startswith("event:"):
-            event = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].strip())
+    """(event, data) per SSE event as httpx-sse decodes it; None names the default event type."""
+    async for sse in EventSource(resp).aiter_sse():
+        yield (None if sse.event == "message" else sse.event), sse.data
 
 
 async def _chunks(size: int, count: int) -> AsyncIterator[bytes]:
