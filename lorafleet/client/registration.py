@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -21,6 +22,9 @@ from lorafleet.client.upload import artifact_prefix, upload_peft_dir
 from lorafleet.config import PlatformSettings
 from lorafleet.s3 import async_client
 from schemas.api import AdapterRegistration, AdapterView
+
+if TYPE_CHECKING:
+    from types_aiobotocore_s3 import S3Client
 
 POLL_S = 0.5
 
@@ -74,7 +78,7 @@ async def register_adapters(
 
 
 async def _register(
-    client: httpx.AsyncClient, s3: object, bucket: str, base_model_hash: str, upload: AdapterUpload
+    client: httpx.AsyncClient, s3: S3Client, bucket: str, base_model_hash: str, upload: AdapterUpload
 ) -> None:
     facts = describe_peft_dir(upload.peft_dir)
     prefix = artifact_prefix(upload.tenant_id, upload.adapter_id)
