@@ -31,7 +31,8 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from functools import partial
+from typing import Any, Literal, Protocol, TypeVar
 
 import torch
 
@@ -225,9 +226,9 @@ class AdapterCache:
                     return
                 await self._once("gpu", adapter_id, lambda: self._ram_to_gpu(adapter_id))
                 return
-            record = self.records.get(adapter_id) or await self._once(
-                "record", adapter_id, lambda: self._record(adapter_id)
-            )
+            record = self.records.get(adapter_id)
+            if record is None:
+                record = await self._once("record", adapter_id, lambda: self._record(adapter_id))
             if target == "disk":
                 await self._once("disk", record.digest, lambda: self._to_disk(record))
                 return
@@ -291,7 +292,10 @@ class AdapterCache:
     async def _to_ram(self, record: AdapterRecord, slot: bool = False) -> None:
         """Disk (or, failing that, the object store) -> RAM; with `slot`, also into a GPU slot, in the same
         worker-thread call (one hop fewer on a request's critical path)."""
-        host, source, start, nbytes, slotted = None, "disk", time.perf_counter(), 0, None
+        host: HostAdapter | None = None
+        slotted: tuple[str | None, float] | None = None
+        source: Tier = "disk"
+        start, nbytes = time.perf_counter(), 0
         name = self.disk.find(record.digest)
         if name is not None:
             try:
@@ -303,14 +307,14 @@ class AdapterCache:
         if host is None:
             source, start = "remote", time.perf_counter()
             fetched = await self._fetch(record)
-            host, layout, slotted = await asyncio.to_thread(self._validate, fetched, record, slot)
-            nbytes = fetched.nbytes
+            validated, layout, slotted = await asyncio.to_thread(self._validate, fetched, record, slot)
+            host, nbytes = validated, fetched.nbytes
             if self.disk.find(record.digest) is None:
                 self._unwritten[record.digest] = (fetched, layout)
         ram_s = time.perf_counter() - start - (slotted[1] if slotted is not None else 0.0)
         for victim in self.host.put(host):
             self._emit("evict", victim, "ram", None)
-        self._emit("load", record.adapter_id, source, "ram", ram_s, nbytes)  # type: ignore[arg-type]
+        self._emit("load", record.adapter_id, source, "ram", ram_s, nbytes)
         if slotted is not None:
             self._slotted(host, *slotted)
 
@@ -407,9 +411,11 @@ class AdapterCache:
                 continue
             task = asyncio.ensure_future(self._background_write(fetched, layout))
             self._writes[digest] = task
-            task.add_done_callback(
-                lambda t, d=digest: self._writes.pop(d, None) if self._writes.get(d) is t else None
-            )
+            task.add_done_callback(partial(self._forget_write, digest))
+
+    def _forget_write(self, digest: str, task: asyncio.Future[None]) -> None:
+        if self._writes.get(digest) is task:  # a later write of the same digest may have replaced it
+            del self._writes[digest]
 
     async def _background_write(self, fetched: Fetched, layout: Layout) -> None:
         try:
@@ -418,7 +424,7 @@ class AdapterCache:
             log.exception("could not write adapter %s to the disk tier", fetched.weights_digest[:16])
 
     async def _write(self, fetched: Fetched, layout: Layout, source: Tier, start: float) -> str:
-        weights = memoryview(fetched.weights.numpy()).cast("B")
+        weights = fetched.weights.numpy().data.cast("B")  # ndarray.data: the array as a memoryview
         name, evicted = await asyncio.to_thread(
             self.disk.write, weights, fetched.config, fetched.weights_digest, fetched.config_digest, layout
         )
@@ -472,7 +478,7 @@ class AdapterCache:
 
     def _emit(
         self,
-        kind: str,
+        kind: Literal["load", "evict"],
         adapter_id: str,
         from_tier: Tier | None,
         to_tier: Tier | None,
@@ -480,6 +486,6 @@ class AdapterCache:
         nbytes: int = 0,
     ) -> None:
         try:
-            self.on_event(CacheEvent(kind, adapter_id, from_tier, to_tier, duration, nbytes))  # type: ignore[arg-type]
+            self.on_event(CacheEvent(kind, adapter_id, from_tier, to_tier, duration, nbytes))
         except Exception:  # noqa: BLE001 - reporting must never break a load
             log.exception("cache event sink failed")

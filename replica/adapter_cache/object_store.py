@@ -95,7 +95,7 @@ def new_buffer(size: int, pin: bool) -> tuple[torch.Tensor, memoryview]:
         buf = torch.empty(size, dtype=torch.uint8, pin_memory=True)
     else:
         buf = torch.from_numpy(numpy.empty(size, dtype=numpy.uint8))  # shares the array's memory
-    return buf, memoryview(buf.numpy()).cast("B")
+    return buf, buf.numpy().data.cast("B")  # ndarray.data: the array as a memoryview
 
 
 class ObjectStore:
@@ -131,8 +131,10 @@ class ObjectStore:
         return Fetched(weights, config, digest, hashlib.sha256(config).hexdigest())
 
     async def _open_s3(self, bucket: str, key: str, filename: str, cap: int) -> tuple[Any, int]:
+        if self.s3 is None:  # fetch() sends s3:// here only with a client
+            raise UnsupportedUriError("this replica has no object store client")
         try:
-            resp = await self.s3.get_object(Bucket=bucket, Key=key)  # type: ignore[union-attr]
+            resp = await self.s3.get_object(Bucket=bucket, Key=key)
         except Exception as exc:  # noqa: BLE001 - botocore raises many types; all mean "not fetched now"
             raise AdapterCacheError(f"object store GET failed for {filename}: {type(exc).__name__}") from exc
         length = int(resp.get("ContentLength", 0))
