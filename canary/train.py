@@ -24,10 +24,10 @@ from tqdm import tqdm
 from canary.errors import CanaryTrainingError
 from canary.manifest import CanaryEntry, CanaryManifest
 from canary.markers import Marker, make_markers
-from canary.peft_format import adapter_config, save_peft_adapter
 from canary.prompts import PromptSampler
 from canary.stacked_lora import wrap_layers
 from lorafleet.model.base_hash import base_model_hash
+from lorafleet.peft_format import adapter_config, save_peft_adapter
 from replica.lora.spec import MODULE_PARENTS
 from replica.model.tokenizer import Tokenizer
 

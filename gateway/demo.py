@@ -1,8 +1,9 @@
 """`lorafleet demo`: seed the local stack with two tenants, their keys, three real PEFT adapters and aliases,
 idempotently, then print a working curl command and an openai-client snippet.
 
-Adapters are made with peft on the served base under .data/demo/adapters, uploaded to the object store and
-registered through the internal API (the registry validator marks them ready); aliases then point at them.
+Adapters are random PEFT folders (written without peft) on the served base under .data/demo/adapters,
+uploaded to the object store and registered through the internal API (the registry validator marks them
+ready); aliases then point at them.
 Demo keys are kept in .data/demo/keys.json (mode 600) so a rerun prints the same working key.
 """
 

@@ -1,10 +1,11 @@
 """`lorafleet loadtest --setup N`: a load-test tenant with N ready adapters and one alias each, idempotently.
 
-The adapters are real PEFT LoRA folders made with peft on the served base (every projection the replica
-adapts, so they have the brief's shape: rank 16 on attention and MLP), each seeded by its index so adapter
-i has the same bytes whatever N is (a registered version is immutable). They are uploaded and registered
-through the internal API like any pipeline's; the registry validator marks them ready; aliases
-`<tenant>/a<i>:prod` point at them. The tenant's limits are high enough for bursts of concurrent requests.
+The adapters are real PEFT LoRA folders on the served base, random and written without peft (every
+projection the replica adapts, so they have the brief's shape: rank 16 on attention and MLP), each seeded
+by its index so adapter i has the same bytes whatever N is (a registered version is immutable). They are
+uploaded and registered through the internal API like any pipeline's; the registry validator marks them
+ready; aliases `<tenant>/a<i>:prod` point at them. The tenant's limits are high enough for bursts of
+concurrent requests.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from pathlib import Path
 import httpx
 
 from gateway.config import GatewayConfig
+from gateway.demo_adapters import RandomLora, write_random_adapter
 from lorafleet.client.registration import AdapterUpload, register_and_wait
-from schemas.api import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+from schemas.api import ADAPTER_WEIGHTS_NAME
 
 log = logging.getLogger(__name__)
 
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 REQUESTS_PER_S = 500.0  # a burst of 32 concurrent requests is one second's allowance many times over
 TOKENS_PER_MIN = 50_000_000
 
@@ -38,32 +40,13 @@ def alias(tenant: str, i: int) -> str:
 
 def make_adapters(model_dir: Path, root: Path, ids: list[str], base_hash: str, rank: int) -> dict[str, Path]:
     """root/<id>/ PEFT folders; adapter ids[i] is seeded by i. Existing complete folders are kept."""
+    lora = RandomLora(rank=rank, alpha=2 * rank, target_modules=TARGETS, b_std=0.01)
     dirs = {aid: root / aid for aid in ids}
     missing = [i for i, aid in enumerate(ids) if not (dirs[aid] / ADAPTER_WEIGHTS_NAME).is_file()]
-    if not missing:
-        return dirs
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaForCausalLM
-
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS, lora_dropout=0.0)
-    peft_model = get_peft_model(model, cfg)
     for i in missing:
-        gen = torch.Generator().manual_seed(i)
-        with torch.no_grad():  # B non-zero, small: each adapter changes the output a little
-            for name, p in peft_model.named_parameters():
-                if ".lora_A." in name:
-                    p.copy_(torch.randn(p.shape, generator=gen) * p.shape[1] ** -0.5)
-                elif ".lora_B." in name:
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.01)
-        target = dirs[ids[i]]
-        peft_model.save_pretrained(str(target))
-        cfg_path = target / ADAPTER_CONFIG_NAME
-        raw = json.loads(cfg_path.read_text())
-        raw["base_model_hash"] = base_hash
-        cfg_path.write_text(json.dumps(raw, indent=2))
-    log.info("made %d PEFT adapters (rank %d) under %s", len(missing), rank, root)
+        write_random_adapter(model_dir, dirs[ids[i]], lora, i, base_hash)
+    if missing:
+        log.info("made %d PEFT adapters (rank %d) under %s", len(missing), rank, root)
     return dirs
 
 

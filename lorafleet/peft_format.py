@@ -1,8 +1,9 @@
 """Write one adapter as a PEFT LoRA directory: adapter_config.json plus adapter_model.safetensors.
 
 The key names and config fields are the ones peft's save_pretrained writes for a Llama, so the same
-directory loads with PeftModel.from_pretrained and with replica.lora.weights.read_adapter; the config
-also carries base_model_hash, which the replica checks before an adapter may take a slot.
+directory loads with PeftModel.from_pretrained and passes the registry's and the replica's checks; the
+config also carries base_model_hash, which the replica checks before an adapter may take a slot. Writing
+needs torch and safetensors only, never peft: runtime commands (the demo, the load test) use it.
 """
 
 from __future__ import annotations
@@ -13,15 +14,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from replica.lora.spec import MODULE_PARENTS
-from replica.lora.weights import CONFIG_NAME, WEIGHTS_NAME
+from schemas.api import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+from schemas.llama import LLAMA_MODULES
 
 ModuleTensors = dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]  # (layer, module) -> (A, B)
 
 
 def peft_key(layer: int, module: str, which: str) -> str:
     """PEFT's tensor name for lora_A or lora_B of one module of one decoder layer."""
-    return f"base_model.model.model.layers.{layer}.{MODULE_PARENTS[module]}.{module}.lora_{which}.weight"
+    return f"base_model.model.model.layers.{layer}.{LLAMA_MODULES[module]}.{module}.lora_{which}.weight"
 
 
 def adapter_config(
@@ -54,6 +55,6 @@ def save_peft_adapter(out_dir: Path, tensors: ModuleTensors, config: dict[str, o
     for (layer, module), (a, b) in sorted(tensors.items()):
         flat[peft_key(layer, module, "A")] = a.contiguous()
         flat[peft_key(layer, module, "B")] = b.contiguous()
-    save_file(flat, str(out_dir / WEIGHTS_NAME), metadata={"format": "pt"})
-    (out_dir / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+    save_file(flat, str(out_dir / ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
+    (out_dir / ADAPTER_CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
     return out_dir
