@@ -139,15 +139,21 @@ async def _run(
         assert host is not None
         floor_dst = torch.empty_like(host.flat, device=device)
 
+        def disk_entry() -> str:
+            name = cache.disk.find(digest)
+            if name is None:
+                raise RuntimeError(f"adapter {aid} has no disk-tier entry")
+            return name
+
         def drop(to: str) -> None:
             gpu.remove(aid)
             if to in ("disk", "remote"):
                 cache.host.remove(aid)
             if to == "remote":
-                cache.disk.remove(cache.disk.find(digest))  # type: ignore[arg-type]
+                cache.disk.remove(disk_entry())
 
         def disk_copy() -> Path:
-            return cache.disk.path(cache.disk.find(digest)) / "adapter_model.safetensors"  # type: ignore[arg-type]
+            return cache.disk.path(disk_entry()) / "adapter_model.safetensors"
 
         def warm(path: Path) -> None:
             """Read the file untimed first: both the disk tier and its floor then read it from the page cache
@@ -167,7 +173,10 @@ async def _run(
             return elapsed
 
         async def floor(tier: str) -> float:
-            flat = cache.host.get(aid).flat  # type: ignore[union-attr] # the bytes the tier path copies
+            in_ram = cache.host.get(aid)
+            if in_ram is None:
+                raise RuntimeError(f"adapter {aid} is not in the RAM tier")
+            flat = in_ram.flat  # the bytes the tier path copies
             entry = disk_copy()
             if tier == "disk":
                 warm(entry)
