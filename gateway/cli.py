@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 import typer
@@ -18,6 +19,11 @@ from lorafleet.client.errors import PeftDirError
 from lorafleet.client.peft_dir import describe_peft_dir
 from lorafleet.client.upload import artifact_prefix, upload_peft_dir
 from lorafleet.s3 import async_client
+
+if TYPE_CHECKING:  # imported where it runs: the CLI starts without it
+    import asyncpg
+
+T = TypeVar("T")
 
 adapters_app = typer.Typer(no_args_is_help=True, help="Register and list adapter versions.")
 alias_app = typer.Typer(no_args_is_help=True, help="Deploy, roll back and list aliases.")
@@ -135,7 +141,8 @@ tenants_app = typer.Typer(no_args_is_help=True, help="Create and list tenants (w
 keys_app = typer.Typer(no_args_is_help=True, help="Issue, list and revoke tenants' API keys.")
 
 
-async def _with_pool(fn, *args):
+async def _with_pool(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """fn(pool, *args) on a small pool to the control-plane database."""
     import asyncpg
 
     pool = await asyncpg.create_pool(GatewayConfig.from_env().platform.database_url, min_size=1, max_size=2)
@@ -166,7 +173,7 @@ def create_tenant(
 def list_tenants() -> None:
     """List tenants with their limits."""
 
-    async def fetch(pool):
+    async def fetch(pool: asyncpg.Pool) -> list[asyncpg.Record]:
         return await pool.fetch("SELECT tenant_id, requests_per_s, tokens_per_min FROM tenants ORDER BY 1")
 
     for r in asyncio.run(_with_pool(fetch)):
