@@ -2,20 +2,21 @@
 
 The configured folders are the single-machine default: each becomes a file:// record whose digest is the
 weights file's sha256 taken now, so the folder's bytes go through the same tiers and checks as a download
-from the object store (ObjectStore reads file:// only under the configured folders).
+from the object store (ObjectStore reads file:// only under the configured folders). A folder is refused
+as read_adapter refuses it before any byte is fetched: pickle files beside the weights, no safetensors
+file, or a config we cannot serve.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Protocol
 
 from replica.adapter_cache.disk import sha256_file
 from replica.adapter_cache.errors import AdapterCacheError, AdapterNotRegisteredError
 from replica.adapter_cache.record import AdapterRecord
-from replica.lora.weights import CONFIG_NAME, WEIGHTS_NAME
+from replica.lora.weights import CONFIG_NAME, parse_config, weights_path
 
 
 class RecordSource(Protocol):
@@ -42,9 +43,10 @@ class LocalRecords:
 
 def _record(adapter_id: str, path: Path) -> AdapterRecord:
     try:
-        raw = json.loads((path / CONFIG_NAME).read_text())
-        digest = sha256_file(path / WEIGHTS_NAME)
-    except (OSError, ValueError) as exc:
+        weights = weights_path(path)  # AdapterNotSafetensorsError for pickles beside it, or none at all
+        raw = parse_config((path / CONFIG_NAME).read_bytes())  # AdapterConfigError
+        digest = sha256_file(weights)
+    except OSError as exc:
         raise AdapterCacheError(f"local adapter {adapter_id!r} is unreadable: {type(exc).__name__}") from exc
     targets = raw.get("target_modules") or []
     return AdapterRecord(
@@ -55,7 +57,7 @@ def _record(adapter_id: str, path: Path) -> AdapterRecord:
         base_model_hash=str(raw.get("base_model_hash") or ""),
         rank=int(raw.get("r", 0)),
         target_modules=tuple(targets) if isinstance(targets, list) else (str(targets),),
-        size_bytes=(path / WEIGHTS_NAME).stat().st_size,
+        size_bytes=weights.stat().st_size,
     )
 
 
