@@ -76,8 +76,7 @@ class Replica:
         runner = ModelRunner(model, settings.max_num_seqs, settings.max_model_len)
         eos = tokenizer.stop_token_ids if tokenizer is not None else set()
         factory = (lambda: IncrementalDetokenizer(tokenizer)) if tokenizer is not None else None
-        # GpuTier is the engine's AdapterPins: acquire/release per row and adapter_in_slot for the check
-        core = LLMEngine(runner, self.gpu, eos, settings.max_num_batched_tokens, factory)  # type: ignore[arg-type]
+        core = LLMEngine(runner, self.gpu, eos, settings.max_num_batched_tokens, factory)
         self.engine = AsyncEngine(core)
         self.metrics = ReplicaMetrics(Path(settings.model_dir).name)
         self.metrics.watch_engine(self.gpu_slots, self.engine_load)

@@ -5,8 +5,8 @@ and not yet ready, then writes the weights with the lock released: a forward pas
 of its rows, and no row holds a reserved slot. The layers' pools are views into one arena per rank bucket
 (replica.lora.arena) and a RAM entry is packed in the arena's row layout, so a write is the row plan's few
 runs (replica.adapter_cache.slot_copy): host-to-device copies on a side stream on CUDA, memmoves when the
-arenas are in host memory. The scheduler pins through acquire/release (the AdapterPins protocol);
-requests pin before admission too.
+arenas are in host memory. The engine pins through acquire/release and checks rows with adapter_in_slot
+(the SlotPins protocol); requests pin before admission too.
 """
 
 from __future__ import annotations

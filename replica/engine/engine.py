@@ -11,8 +11,8 @@ from replica.engine.model_runner import ModelRunner, StepInput
 from replica.engine.sampler import SamplingParams, make_generator, sample
 from replica.engine.scheduler import Scheduler
 from replica.engine.sequence import Detokenizer, Sequence, SequenceStatus
+from replica.engine.slot_pins import SlotPins
 from replica.errors import ContextLengthError, InvalidRequestError, SlotMismatchError
-from replica.lora.manager import LoraManager
 from replica.model.stop_strings import scan_stop_strings
 
 log = logging.getLogger(__name__)
@@ -33,12 +33,12 @@ class StepOutput:
 
 
 class LLMEngine:
-    """Continuous batching over a ModelRunner, with adapters pinned through a LoraManager."""
+    """Continuous batching over a ModelRunner, each adapted row pinned to its adapter's slot (SlotPins)."""
 
     def __init__(
         self,
         runner: ModelRunner,
-        lora: LoraManager | None,
+        lora: SlotPins | None,
         eos_token_ids: set[int],
         max_num_batched_tokens: int = 8192,
         detokenizer_factory: Callable[[], Detokenizer] | None = None,

@@ -8,29 +8,20 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from typing import Protocol
 
 from replica.engine.kv_cache import RowAllocator
 from replica.engine.sequence import Sequence, SequenceStatus
+from replica.engine.slot_pins import SlotPins
 from replica.errors import AdapterNotFoundError, NoFreeSlotError
-from replica.lora.slots import SlotRef
 
 log = logging.getLogger(__name__)
-
-
-class AdapterPins(Protocol):
-    """What the scheduler needs from the adapter side (LoraManager implements it)."""
-
-    def acquire(self, adapter_id: str) -> SlotRef: ...
-
-    def release(self, adapter_id: str) -> None: ...
 
 
 class Scheduler:
     """Decides which sequences run in the next step."""
 
     def __init__(
-        self, max_num_seqs: int, max_num_batched_tokens: int, rows: RowAllocator, pins: AdapterPins | None
+        self, max_num_seqs: int, max_num_batched_tokens: int, rows: RowAllocator, pins: SlotPins | None
     ) -> None:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
