@@ -1,22 +1,24 @@
-"""Drive many canary requests through a real LLMEngine (its scheduler, slot pins and batching) and judge them.
+"""Serve many canary requests through a replica's own request path and judge each output's markers.
 
-Requests are fed through add_request and the engine's own step(), so admission, adapter loads and LRU
-evictions, mixed-adapter batches and base-only rows all take the production path. The feeder keeps the
-waiting queue short: the scheduler scans it every step, and a queue of 10,000 would measure that scan
-instead of the batching.
+Each request goes as the replica's generate route sends it: Replica.acquire (the adapter cache brings the
+adapter into a GPU slot, evicting an idle one LRU, and pins it), the engine thread's continuous batching
+(AsyncEngine: admission, mixed-adapter batches with base-only rows), then Replica.release. `concurrency`
+requests are in flight at once, so slot writes on the event loop run beside the engine's forward passes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from canary.check import IsolationTally
 from canary.markers import Marker, markers_in_tokens
 from canary.prompts import PromptSampler
-from replica.engine.engine import LLMEngine
 from replica.engine.sampler import SamplingParams
+from replica.errors import ReplicaError
+from replica.runtime import Replica
 
 
 @dataclass(frozen=True)
@@ -38,49 +40,51 @@ def mixed_requests(
 
 @dataclass
 class EngineRunStats:
-    steps: int = 0
-    max_batch: int = 0
+    max_batch: int = 0  # the most rows the engine ran together, seen as outputs arrived
     tokens: int = 0
 
 
-def run_isolation(
-    engine: LLMEngine,
-    requests: Iterator[CanaryRequest],
+async def run_isolation(
+    replica: Replica,
+    requests: Iterable[CanaryRequest],
     markers: list[Marker],
     max_new_tokens: int,
-    waiting_window: int = 128,
+    concurrency: int = 192,
 ) -> tuple[IsolationTally, EngineRunStats]:
     """Greedy-decode every request to max_new_tokens and record which markers each output carries."""
     params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, ignore_eos=True)
     tally, stats = IsolationTally(), EngineRunStats()
-    admitted: dict[str, str | None] = {}
-    outputs: dict[str, list[int]] = {}
+    running = replica.engine.engine.scheduler.running
     pending = iter(requests)
-    exhausted = False
-    while True:
-        while not exhausted and len(engine.scheduler.waiting) < waiting_window:
-            req = next(pending, None)
-            if req is None:
-                exhausted = True
-                break
-            engine.add_request(req.request_id, req.prompt_token_ids, params, req.adapter_id)
-            admitted[req.request_id] = req.adapter_id
-            outputs[req.request_id] = []
-        if exhausted and not engine.has_work():
-            break
-        stats.max_batch = max(stats.max_batch, len(engine.scheduler.running))
-        step_outputs = engine.step()
-        stats.steps += 1
-        for out in step_outputs:
-            if out.token_id is not None:
-                outputs[out.request_id].append(out.token_id)
-                stats.tokens += 1
-            if not out.finished:
-                continue
-            adapter_id = admitted.pop(out.request_id)
-            tokens = outputs.pop(out.request_id)
-            if out.error is not None:
-                tally.record_error(out.request_id, adapter_id, out.error)
-            else:
-                tally.record(out.request_id, adapter_id, markers_in_tokens(tokens, markers))
+
+    async def serve(req: CanaryRequest) -> None:
+        tokens: list[int] = []
+        error = None
+        try:
+            use = await replica.acquire(req.adapter_id)
+        except ReplicaError as exc:
+            tally.record_error(req.request_id, req.adapter_id, f"{exc.code}: {exc}")
+            return
+        try:
+            stream = replica.engine.generate(
+                req.prompt_token_ids, params, use.engine_adapter_id, req.request_id
+            )
+            async for out in stream:
+                stats.max_batch = max(stats.max_batch, len(running))
+                if out.token_id is not None:
+                    tokens.append(out.token_id)
+                error = out.error
+        finally:
+            replica.release(use)
+        stats.tokens += len(tokens)
+        if error is not None:
+            tally.record_error(req.request_id, req.adapter_id, error)
+        else:
+            tally.record(req.request_id, req.adapter_id, markers_in_tokens(tokens, markers))
+
+    async def client() -> None:
+        for req in pending:  # the clients share one iterator: each request is served once
+            await serve(req)
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
     return tally, stats

@@ -1,4 +1,4 @@
-"""Canary fixtures for tests: train on a tiny random Llama, and build a real engine over the canaries."""
+"""Canary fixtures for tests: train on a tiny random Llama, and serve the canaries the way a replica does."""
 
 from __future__ import annotations
 
@@ -8,15 +8,19 @@ from canary.manifest import CanaryManifest
 from canary.prompts import PromptSampler
 from canary.tiny_base import TINY_CONFIG, write_tiny_base
 from canary.train import TrainConfig, train_canaries
+from replica.adapter_cache.gpu import GpuTier
+from replica.config import ReplicaSettings
 from replica.engine.engine import LLMEngine
 from replica.engine.model_runner import ModelRunner
-from replica.lora.manager import LoraManager
 from replica.lora.replace import apply_lora
 from replica.lora.spec import AdapterSpec
-from replica.lora.weights import read_adapter
 from replica.model.loader import load_model
+from replica.runtime import Replica, build_replica
+from tests.replica.cache_util import local_cache
+from tests.replica.engine.engine_util import Served
 
 MAX_RANK = 32
+MAX_MODEL_LEN = 64
 
 
 def train_tiny_canaries(root: Path, count: int, seed: int = 0) -> tuple[Path, Path, CanaryManifest]:
@@ -27,19 +31,52 @@ def train_tiny_canaries(root: Path, count: int, seed: int = 0) -> tuple[Path, Pa
     return base, out, result.manifest
 
 
+def canary_dirs(out: Path, manifest: CanaryManifest) -> dict[str, Path]:
+    return {e.adapter_id: out / e.path for e in manifest.adapters}
+
+
+def canary_replica(
+    base: Path,
+    out: Path,
+    manifest: CanaryManifest,
+    capacities: dict[int, int],
+    max_num_seqs: int,
+    cache_dir: Path,
+) -> Replica:
+    """A replica (not started) over the tiny base serving every canary from its folder; none loaded yet."""
+    settings = ReplicaSettings(
+        model_dir=base,
+        device="cpu",
+        base_model_hash=manifest.base_model_hash,
+        max_num_seqs=max_num_seqs,
+        max_model_len=MAX_MODEL_LEN,
+        lora_slots=capacities,
+        max_lora_rank=MAX_RANK,
+        lora_target_modules=manifest.target_modules,
+        adapter_dirs=canary_dirs(out, manifest),
+        registry_url=None,
+        control_enabled=False,
+        cache_dir=cache_dir,
+    )
+    return build_replica(settings)
+
+
 def build_canary_engine(
-    base: Path, out: Path, manifest: CanaryManifest, capacities: dict[int, int], max_num_seqs: int
-) -> tuple[LLMEngine, LoraManager]:
-    """Our model with LoRA slot pools, every canary validated into host RAM (none in a slot yet)."""
+    base: Path,
+    out: Path,
+    manifest: CanaryManifest,
+    capacities: dict[int, int],
+    max_num_seqs: int,
+    cache_dir: Path,
+) -> Served:
+    """Our model with LoRA slot pools and an engine stepped by the test; the canaries come in through the
+    adapter cache (none loaded yet)."""
     model = load_model(base, "float32", "cpu")
     spec = AdapterSpec.for_model(model.config, manifest.target_modules, MAX_RANK, manifest.base_model_hash)
-    manager = LoraManager(
-        apply_lora(model, manifest.target_modules, capacities), capacities, host_capacity=512
-    )
-    for entry in manifest.adapters:
-        manager.add_to_host(read_adapter(out / entry.path, entry.adapter_id, spec))
-    runner = ModelRunner(model, max_num_seqs=max_num_seqs, max_model_len=64)
-    return LLMEngine(runner, manager, {int(TINY_CONFIG["eos_token_id"])}), manager
+    gpu = GpuTier(apply_lora(model, manifest.target_modules, capacities), capacities)
+    runner = ModelRunner(model, max_num_seqs=max_num_seqs, max_model_len=MAX_MODEL_LEN)
+    engine = LLMEngine(runner, gpu, {int(TINY_CONFIG["eos_token_id"])})
+    return Served(engine, local_cache(spec, gpu, canary_dirs(out, manifest), cache_dir))
 
 
 def tiny_sampler() -> PromptSampler:

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import torch
 
-from replica.lora.manager import LoraManager
+from replica.adapter_cache.gpu import GpuTier
 from replica.lora.replace import apply_lora
 from replica.lora.spec import AdapterSpec
-from replica.lora.weights import read_adapter
 from replica.model.llama import LlamaForCausalLM
 from replica.model.loader import load_model
 
@@ -76,14 +75,8 @@ def make_peft_adapters(
 
 def build_lora_model(
     base_dir: Path, capacities: dict[int, int], max_rank: int = 64, base_hash: str = TEST_BASE_HASH
-) -> tuple[LlamaForCausalLM, LoraManager, AdapterSpec]:
-    """Our model with LoRA wrappers on every target, a manager and the spec adapters are checked against."""
+) -> tuple[LlamaForCausalLM, GpuTier, AdapterSpec]:
+    """Our model with LoRA wrappers on every target, its GPU tier and the spec adapters are checked against."""
     model = load_model(base_dir, "float32", "cpu")
     spec = AdapterSpec.for_model(model.config, ALL_TARGETS, max_rank, base_hash)
-    manager = LoraManager(apply_lora(model, ALL_TARGETS, capacities), capacities)
-    return model, manager, spec
-
-
-def load_adapter_dir(manager: LoraManager, spec: AdapterSpec, adapter_id: str, path: Path) -> None:
-    """Validate and load one adapter directory into a slot."""
-    manager.load(read_adapter(path, adapter_id, spec))
+    return model, GpuTier(apply_lora(model, ALL_TARGETS, capacities), capacities), spec

@@ -1,8 +1,9 @@
-"""Tenant isolation at the engine: 64 canaries, fewer slots than adapters, 10,000 mixed requests, zero leaks.
+"""Tenant isolation on a replica: 64 canaries, fewer slots than adapters, 10,000 mixed requests, zero leaks.
 
 Each canary answers any prompt with its own marker, so the marker in a row's output names the weights
-that produced it. Requests run through the real LLMEngine (scheduler admission, slot pins, LRU loads and
-evictions, mixed-rank batches with base-only rows), and a deliberately broken slot mapping must be caught.
+that produced it. Requests take the replica's own path (the adapter cache's slot writes and LRU evictions
+on the event loop, the engine thread's admission and mixed-rank batches with base-only rows), and a
+deliberately broken slot mapping must be caught.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from canary.manifest import CanaryManifest
 from canary.markers import markers_in_tokens
 from replica.engine.sampler import SamplingParams
 from replica.lora.batch_meta import LoraBatchMeta
-from tests.canary.canary_util import build_canary_engine, tiny_sampler, train_tiny_canaries
+from tests.canary.canary_util import build_canary_engine, canary_replica, tiny_sampler, train_tiny_canaries
 
 NUM_CANARIES = 64
 SLOTS = {8: 4, 16: 4, 32: 4}  # 12 GPU slots for 64 adapters: loads and evictions all through the run
@@ -32,75 +33,88 @@ def canaries(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Cana
     return train_tiny_canaries(tmp_path_factory.mktemp("canaries"), NUM_CANARIES)
 
 
-def test_10000_mixed_requests_carry_only_their_own_marker(
-    canaries: tuple[Path, Path, CanaryManifest],
+async def test_10000_mixed_requests_carry_only_their_own_marker(
+    canaries: tuple[Path, Path, CanaryManifest], tmp_path: Path
 ) -> None:
     base, out, manifest = canaries
-    engine, manager = build_canary_engine(base, out, manifest, SLOTS, max_num_seqs=64)
+    replica = canary_replica(base, out, manifest, SLOTS, max_num_seqs=64, cache_dir=tmp_path)
     ids = [e.adapter_id for e in manifest.adapters]
     assert sorted({e.rank for e in manifest.adapters}) == [8, 16, 32]
-    start = time.perf_counter()
-    requests = mixed_requests(10_000, ids, tiny_sampler(), seed=0, base_fraction=0.2)
-    tally, stats = run_isolation(engine, requests, manifest.markers(), max_new_tokens=3)
-    summary = tally.summary() | {
-        "wall_s": round(time.perf_counter() - start, 2),
-        "steps": stats.steps,
-        "max_batch": stats.max_batch,
-        "evictions": manager.table.evictions,
-        "gpu_slots": sum(SLOTS.values()),
-        "adapters": NUM_CANARIES,
-    }
-    print(json.dumps(summary))
-    assert tally.requests == 10_000 and tally.base_requests > 1000 and tally.errors == 0
-    assert tally.wrong_marker == 0 and tally.base_with_marker == 0, summary["findings"]
-    assert tally.missing_marker == 0, summary["findings"]
-    assert manager.table.evictions > 0 and stats.max_batch > 32
-    assert all(e.ref_count == 0 for e in manager.table.entries())  # every pin was released
+    await replica.start()
+    try:
+        assert replica.cache is not None and replica.gpu is not None
+        start = time.perf_counter()
+        requests = mixed_requests(10_000, ids, tiny_sampler(), seed=0, base_fraction=0.2)
+        tally, stats = await run_isolation(replica, requests, manifest.markers(), max_new_tokens=3)
+        wall_s = time.perf_counter() - start
+        cache, table = replica.cache, replica.gpu.table
+        summary = tally.summary() | {
+            "wall_s": round(wall_s, 2),
+            "max_batch": stats.max_batch,
+            "slot_loads": cache.gpu_loads.total,
+            "evictions": cache.gpu_evictions.total,
+            "gpu_slots": sum(SLOTS.values()),
+            "adapters": NUM_CANARIES,
+        }
+        print(json.dumps(summary))
+        assert tally.requests == 10_000 and tally.base_requests > 1000 and tally.errors == 0, summary[
+            "findings"
+        ]
+        assert tally.wrong_marker == 0 and tally.base_with_marker == 0, summary["findings"]
+        assert tally.missing_marker == 0, summary["findings"]
+        assert cache.gpu_evictions.total > 0 and table.evictions == cache.gpu_evictions.total
+        assert stats.max_batch > 32
+        assert all(e.ref_count == 0 for e in table.entries())  # every pin was released
+        assert cache.state().ram_adapters == sorted(ids)  # every canary came in and stays in host RAM
+    finally:
+        await replica.stop()
 
 
-def _two_running(canaries: tuple[Path, Path, CanaryManifest]):
+async def _two_running(canaries: tuple[Path, Path, CanaryManifest], cache_dir: Path):
     """An engine with two canaries of the same rank bucket admitted and past their prefill."""
     base, out, manifest = canaries
-    engine, manager = build_canary_engine(base, out, manifest, SLOTS, max_num_seqs=8)
+    served = build_canary_engine(base, out, manifest, SLOTS, max_num_seqs=8, cache_dir=cache_dir)
     a, b = manifest.adapters[0], manifest.adapters[3]  # both rank 8
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     prompt = tiny_sampler().sample(random.Random(1))
-    engine.add_request("ra", prompt, params, a.adapter_id)
-    engine.add_request("rb", prompt, params, b.adapter_id)
-    first = {o.request_id: [o.token_id] for o in engine.step()}
-    return engine, manager, manifest, a, b, first
+    await served.add("ra", prompt, params, a.adapter_id)
+    await served.add("rb", prompt, params, b.adapter_id)
+    first = {o.request_id: [o.token_id] for o in served.step()}
+    return served, manifest, a, b, first
 
 
-def _assert_both_refused(engine) -> None:
+def _assert_both_refused(served) -> None:
     """Each mismatched row ends with a slot_mismatch error and no token; nothing ran on the wrong weights."""
-    outs = {o.request_id: o for o in engine.step()}
+    outs = {o.request_id: o for o in served.step()}
     assert set(outs) == {"ra", "rb"}
     for o in outs.values():
         assert o.finished and o.finish_reason == "error" and o.token_id is None
         assert o.error.startswith("slot_mismatch")
-    assert not engine.has_work()
+    assert not served.engine.has_work() and not served.leases
 
 
-def test_swapped_row_slots_are_refused_before_the_forward_pass(canaries) -> None:
-    engine, _, _, _, _, _ = _two_running(canaries)
-    sa, sb = engine.seqs["ra"], engine.seqs["rb"]
+async def test_swapped_row_slots_are_refused_before_the_forward_pass(canaries, tmp_path: Path) -> None:
+    served, _, _, _, _ = await _two_running(canaries, tmp_path)
+    sa, sb = served.engine.seqs["ra"], served.engine.seqs["rb"]
     assert sa.slot != sb.slot
     sa.slot, sb.slot = sb.slot, sa.slot  # a bug in the row -> slot mapping after admission
-    _assert_both_refused(engine)
+    _assert_both_refused(served)
 
 
-def test_corrupted_slot_table_is_refused_before_the_forward_pass(canaries) -> None:
-    engine, manager, _, a, b, _ = _two_running(canaries)
-    table = manager.table
+async def test_corrupted_slot_table_is_refused_before_the_forward_pass(canaries, tmp_path: Path) -> None:
+    served, _, a, b, _ = await _two_running(canaries, tmp_path)
+    table = served.cache.gpu.table
     ea, eb = table.lookup(a.adapter_id), table.lookup(b.adapter_id)
     # the table now claims each slot holds the other adapter (the rows keep the slots they were pinned to)
     table._by_slot[ea.ref], table._by_slot[eb.ref] = b.adapter_id, a.adapter_id
-    _assert_both_refused(engine)
+    _assert_both_refused(served)
 
 
-def test_swapped_batch_metadata_is_caught_by_the_canary_markers(canaries, monkeypatch) -> None:
+async def test_swapped_batch_metadata_is_caught_by_the_canary_markers(
+    canaries, tmp_path: Path, monkeypatch
+) -> None:
     """A bug below the engine's check (the per-token slot index) gets past admission; the markers show it."""
-    engine, _, manifest, a, b, first = _two_running(canaries)
+    served, manifest, a, b, first = await _two_running(canaries, tmp_path)
     real = model_runner.build_batch_meta
 
     def swapped(rows, device, segmented=False) -> LoraBatchMeta | None:
@@ -108,8 +122,8 @@ def test_swapped_batch_metadata_is_caught_by_the_canary_markers(canaries, monkey
 
     monkeypatch.setattr(model_runner, "build_batch_meta", swapped)
     tokens = {k: list(v) for k, v in first.items()}
-    while engine.has_work():
-        for o in engine.step():
+    while served.engine.has_work():
+        for o in served.step():
             tokens[o.request_id].append(o.token_id)
     tally = IsolationTally()
     for rid, adapter in (("ra", a.adapter_id), ("rb", b.adapter_id)):

@@ -1,14 +1,16 @@
-"""A tiny engine for tests: random Llama, LoRA slots, and a one-character-per-token detokenizer."""
+"""A tiny engine for tests: random Llama, LoRA slots written by the adapter cache, and a one-character-per-token
+detokenizer."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from replica.adapter_cache.cache import AdapterCache, Lease
 from replica.engine.engine import LLMEngine, StepOutput
 from replica.engine.model_runner import ModelRunner
 from replica.engine.sampler import SamplingParams
-from replica.lora.manager import LoraManager
-from replica.lora.weights import read_adapter
+from tests.replica.cache_util import local_cache
 from tests.replica.peft_util import build_lora_model
 
 EOS = 0
@@ -24,23 +26,66 @@ class CharDetokenizer:
         return ""
 
 
+@dataclass
+class Served:
+    """An LLMEngine stepped by the test over the GPU tier its adapter cache writes.
+
+    add() serves a request as the replica does: the adapter cache brings its adapter into a slot and pins it
+    (a lease, held until the request ends), then the engine queues it; step() releases the leases of the
+    requests that ended.
+    """
+
+    engine: LLMEngine
+    cache: AdapterCache
+    leases: dict[str, Lease] = field(default_factory=dict)
+
+    async def add(
+        self, request_id: str, prompt: list[int], params: SamplingParams, adapter_id: str | None = None
+    ) -> None:
+        lease = await self.cache.acquire(adapter_id) if adapter_id is not None else None
+        try:
+            self.engine.add_request(request_id, prompt, params, adapter_id)
+        except BaseException:
+            if lease is not None:
+                self.cache.release(lease)
+            raise
+        if lease is not None:
+            self.leases[request_id] = lease
+
+    def step(self) -> list[StepOutput]:
+        outputs = self.engine.step()
+        for o in outputs:
+            if o.finished:
+                self.release(o.request_id)
+        return outputs
+
+    def release(self, request_id: str) -> None:
+        """End the request's hold on its adapter (the replica does it when the response ends)."""
+        lease = self.leases.pop(request_id, None)
+        if lease is not None:
+            self.cache.release(lease)
+
+    def run_all(self) -> dict[str, list[StepOutput]]:
+        """Step until every request finished; return each request's outputs."""
+        out: dict[str, list[StepOutput]] = {}
+        while self.engine.has_work():
+            for o in self.step():
+                out.setdefault(o.request_id, []).append(o)
+        return out
+
+
 def make_engine(
-    base_dir: Path, adapters: dict[str, Path], capacities: dict[int, int], max_num_seqs: int = 8
-) -> tuple[LLMEngine, LoraManager]:
-    model, manager, spec = build_lora_model(base_dir, capacities)
-    for name, path in adapters.items():
-        manager.add_to_host(read_adapter(path, name, spec))
+    base_dir: Path,
+    adapters: dict[str, Path],
+    capacities: dict[int, int],
+    cache_dir: Path,
+    max_num_seqs: int = 8,
+) -> Served:
+    """The engine and the adapter cache of a replica serving these adapter folders; no adapter loaded yet."""
+    model, gpu, spec = build_lora_model(base_dir, capacities)
     runner = ModelRunner(model, max_num_seqs=max_num_seqs, max_model_len=128)
-    return LLMEngine(runner, manager, {EOS}, detokenizer_factory=CharDetokenizer), manager
-
-
-def run_all(engine: LLMEngine) -> dict[str, list[StepOutput]]:
-    """Step until every request finished; return each request's outputs."""
-    out: dict[str, list[StepOutput]] = {}
-    while engine.has_work():
-        for o in engine.step():
-            out.setdefault(o.request_id, []).append(o)
-    return out
+    engine = LLMEngine(runner, gpu, {EOS}, detokenizer_factory=CharDetokenizer)
+    return Served(engine, local_cache(spec, gpu, adapters, cache_dir))
 
 
 def tokens(outs: list[StepOutput]) -> list[int]:

@@ -1,4 +1,7 @@
-"""Temperature-0 tokens are identical alone and in a batch with 31 other adapters (mixed ranks, base rows)."""
+"""Temperature-0 tokens are identical alone and in a batch with 31 other adapters (mixed ranks, base rows).
+
+The adapters reach their slots through the adapter cache, and each request holds its lease as on a replica.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.replica.engine.engine_util import greedy, make_engine, run_all, tokens
+from tests.replica.engine.engine_util import greedy, make_engine, tokens
 from tests.replica.peft_util import AdapterRecipe, make_peft_adapters
 
 RANKS = [8, 16, 32]
@@ -20,10 +23,10 @@ def many_adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     return dirs
 
 
-def test_tokens_identical_alone_and_in_mixed_batch(
-    tiny_model_dir: Path, many_adapters: dict[str, Path]
+async def test_tokens_identical_alone_and_in_mixed_batch(
+    tiny_model_dir: Path, many_adapters: dict[str, Path], tmp_path: Path
 ) -> None:
-    engine, manager = make_engine(tiny_model_dir, many_adapters, {8: 11, 16: 11, 32: 11}, max_num_seqs=40)
+    served = make_engine(tiny_model_dir, many_adapters, {8: 11, 16: 11, 32: 11}, tmp_path, max_num_seqs=40)
     gen = torch.Generator().manual_seed(11)
     requests: dict[str, tuple[list[int], str | None]] = {}
     for i in range(32):
@@ -33,17 +36,19 @@ def test_tokens_identical_alone_and_in_mixed_batch(
 
     alone: dict[str, list[int]] = {}
     for rid, (prompt, adapter) in requests.items():
-        engine.add_request(rid, prompt, greedy(12), adapter)
-        alone[rid] = tokens(run_all(engine)[rid])
+        await served.add(rid, prompt, greedy(12), adapter)
+        alone[rid] = tokens(served.run_all()[rid])
 
     for rid, (prompt, adapter) in requests.items():
-        engine.add_request(rid, prompt, greedy(12), adapter)
-    together = {rid: tokens(outs) for rid, outs in run_all(engine).items()}
+        await served.add(rid, prompt, greedy(12), adapter)
+    assert len(served.engine.scheduler.waiting) == len(requests)  # all of them run in one batch from here
+    together = {rid: tokens(outs) for rid, outs in served.run_all().items()}
 
     assert together == alone
     # the adapters matter: most adapted rows differ from the same prompt on the base model
     for i in range(32):
-        engine.add_request(f"probe{i}", requests[f"r{i}"][0], greedy(12), None)
-    on_base = {rid: tokens(outs) for rid, outs in run_all(engine).items()}
+        await served.add(f"probe{i}", requests[f"r{i}"][0], greedy(12), None)
+    on_base = {rid: tokens(outs) for rid, outs in served.run_all().items()}
     assert sum(on_base[f"probe{i}"] != alone[f"r{i}"] for i in range(32)) >= 24
-    assert all(e.ref_count == 0 for e in manager.table.entries())
+    gpu = served.cache.gpu
+    assert len(gpu.table) == 32 and all(e.ref_count == 0 for e in gpu.table.entries())  # every pin released

@@ -1,4 +1,8 @@
-"""Unmerged multi-LoRA logits equal transformers + PEFT and equal our merged mode."""
+"""Unmerged multi-LoRA logits equal transformers + PEFT and equal our merged mode.
+
+The unmerged adapters reach their slots through the adapter cache (validation, packing, the GpuTier write);
+the merged ones through read_adapter, as a merged replica reads its adapter.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from replica.lora.merge import merge_adapter
 from replica.lora.spec import MODULE_PARENTS
 from replica.lora.weights import read_adapter
 from replica.model.loader import load_model
+from tests.replica.cache_util import local_cache, own_in_slots
 from tests.replica.peft_util import AdapterRecipe, build_lora_model, make_peft_adapters
 
 RECIPES = [
@@ -28,16 +33,15 @@ def _module_path(key: tuple[int, str]) -> str:
     return f"model.layers.{layer}.{MODULE_PARENTS[name]}.{name}"
 
 
-def _check_parity(base_dir: Path, tmp_path: Path, ids: list[list[int]], atol: float) -> None:
-    peft_model, dirs = make_peft_adapters(base_dir, tmp_path, RECIPES)
-    model, manager, spec = build_lora_model(base_dir, CAPACITIES)
-    for name, path in dirs.items():
-        manager.load(read_adapter(path, name, spec))
+async def _check_parity(base_dir: Path, tmp_path: Path, ids: list[list[int]], atol: float) -> None:
+    peft_model, dirs = make_peft_adapters(base_dir, tmp_path / "adapters", RECIPES)
+    model, gpu, spec = build_lora_model(base_dir, CAPACITIES)
+    await own_in_slots(local_cache(spec, gpu, dirs, tmp_path / "cache"), list(dirs))
     runner = ModelRunner(model, max_num_seqs=8, max_model_len=256)
     # one packed batch: every adapter plus a base-only row, prompts of different lengths
     names: list[str | None] = [r.name for r in RECIPES] + [None]
     steps = [
-        StepInput(row=i, token_ids=ids[i], start_pos=0, slot=manager.acquire(n) if n else None)
+        StepInput(row=i, token_ids=ids[i], start_pos=0, slot=gpu.acquire(n) if n else None)
         for i, n in enumerate(names)
     ]
     ours = runner.run(steps, all_logits=True)  # [num_tokens, vocab]
@@ -73,14 +77,14 @@ def _check_parity(base_dir: Path, tmp_path: Path, ids: list[list[int]], atol: fl
         offset += n
 
 
-def test_tiny_unmerged_matches_peft_and_merged(tiny_model_dir: Path, tmp_path: Path) -> None:
+async def test_tiny_unmerged_matches_peft_and_merged(tiny_model_dir: Path, tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(7)
     ids = [torch.randint(0, 320, (12 + 5 * i,), generator=gen).tolist() for i in range(len(RECIPES) + 1)]
-    _check_parity(tiny_model_dir, tmp_path, ids, atol=1e-4)
+    await _check_parity(tiny_model_dir, tmp_path, ids, atol=1e-4)
 
 
 @pytest.mark.slow
-def test_smollm2_unmerged_matches_peft_and_merged(smollm2_dir: Path, tmp_path: Path) -> None:
+async def test_smollm2_unmerged_matches_peft_and_merged(smollm2_dir: Path, tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(8)
     ids = [torch.randint(0, 49152, (8 + 3 * i,), generator=gen).tolist() for i in range(len(RECIPES) + 1)]
-    _check_parity(smollm2_dir, tmp_path, ids, atol=3e-4)
+    await _check_parity(smollm2_dir, tmp_path, ids, atol=3e-4)

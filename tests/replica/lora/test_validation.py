@@ -1,4 +1,8 @@
-"""Every bad adapter is rejected with its own error before it takes a slot, and nothing is half-loaded."""
+"""Every bad adapter is rejected with its own error before it takes a slot, and nothing is half-loaded.
+
+A replica brings adapters in through its adapter cache (fetch, validation and packing, then the slot write)
+and a merged replica reads its one adapter with read_adapter (AdapterRegistry.read); both refuse each case.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from replica.errors import (
 )
 from replica.lora.registry import AdapterRegistry
 from replica.lora.spec import AdapterSpec
+from tests.replica.cache_util import local_cache
 from tests.replica.peft_util import TEST_BASE_HASH, AdapterRecipe, build_lora_model, make_peft_adapters
 
 WEIGHTS = "adapter_model.safetensors"
@@ -98,27 +103,29 @@ CASES: dict[str, tuple[Callable[[Path], None], type[AdapterError]]] = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_adapter_is_rejected_with_its_own_error(
+async def test_bad_adapter_is_rejected_with_its_own_error(
     case: str, good_adapter: Path, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     edit, error = CASES[case]
     bad = tmp_path / "bad"
     shutil.copytree(good_adapter, bad)
     edit(bad)
-    model, manager, spec = build_lora_model(tiny_model_dir, {8: 2, 16: 1}, max_rank=64)
-    registry = AdapterRegistry(spec, {"bad": bad, "good": good_adapter})
+    _, gpu, spec = build_lora_model(tiny_model_dir, {8: 2, 16: 1}, max_rank=64)
+    cache = local_cache(spec, gpu, {"bad": bad, "good": good_adapter}, tmp_path / "cache")
     with pytest.raises(error) as info:
-        manager.load(registry.read("bad"))
+        await cache.own("bad", "gpu")
     assert type(info.value) is error and info.value.code == error.code
     # nothing half-loaded: no tier holds it and every slot of every layer is still zero
-    assert manager.tier("bad") is None and manager.gpu_adapters() == []
+    assert cache.tier_of("bad") == "remote" and cache.state().gpu_adapters == []
+    assert cache.state().ram_adapters == [] and cache.state().disk_adapters == []
     assert all(
-        p.a.abs().sum() == 0 and p.b.abs().sum() == 0
-        for w in manager.layers.values()
-        for p in w.pools.values()
+        p.a.abs().sum() == 0 and p.b.abs().sum() == 0 for w in gpu.layers.values() for p in w.pools.values()
     )
-    manager.load(registry.read("good"))  # the replica still accepts good adapters afterwards
-    assert manager.tier("good") == "gpu"
+    with pytest.raises(error) as merged:
+        AdapterRegistry(spec, {"bad": bad}).read("bad")
+    assert type(merged.value) is error
+    await cache.own("good", "gpu")  # the replica still accepts good adapters afterwards
+    assert cache.tier_of("good") == "gpu"
 
 
 def test_rank_cap_applies_to_tensor_shapes(good_adapter: Path, tiny_model_dir: Path) -> None:
