@@ -8,6 +8,7 @@ its first token to the last token; prefill is reported apart (and written to the
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import tempfile
 import time
@@ -21,15 +22,15 @@ import torch
 
 from bench._util import cuda_peak_mib, environment, median, peak_rss_mib, reset_cuda_peak, sync
 from bench.hf_baselines import ALL_TARGETS, adapter_dir, load_hf_model, make_peft_adapters, timed_generate
+from bench.slots import own_in_slots
 from lorafleet.model.base_hash import base_model_hash
 from lorafleet.model.prepare import ensure_default_model
+from replica.adapter_cache.gpu import GpuTier
 from replica.engine.engine import LLMEngine
 from replica.engine.model_runner import ModelRunner
 from replica.engine.sampler import SamplingParams
-from replica.lora.manager import LoraManager
 from replica.lora.replace import apply_lora
 from replica.lora.spec import AdapterSpec
-from replica.lora.weights import read_adapter
 from replica.model.loader import load_model
 from replica.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -94,18 +95,19 @@ def build_engine(
     tokenizer: Tokenizer,
     base_hash: str,
     max_prompt: int,
+    cache_dir: Path,
 ) -> LLMEngine:
-    """Our engine with one rank pool holding every adapter in a slot (loaded before timing)."""
+    """Our engine with one rank pool holding every adapter in a slot (loaded through the adapter cache before
+    timing)."""
     model = load_model(model_dir, cfg.dtype, cfg.device)
     capacities = {cfg.rank: max(len(adapters), 1)}
-    manager = LoraManager(apply_lora(model, ALL_TARGETS, capacities), capacities)
+    gpu = GpuTier(apply_lora(model, ALL_TARGETS, capacities), capacities)
     spec = AdapterSpec.for_model(model.config, ALL_TARGETS, cfg.rank, base_hash)
-    for name, path in adapters.items():
-        manager.load(read_adapter(path, name, spec))
+    asyncio.run(own_in_slots(spec, gpu, adapters, cache_dir))
     runner = ModelRunner(model, max_num_seqs=cfg.batch, max_model_len=max_prompt + cfg.new_tokens + 1)
     return LLMEngine(
         runner,
-        manager,
+        gpu,
         tokenizer.stop_token_ids,
         max_num_batched_tokens=1 << 16,  # admit the whole batch's prefill in one step
         detokenizer_factory=lambda: IncrementalDetokenizer(tokenizer),
@@ -192,7 +194,8 @@ def run_engine_bench(cfg: EngineBenchConfig) -> tuple[dict[str, Any], dict[str, 
             load_hf_model(model_dir, cfg.dtype, device), Path(tmp), max(max_d, 1), cfg.rank, base_hash
         )
         adapters = {f"a{i}": adapter_dir(Path(tmp), f"a{i}") for i in range(max(max_d, 1))}
-        engine = build_engine(model_dir, adapters, cfg, tokenizer, base_hash, max(len(p) for p in prompts))
+        max_prompt = max(len(p) for p in prompts)
+        engine = build_engine(model_dir, adapters, cfg, tokenizer, base_hash, max_prompt, Path(tmp) / "cache")
         hf = load_hf_model(model_dir, cfg.dtype, device)
     rss_after_load = peak_rss_mib()
 

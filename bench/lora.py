@@ -9,22 +9,33 @@ interleaved in one run, and reports median(base + LoRA) / median(base) next to t
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import tempfile
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 from bench._util import DTYPES, environment, median, sync, time_call
+from bench.slots import own_in_slots
+from replica.adapter_cache.gpu import GpuTier
 from replica.engine.context import Context, set_context
 from replica.kernels import ops
 from replica.lora.batch_meta import LoraBatchMeta
 from replica.lora.layers import LoraLinear
+from replica.lora.replace import lora_layers
+from replica.lora.spec import MODULE_PARENTS, AdapterSpec
 
 log = logging.getLogger(__name__)
 
+MODULE = "q_proj"  # names the one adapted linear (its slot row and PEFT tensor names); W's shape is free
+BASE_HASH = "sha256:" + "0" * 64
 TARGETS = {1: 1.03}  # D -> at most this ratio; D = 8 and 32: within 1.10x of the byte bound
 BOUND_SLACK = 1.10
 
@@ -59,19 +70,40 @@ def _decode_context(slot_of_row: torch.Tensor, rank: int) -> Context:
     return Context(empty, [], empty, empty, empty, 0, lora=meta)
 
 
+def _write_peft(folder: Path, a: torch.Tensor, b: torch.Tensor, alpha: float) -> Path:
+    """A PEFT folder adapting MODULE of layer 0: A [rank, k], B [d, rank]."""
+    prefix = f"base_model.model.model.layers.0.{MODULE_PARENTS[MODULE]}.{MODULE}"
+    folder.mkdir(parents=True)
+    save_file(
+        {f"{prefix}.lora_A.weight": a, f"{prefix}.lora_B.weight": b},
+        str(folder / "adapter_model.safetensors"),
+    )
+    config = {"peft_type": "LORA", "r": a.shape[0], "lora_alpha": alpha, "target_modules": [MODULE]}
+    (folder / "adapter_config.json").write_text(json.dumps(config | {"base_model_hash": BASE_HASH}))
+    return folder
+
+
 def _build_layer(d: int, k: int, cfg: LoraBenchConfig, device: torch.device) -> LoraLinear:
-    """A LoraLinear over a random W [d, k] with max(distinct) random adapters in one rank pool."""
+    """A LoraLinear over a random W [d, k] with max(distinct) random adapters in one rank pool, adapter i in
+    slot i, each written by a replica's adapter cache from its PEFT folder."""
     dtype = DTYPES[cfg.dtype]
     base = nn.Linear(k, d, bias=False, device=device, dtype=dtype)
-    layer = LoraLinear(base, {cfg.rank: max(cfg.distinct)})
+    capacities = {cfg.rank: max(cfg.distinct)}
+    layers = lora_layers({(0, MODULE): base}, capacities)
+    spec = AdapterSpec(num_layers=1, shapes={MODULE: (k, d)}, max_rank=cfg.rank, base_model_hash=BASE_HASH)
     gen = torch.Generator(device="cpu").manual_seed(cfg.seed)
     with torch.no_grad():
         base.weight.copy_(torch.randn(d, k, generator=gen) * k**-0.5)
+    with tempfile.TemporaryDirectory(prefix="bench-lora-") as tmp:
+        adapters = {}
         for slot in range(max(cfg.distinct)):
             a = torch.randn(cfg.rank, k, generator=gen) * k**-0.5  # [rank, k]
             b = torch.randn(d, cfg.rank, generator=gen) * 0.02  # [d, rank]
-            layer.set_slot(cfg.rank, slot, a.to(device, dtype), b.to(device, dtype), 2.0)
-    return layer
+            adapters[f"a{slot}"] = _write_peft(
+                Path(tmp, f"a{slot}"), a.to(dtype), b.to(dtype), 2.0 * cfg.rank
+            )
+        asyncio.run(own_in_slots(spec, GpuTier(layers, capacities), adapters, Path(tmp, "cache")))
+    return layers[(0, MODULE)]
 
 
 def bench_shape(d: int, k: int, cfg: LoraBenchConfig, device: torch.device) -> list[dict[str, Any]]:
