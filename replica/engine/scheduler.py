@@ -1,7 +1,8 @@
 """Continuous-batching scheduler: plain Python state (waiting, running), KV rows and adapter pins.
 
-Each step admits waiting requests while rows, the prompt-token budget and adapter slots allow, and
-runs them together with every running request (their prefill beside the others' decode).
+Each step admits waiting requests while rows and the prompt-token budget allow, and runs them together with
+every running request (their prefill beside the others' decode). An adapted request's adapter is in a slot
+before it is queued; admission pins that slot for the row, and a request whose adapter is in none fails alone.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections import deque
 from replica.engine.kv_cache import RowAllocator
 from replica.engine.sequence import Sequence, SequenceStatus
 from replica.engine.slot_pins import SlotPins
-from replica.errors import AdapterNotFoundError, NoFreeSlotError
+from replica.errors import AdapterNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,6 @@ class Scheduler:
             if seq.adapter_id is not None and self.pins is not None:
                 try:
                     slot = self.pins.acquire(seq.adapter_id)
-                except NoFreeSlotError:
-                    kept.append(seq)  # its bucket is full of running adapters: wait, do not block others
-                    continue
                 except AdapterNotFoundError as exc:
                     seq.status, seq.finish_reason, seq.error = SequenceStatus.FINISHED, "error", str(exc)
                     failed.append(seq)

@@ -19,7 +19,7 @@ def lora_layers(bases: dict[ModuleKey, nn.Linear], capacities: dict[int, int]) -
     shapes = {key: (lin.weight.shape[1], lin.weight.shape[0]) for key, lin in bases.items()}
     arenas = build_arenas(shapes, capacities, first.dtype, first.device)
     return {
-        key: LoraLinear(lin, capacities, {rank: arena.pool(key) for rank, arena in arenas.items()})
+        key: LoraLinear(lin, {rank: arena.pool(key) for rank, arena in arenas.items()})
         for key, lin in bases.items()
     }
 
