@@ -183,6 +183,7 @@ class Replica:
             raise InvalidRequestError("send exactly one of messages or prompt_token_ids", param="messages")
         if token_ids is not None:
             return token_ids
+        assert messages is not None  # exactly one of the two was given
         if self.tokenizer is None:
             raise InvalidRequestError(
                 "this replica has no tokenizer; send prompt_token_ids", param="messages"

@@ -136,7 +136,9 @@ class GpuTier:
         """Write host's weights into a slot; return (slot, idle adapter evicted for it). Blocking."""
         with self.lock:
             if host.adapter_id in self._ready:
-                return self.table.lookup(host.adapter_id).ref, None  # type: ignore[union-attr]
+                entry = self.table.lookup(host.adapter_id)
+                assert entry is not None  # a ready adapter holds its slot-table entry
+                return entry.ref, None
         write = self.begin(host.adapter_id, host.rank, host.bucket, host.targets)
         try:
             self.copy_span(write, host.flat, 0, host.flat.numel())

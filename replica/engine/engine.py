@@ -112,6 +112,7 @@ class LLMEngine:
         steps = []
         for s in seqs:
             ids, start = s.next_input()
+            assert s.row is not None  # the scheduler gives every sequence it runs a KV row
             steps.append(StepInput(s.row, ids, start, s.slot))
         logits = self.runner.run(steps)  # [num_seqs, vocab]
         tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
