@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from gateway.artifact_checks import ArtifactRejected
 from gateway.weights_uri import ObjectLocation
+from lorafleet.adapter_rules.artifact import check_files
+from lorafleet.adapter_rules.errors import AdapterRejected, RejectCode
 from schemas.api import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, artifact_keys
 
 log = logging.getLogger(__name__)
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 MISSING_CODES = {"NoSuchKey", "NoSuchBucket", "404", "NotFound"}
 CHUNK = 1 << 20
 
@@ -36,9 +36,9 @@ def _classify(exc: Exception, what: str) -> Exception:
     if isinstance(exc, ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))
         if code in MISSING_CODES:
-            return ArtifactRejected("artifact_missing", f"{what} does not exist in the object store")
+            return AdapterRejected(RejectCode.ARTIFACT_MISSING, f"{what} does not exist in the object store")
         if code in {"AccessDenied", "403"}:
-            return ArtifactRejected("artifact_forbidden", f"{what} is not readable by the registry")
+            return AdapterRejected(RejectCode.ARTIFACT_FORBIDDEN, f"{what} is not readable by the registry")
     return TransientFetchError(f"object store error reading {what}: {exc}")
 
 
@@ -60,7 +60,8 @@ async def _get(s3, bucket: str, key: str, cap: int) -> bytes:
         async for chunk in body.iter_chunks(CHUNK):
             total += len(chunk)
             if total > cap:
-                raise ArtifactRejected("adapter_too_large", f"{key.rsplit('/', 1)[-1]} exceeds {cap} bytes")
+                name = key.rsplit("/", 1)[-1]
+                raise AdapterRejected(RejectCode.ADAPTER_TOO_LARGE, f"{name} exceeds {cap} bytes")
             parts.append(chunk)
     finally:
         body.close()
@@ -75,14 +76,11 @@ async def fetch_artifact(
         listing = await _list(s3, location)
     except (ClientError, BotoCoreError) as exc:
         raise _classify(exc, "the adapter folder") from exc
-    pickles = sorted(name for name in listing if name.lower().endswith(PICKLE_SUFFIXES))
-    if pickles:
-        raise ArtifactRejected("unsupported_format", f"pickle files are refused: {pickles[:5]}")
+    check_files(listing)
     for name, cap in ((ADAPTER_CONFIG_NAME, max_config_bytes), (ADAPTER_WEIGHTS_NAME, max_weights_bytes)):
-        if name not in listing:
-            raise ArtifactRejected("artifact_missing", f"{name} is missing from the adapter folder")
         if listing[name] > cap:
-            raise ArtifactRejected("adapter_too_large", f"{name} is {listing[name]} bytes, over {cap}")
+            why = f"{name} is {listing[name]} bytes, over {cap}"
+            raise AdapterRejected(RejectCode.ADAPTER_TOO_LARGE, why, name)
     config_key, weights_key = artifact_keys(location.key)
     try:
         config = await _get(s3, location.bucket, config_key, max_config_bytes)

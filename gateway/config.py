@@ -30,11 +30,10 @@ class GatewaySettings(BaseSettings):
     served_base_model_hash: str | None = None
     max_rank: int = Field(default=64, ge=1)
 
-    # Registry validator limits.
+    # Registry validator download caps (the header and tensor limits are adapter rules, shared with the
+    # replica in lorafleet.adapter_rules).
     max_adapter_bytes: int = Field(default=512 << 20, ge=1)
     max_config_bytes: int = Field(default=64 << 10, ge=1)
-    max_header_bytes: int = Field(default=4 << 20, ge=1)
-    max_tensors: int = Field(default=4096, ge=1)
     validator_group: str = "registry-validator"
     validator_metrics_port: int = Field(default=9461, ge=0, description="validator /metrics; 0 disables")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from gateway.base_spec import BaseSpec
+from lorafleet.adapter_rules.base_spec import BaseSpec
 from lorafleet.peft_format import ModuleTensors, adapter_config, save_peft_adapter
 from schemas.api import ADAPTER_WEIGHTS_NAME
 

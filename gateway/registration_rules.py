@@ -1,7 +1,8 @@
 """The field checks every registration passes, at the HTTP door and again in the registry validator.
 
 Each failure raises InvalidRegistration with its own machine code; the validator stores that code as the
-version's reason_code, so both doors speak one vocabulary.
+version's reason_code. Codes shared with the artifact checks come from the one table
+(lorafleet.adapter_rules.errors.RejectCode).
 """
 
 from __future__ import annotations
@@ -11,14 +12,12 @@ from dataclasses import dataclass
 
 from gateway.errors import InvalidRegistration
 from gateway.weights_uri import ObjectLocation, confine, parse_prefix
+from lorafleet.adapter_rules.errors import RejectCode
 from schemas.ids import SHA256_RE
 from schemas.llama import LLAMA_MODULES
 
 log = logging.getLogger(__name__)
 
-BASE_MODEL_MISMATCH = "base_model_mismatch"
-RANK_OVER_CAP = "adapter_rank_exceeds_limit"
-UNKNOWN_MODULE = "unknown_target_module"
 INVALID_CHECKSUM = "invalid_checksum"
 
 
@@ -58,18 +57,18 @@ def check_fields(
         )
     if base_model_hash != rules.served_base_hash:
         raise InvalidRegistration(
-            BASE_MODEL_MISMATCH,
+            RejectCode.BASE_MODEL_MISMATCH.value,
             f"base_model_hash {base_model_hash[:80]!r} is not the served base {rules.served_base_hash}",
             "base_model_hash",
         )
     if rank > rules.max_rank:
         raise InvalidRegistration(
-            RANK_OVER_CAP, f"rank {rank} exceeds the fleet cap {rules.max_rank}", "rank"
+            RejectCode.RANK_OVER_CAP.value, f"rank {rank} exceeds the fleet cap {rules.max_rank}", "rank"
         )
     unknown = sorted(set(target_modules) - rules.modules)
     if unknown or len(set(target_modules)) != len(target_modules):
         raise InvalidRegistration(
-            UNKNOWN_MODULE,
+            RejectCode.UNKNOWN_TARGET_MODULE.value,
             f"target_modules {unknown or target_modules} not in {sorted(rules.modules)} (or repeated)",
             "target_modules",
         )

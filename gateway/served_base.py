@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from gateway.base_spec import BaseSpec
 from gateway.config import DEFAULT_MODEL_DIR, GatewaySettings
+from lorafleet.adapter_rules.base_spec import BaseSpec
 from lorafleet.model.base_hash import base_model_hash
 from lorafleet.model.prepare import ensure_default_model
 

@@ -3,7 +3,7 @@
 1. Record: a Kafka-door registration gets its pending row here; an unknown tenant, or an adapter_id already
    registered with different content, is answered with a rejected adapters.validated event and nothing else.
 2. Verify, outside any transaction: the field checks again, then the files from the object store (sha256 of
-   the weights bytes first, then the config, the safetensors header, names, shapes, rank, finiteness).
+   the weights bytes first, then the shared adapter rules, then the registration against the files).
 3. Settle: ready or rejected with a reason code, the adapters.validated outbox event and the processed_events
    mark in one transaction. A redelivered event is a no-op; an object-store outage leaves the version pending
    and raises TransientFetchError so the event is retried.
@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -19,12 +19,13 @@ from typing import Any
 import asyncpg
 
 from gateway import registry
-from gateway.artifact_checks import ArtifactRejected, Expected, check_config, check_weights
+from gateway.artifact_checks import verify_artifact
 from gateway.artifact_fetch import fetch_artifact
-from gateway.base_spec import BaseSpec
 from gateway.config import GatewaySettings
 from gateway.errors import InvalidRegistration
-from gateway.registration_rules import BASE_MODEL_MISMATCH, RegistryRules, check_fields
+from gateway.registration_rules import RegistryRules, check_fields
+from lorafleet.adapter_rules.base_spec import BaseSpec
+from lorafleet.adapter_rules.errors import AdapterRejected
 from lorafleet.outbox.idempotency import apply_once
 from lorafleet.outbox.writer import emit
 from schemas.events import AdapterRegistered
@@ -114,27 +115,14 @@ class RegistryValidator:
                 checksum=event.checksum,
             )
             artifact = await fetch_artifact(self._s3, location, s.max_config_bytes, s.max_adapter_bytes)
-            digest = "sha256:" + hashlib.sha256(artifact.weights).hexdigest()
-            if digest != event.checksum:
-                raise ArtifactRejected(
-                    "checksum_mismatch", "adapter_model.safetensors does not match checksum"
-                )
-            expected = Expected(
-                rank=event.rank,
-                alpha=event.alpha,
-                target_modules=frozenset(event.target_modules),
-                max_rank=self._rules.max_rank,
-                max_header_bytes=s.max_header_bytes,
-                max_tensors=s.max_tensors,
+            rules = self._rules
+            await asyncio.to_thread(
+                verify_artifact, artifact, event, self._spec, rules.max_rank, rules.served_base_hash
             )
-            cfg = check_config(artifact.config, expected)
-            if cfg.get("base_model_hash") not in (None, event.base_model_hash):
-                raise ArtifactRejected(
-                    BASE_MODEL_MISMATCH, "adapter_config.json names another base_model_hash"
-                )
-            check_weights(artifact.weights, self._spec, expected)
-        except (InvalidRegistration, ArtifactRejected) as exc:
+        except InvalidRegistration as exc:
             return Verdict("rejected", exc.code, exc.message)
+        except AdapterRejected as exc:
+            return Verdict("rejected", exc.code.value, exc.message)
         return Verdict("ready", size_bytes=len(artifact.weights))
 
 

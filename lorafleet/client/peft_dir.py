@@ -1,25 +1,26 @@
 """A local PEFT LoRA folder as a registration describes it: its two files, checksum, rank, alpha and modules.
 
 rank and target_modules come from the tensor names and shapes (the registry checks them against the same
-tensors), alpha from adapter_config.json. The checksum is "sha256:" + the hex sha256 of the weights file,
-as schemas/api.py defines it. The header is read with the safetensors library; the registry re-checks every
-byte it fetches, so nothing here is a validation.
+tensors), alpha from adapter_config.json, all read with the adapter rules' own parsers
+(lorafleet.adapter_rules): a folder whose config, header or tensor pairs those rules refuse is refused
+here, with the rule's code, before anything is uploaded. The checksum is "sha256:" + the hex sha256 of the
+weights file, as schemas/api.py defines it.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from lorafleet.adapter_rules.errors import AdapterRejected
+from lorafleet.adapter_rules.lora_tensors import describe
+from lorafleet.adapter_rules.peft_config import parse_adapter_config
+from lorafleet.adapter_rules.safetensors_header import parse_header
 from lorafleet.client.errors import PeftDirError
 from schemas.api import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
 
 CHUNK = 1 << 20
-# ...<module>.lora_A.weight / ...<module>.lora_B.weight: the adapted module's name and which factor
-LORA_KEY_RE = re.compile(r"\.(\w+)\.lora_(A|B)\.weight$")
 
 
 @dataclass(frozen=True)
@@ -48,28 +49,11 @@ def weights_checksum(peft_dir: Path) -> str:
 
 
 def describe_peft_dir(peft_dir: Path) -> PeftFacts:
-    """rank (the largest lora_A row count), alpha and the adapted modules of a PEFT folder."""
-    from safetensors import SafetensorError, safe_open
-
+    """rank (the largest module rank), alpha (lora_alpha) and the adapted modules of a PEFT folder."""
     check_peft_dir(peft_dir)
     try:
-        cfg = json.loads((peft_dir / ADAPTER_CONFIG_NAME).read_text())
-        alpha = float(cfg["lora_alpha"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise PeftDirError(f"{peft_dir / ADAPTER_CONFIG_NAME} has no numeric lora_alpha: {exc}") from exc
-    modules: set[str] = set()
-    rank = 0
-    try:
-        with safe_open(str(peft_dir / ADAPTER_WEIGHTS_NAME), framework="numpy") as f:
-            for name in f.keys():
-                m = LORA_KEY_RE.search(name)
-                if m is None:
-                    continue
-                modules.add(m[1])
-                if m[2] == "A":
-                    rank = max(rank, int(f.get_slice(name).get_shape()[0]))
-    except SafetensorError as exc:
-        raise PeftDirError(f"{peft_dir / ADAPTER_WEIGHTS_NAME} is not a safetensors file: {exc}") from exc
-    if rank == 0:
-        raise PeftDirError(f"{peft_dir / ADAPTER_WEIGHTS_NAME} has no lora_A tensors")
-    return PeftFacts(rank, alpha, sorted(modules))
+        cfg = parse_adapter_config((peft_dir / ADAPTER_CONFIG_NAME).read_bytes())
+        rank, modules = describe(parse_header((peft_dir / ADAPTER_WEIGHTS_NAME).read_bytes()))
+    except AdapterRejected as exc:
+        raise PeftDirError(f"{peft_dir}: {exc.message} ({exc.code.value})") from exc
+    return PeftFacts(rank, cfg.lora_alpha, modules)

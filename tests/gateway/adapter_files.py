@@ -7,6 +7,12 @@ import json
 import struct
 from pathlib import Path
 
+from gateway.artifact_checks import verify_artifact
+from gateway.artifact_fetch import Artifact
+from lorafleet.adapter_rules.base_spec import BaseSpec
+from schemas.api import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+from schemas.events import AdapterRegistered
+
 TINY_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
@@ -75,3 +81,24 @@ def with_nan(src: Path, dst: Path) -> None:
     start = header[name]["data_offsets"][0]
     data = data[:start] + struct.pack("<f", float("nan")) + data[start + 4 :]
     write_safetensors(dst, header, data)
+
+
+def verify_on_tiny_base(
+    peft_dir: Path, rank: int, alpha: float, targets: list[str], max_rank: int = 16
+) -> None:
+    """The validator's checks of the folder, registered with these facts on the tiny base (AdapterRejected
+    when it is refused)."""
+    weights = (peft_dir / ADAPTER_WEIGHTS_NAME).read_bytes()
+    event = AdapterRegistered(
+        adapter_id="acme-tiny",
+        tenant_id="acme",
+        version=1,
+        base_model_hash=TINY_BASE_HASH,
+        rank=rank,
+        alpha=alpha,
+        target_modules=targets,
+        weights_uri="s3://lorafleet-adapters/adapters/acme/acme-tiny",
+        checksum="sha256:" + hashlib.sha256(weights).hexdigest(),
+    )
+    artifact = Artifact((peft_dir / ADAPTER_CONFIG_NAME).read_bytes(), weights)
+    verify_artifact(artifact, event, BaseSpec.from_config(TINY_CONFIG), max_rank, TINY_BASE_HASH)

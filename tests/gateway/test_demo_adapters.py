@@ -7,15 +7,20 @@ from pathlib import Path
 
 import torch
 
-from gateway.artifact_checks import Expected, check_config, check_weights
-from gateway.base_spec import BaseSpec
 from gateway.demo_adapters import RandomLora, make_peft_adapters, random_tensors, write_random_adapter
+from lorafleet.adapter_rules.base_spec import BaseSpec
 from replica.lora.spec import AdapterSpec
 from replica.lora.weights import read_adapter
 from replica.model.llama import LlamaConfig
-from schemas.api import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
+from schemas.api import ADAPTER_WEIGHTS_NAME
 from schemas.llama import LLAMA_MODULES
-from tests.gateway.adapter_files import TARGETS, TINY_BASE_HASH, TINY_CONFIG, write_base_config
+from tests.gateway.adapter_files import (
+    TARGETS,
+    TINY_BASE_HASH,
+    TINY_CONFIG,
+    verify_on_tiny_base,
+    write_base_config,
+)
 
 LORA = RandomLora(rank=4, alpha=8.0, target_modules=tuple(TARGETS), b_std=0.05)
 
@@ -42,17 +47,8 @@ def test_peft_loads_the_tensors_that_were_written(tmp_path: Path) -> None:
 def test_the_registry_and_the_replica_accept_it(tmp_path: Path) -> None:
     base = write_base_config(tmp_path / "base")
     out = write_random_adapter(base, tmp_path / "a", LORA, seed=1, base_hash=TINY_BASE_HASH)
-    expected = Expected(
-        rank=4,
-        alpha=8.0,
-        target_modules=frozenset(TARGETS),
-        max_rank=16,
-        max_header_bytes=1 << 20,
-        max_tensors=256,
-    )
-    check_config((out / ADAPTER_CONFIG_NAME).read_bytes(), expected)
+    verify_on_tiny_base(out, rank=4, alpha=8.0, targets=TARGETS)
     spec = BaseSpec.from_model_dir(base)
-    assert check_weights((out / ADAPTER_WEIGHTS_NAME).read_bytes(), spec, expected) == 4
     replica_spec = AdapterSpec.for_model(LlamaConfig.from_dict(TINY_CONFIG), TARGETS, 16, TINY_BASE_HASH)
     weights = read_adapter(out, "a", replica_spec)
     written = random_tensors(spec, LORA, seed=1)
