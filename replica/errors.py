@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lorafleet.adapter_rules.errors import AdapterRejected, RejectCode
 from schemas.api import ErrorBody, ErrorDetail
 
 
@@ -32,7 +33,8 @@ class UnsupportedModelError(ReplicaError):
     status = 500
 
 
-# Adapter validation: every check before an adapter takes a slot has its own error.
+# Adapter validation: every check before an adapter takes a slot raises one of these, with the code of the
+# shared rule it failed (lorafleet.adapter_rules.errors.RejectCode, the registry's reason codes).
 
 
 class AdapterError(ReplicaError):
@@ -43,46 +45,73 @@ class AdapterError(ReplicaError):
 
 
 class AdapterNotSafetensorsError(AdapterError):
-    """Weights are missing or in a pickle format (.bin, .pt, ...); only safetensors is read."""
+    """A file is missing, the weights are a pickle or not valid safetensors, or hold a dtype not served."""
 
-    code = "adapter_not_safetensors"
+    code = RejectCode.INVALID_SAFETENSORS.value
 
 
 class AdapterConfigError(AdapterError):
-    """adapter_config.json is missing, unreadable or describes something we do not serve."""
+    """adapter_config.json is missing, unreadable, describes a feature we do not serve, or disagrees with
+    the tensors."""
 
-    code = "adapter_config_invalid"
+    code = RejectCode.INVALID_ADAPTER_CONFIG.value
 
 
 class AdapterRankTooLargeError(AdapterError):
-    """The rank read from the tensor shapes exceeds the configured cap."""
+    """The rank read from the tensor shapes exceeds the configured cap (or every bucket)."""
 
-    code = "adapter_rank_too_large"
+    code = RejectCode.RANK_OVER_CAP.value
 
 
 class AdapterTargetModuleError(AdapterError):
     """The adapter targets a module the base model does not have (or the replica does not adapt)."""
 
-    code = "adapter_unknown_target_module"
+    code = RejectCode.UNKNOWN_TARGET_MODULE.value
 
 
 class AdapterShapeError(AdapterError):
     """A tensor's shape does not match the base layer it adapts."""
 
-    code = "adapter_shape_mismatch"
+    code = RejectCode.SHAPE_MISMATCH.value
 
 
 class AdapterNonFiniteError(AdapterError):
     """A tensor holds NaN or Inf."""
 
-    code = "adapter_non_finite"
+    code = RejectCode.NON_FINITE_WEIGHTS.value
 
 
 class AdapterBaseMismatchError(AdapterError):
     """The adapter was trained on another base checkpoint (base_model_hash differs or is missing)."""
 
-    code = "adapter_base_model_mismatch"
+    code = RejectCode.BASE_MODEL_MISMATCH.value
     status = 409
+
+
+# shared rule -> the load error that reports it (the instance carries the rule's code)
+RULE_ERRORS: dict[RejectCode, type[AdapterError]] = {
+    RejectCode.ARTIFACT_MISSING: AdapterNotSafetensorsError,
+    RejectCode.UNSUPPORTED_FORMAT: AdapterNotSafetensorsError,
+    RejectCode.ADAPTER_TOO_LARGE: AdapterNotSafetensorsError,
+    RejectCode.INVALID_SAFETENSORS: AdapterNotSafetensorsError,
+    RejectCode.UNSUPPORTED_DTYPE: AdapterNotSafetensorsError,
+    RejectCode.INVALID_ADAPTER_CONFIG: AdapterConfigError,
+    RejectCode.UNSUPPORTED_ADAPTER_FEATURE: AdapterConfigError,
+    RejectCode.CONFIG_RANK_MISMATCH: AdapterConfigError,
+    RejectCode.CONFIG_TARGET_MISMATCH: AdapterConfigError,
+    RejectCode.BASE_MODEL_MISMATCH: AdapterBaseMismatchError,
+    RejectCode.UNKNOWN_TARGET_MODULE: AdapterTargetModuleError,
+    RejectCode.SHAPE_MISMATCH: AdapterShapeError,
+    RejectCode.RANK_OVER_CAP: AdapterRankTooLargeError,
+    RejectCode.NON_FINITE_WEIGHTS: AdapterNonFiniteError,
+}
+
+
+def adapter_error(rejected: AdapterRejected) -> AdapterError:
+    """The load error for a failed adapter rule, carrying the rule's code, message and param."""
+    error = RULE_ERRORS.get(rejected.code, AdapterError)(rejected.message, rejected.param)
+    error.code = rejected.code.value
+    return error
 
 
 # Adapter availability.

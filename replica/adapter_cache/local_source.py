@@ -13,10 +13,13 @@ import asyncio
 from pathlib import Path
 from typing import Protocol
 
+from lorafleet.adapter_rules.errors import AdapterRejected
+from lorafleet.adapter_rules.peft_config import parse_adapter_config
 from replica.adapter_cache.disk import sha256_file
 from replica.adapter_cache.errors import AdapterCacheError, AdapterNotRegisteredError
 from replica.adapter_cache.record import AdapterRecord
-from replica.lora.weights import CONFIG_NAME, parse_config, weights_path
+from replica.errors import adapter_error
+from replica.lora.weights import CONFIG_NAME, weights_path
 
 
 class RecordSource(Protocol):
@@ -44,19 +47,21 @@ class LocalRecords:
 def _record(adapter_id: str, path: Path) -> AdapterRecord:
     try:
         weights = weights_path(path)  # AdapterNotSafetensorsError for pickles beside it, or none at all
-        raw = parse_config((path / CONFIG_NAME).read_bytes())  # AdapterConfigError
+        cfg = parse_adapter_config((path / CONFIG_NAME).read_bytes())
         digest = sha256_file(weights)
+    except AdapterRejected as exc:  # a config the adapter rules refuse
+        raise adapter_error(exc) from exc
     except OSError as exc:
         raise AdapterCacheError(f"local adapter {adapter_id!r} is unreadable: {type(exc).__name__}") from exc
-    targets = raw.get("target_modules") or []
+    targets = cfg.target_modules
     return AdapterRecord(
         adapter_id=adapter_id,
         weights_uri=f"file://{path}",  # not as_uri(): ObjectStore reads the path unquoted
         digest=digest,
-        # an empty hash makes read_adapter fall back to adapter_config.json's base_model_hash
-        base_model_hash=str(raw.get("base_model_hash") or ""),
-        rank=int(raw.get("r", 0)),
-        target_modules=tuple(targets) if isinstance(targets, list) else (str(targets),),
+        # an empty hash makes the checks fall back to adapter_config.json's base_model_hash
+        base_model_hash=cfg.base_model_hash or "",
+        rank=max([cfg.r, *(rank for _, _, rank in cfg.rank_pattern)]),  # PEFT's largest configured rank
+        target_modules=(targets,) if isinstance(targets, str) else targets,
         size_bytes=weights.stat().st_size,
     )
 

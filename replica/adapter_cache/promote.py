@@ -1,13 +1,16 @@
 """Bytes -> a validated RAM-tier entry: check and pack an adapter held in one buffer of its file.
 
-validate_and_pack() runs the same checks as replica.lora.weights.read_adapter, each with its own error: a
-well-formed config we can serve, the base hash, a well-formed safetensors header (no pickle is ever opened),
-known target modules, shapes and rank within the cap, an allowed dtype, then one NaN/Inf check over the
-packed buffer. It also returns the file's Layout: what the header and config said, enough to pack the same
-bytes again without parsing. The packed buffer is in the slot-row layout of the adapter's rank bucket
-(replica.lora.row_layout), so the copy into a slot is a few runs. When the file adapts every module at the
-bucket's rank in the slot dtype, its data section already is that buffer and is kept as a view (zero
-copies); otherwise contiguous spans are copied as runs, and padded or converting tensors one by one.
+validate_and_pack() runs the shared adapter rules (lorafleet.adapter_rules, as read_adapter and the registry
+do), each failure the load error for its rule's code: a config we can serve, the base hash, a well-formed
+bounded safetensors header (no pickle is ever opened), known target modules, shapes and per-module ranks
+that fit the base, the cap and the config; then one NaN/Inf pass over the packed buffer, which names the
+tensor by the rules' own check when it fails. Each module keeps its own rank (zero-padded to the bucket's)
+and its own scale (rsLoRA, rank_pattern and alpha_pattern included). It also returns the file's Layout:
+what the header and config said, enough to pack the same bytes again without parsing. The packed buffer
+is in the slot-row layout of the adapter's rank bucket (replica.lora.row_layout), so the copy into a slot
+is a few runs. When the file adapts every module at the bucket's rank in the slot dtype, its data section
+already is that buffer and is kept as a view (zero copies); otherwise contiguous spans are copied as runs,
+and padded or converting tensors one by one.
 
 The NaN/Inf check runs when bytes are validated (from the object store, or a disk entry found unverified at
 start-up). A RAM entry is immutable and carries that verdict, so RAM -> slot only runs check_fits (metadata)
@@ -26,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,32 +36,25 @@ from pathlib import Path
 
 import torch
 
+from lorafleet.adapter_rules.artifact import check_artifact, check_base
+from lorafleet.adapter_rules.errors import AdapterRejected
+from lorafleet.adapter_rules.finite import check_finite
+from lorafleet.adapter_rules.safetensors_header import TensorEntry
 from replica.adapter_cache.errors import ChecksumMismatchError
 from replica.adapter_cache.host import HostAdapter, row_targets
 from replica.adapter_cache.identity import FileIdentity, Identities
 from replica.adapter_cache.object_store import _HASHER, MAX_CONFIG_BYTES, new_buffer
-from replica.adapter_cache.safetensors_header import TORCH_DTYPES, parse_header
 from replica.errors import (
-    AdapterConfigError,
     AdapterError,
-    AdapterNonFiniteError,
     AdapterRankTooLargeError,
     AdapterShapeError,
     AdapterTargetModuleError,
     NoFreeSlotError,
+    adapter_error,
 )
 from replica.lora.row_layout import ModuleKey, RowLayout
-from replica.lora.spec import MODULE_PARENTS, AdapterSpec
-from replica.lora.weights import (
-    CONFIG_NAME,
-    WEIGHTS_NAME,
-    alpha_for,
-    check_base_hash,
-    check_shapes,
-    module_key,
-    parse_config,
-    weights_path,
-)
+from replica.lora.spec import AdapterSpec
+from replica.lora.weights import CONFIG_NAME, TORCH_DTYPES, WEIGHTS_NAME, weights_path
 
 Place = tuple[str, str, int, int, int, int, int, int]
 # (tensor name, file dtype, byte begin, byte end, offset in the packed buffer, rows, cols, row stride):
@@ -77,7 +72,7 @@ class Layout:
     padded: bool  # some module's rank is below the bucket's: the buffer starts zeroed
     runs: tuple[tuple[int, int, int], ...]  # (byte begin, byte end, offset): same-dtype contiguous spans
     others: tuple[Place, ...]  # tensors copied one by one (padded B, or converting dtype)
-    tensors: tuple[tuple[str, str, int, int], ...]  # (name, file dtype, byte begin, byte end)
+    tensors: tuple[TensorEntry, ...]  # every tensor of the file, in the rules' check order
     targets: tuple[ModuleKey, ...]
     rank: int
     bucket: int
@@ -100,43 +95,44 @@ def validate_and_pack(
 
     row_for(rank) gives the slot-row layout of the bucket that holds the rank (GpuTier.row_layout).
     """
-    raw = parse_config(config)
-    declared = raw.get("base_model_hash")
-    check_base_hash(spec.base_model_hash, base_model_hash or declared)
-    entries, start = parse_header(buf)
-    pairs: dict[ModuleKey, dict[str, str]] = {}
-    for key in entries:
-        mkey, which = module_key(key, spec)
-        pairs.setdefault(mkey, {})[which] = key
-    if not pairs:
-        raise AdapterTargetModuleError("the adapter has no LoRA tensors")
-    for (layer, name), pair in pairs.items():
-        check_shapes(layer, name, {w: entries[k].shape for w, k in pair.items()}, spec)
-    for key in sorted(entries):
-        if entries[key].dtype not in TORCH_DTYPES:
-            raise AdapterConfigError(f"tensor {key} has dtype {entries[key].dtype}", param=key)
-    rank = max(entries[pair["A"]].shape[0] for pair in pairs.values())
     try:
-        row = row_for(rank)
+        checked = check_artifact(
+            config, buf.numpy().data, spec, spec.max_rank, spec.base_model_hash, base_model_hash, False
+        )
+    except AdapterRejected as exc:
+        raise adapter_error(exc) from exc
+    plan = checked.plan
+    try:
+        row = row_for(plan.rank)
     except NoFreeSlotError as exc:
-        raise AdapterRankTooLargeError(f"rank {rank}: {exc}", param="r") from exc
-    targets = row_targets(list(pairs), row)
-    use_rslora = bool(raw.get("use_rslora", False))
+        raise AdapterRankTooLargeError(f"rank {plan.rank}: {exc}", param="r") from exc
+    targets = row_targets(list(plan.modules), row)
     places: list[Place] = []
     scales: list[float] = []
     offset = 0
-    for layer, name in targets:
-        pair = pairs[(layer, name)]
-        a, b = entries[pair["A"]], entries[pair["B"]]
-        r, (fan_out, fan_in) = a.shape[0], (b.shape[0], a.shape[1])
-        places.append((pair["A"], a.dtype, a.begin, a.end, offset, r, fan_in, fan_in))
+    for key in targets:
+        m = plan.modules[key]
+        a, b = m.a, m.b
+        fan_out, fan_in = b.shape[0], a.shape[1]
+        places.append((a.name, a.dtype, a.begin, a.end, offset, m.rank, fan_in, fan_in))
         offset += row.rank * fan_in
-        places.append((pair["B"], b.dtype, b.begin, b.end, offset, fan_out, r, row.rank))
+        places.append((b.name, b.dtype, b.begin, b.end, offset, fan_out, m.rank, row.rank))
         offset += fan_out * row.rank
-        alpha = alpha_for(raw, f"model.layers.{layer}.{MODULE_PARENTS[name]}.{name}")
-        scales.append(alpha / math.sqrt(r) if use_rslora else alpha / r)
-    padded = any(entries[pair["A"]].shape[0] < row.rank for pair in pairs.values())
-    layout = _layout(buf, start, places, offset, dtype, targets, rank, row.rank, padded, scales, declared)
+        scales.append(m.scale)
+    layout = _layout(
+        buf,
+        checked.header.data_start,
+        places,
+        offset,
+        dtype,
+        targets,
+        plan.rank,
+        row.rank,
+        any(m.rank < row.rank for m in plan.modules.values()),
+        scales,
+        tuple(checked.tensors()),
+        checked.config.base_model_hash,
+    )
     return pack(buf, layout, adapter_id, base_model_hash, spec, dtype, pin, digest), layout
 
 
@@ -151,7 +147,8 @@ def _layout(
     bucket: int,
     padded: bool,
     scales: list[float],
-    declared: object,
+    tensors: tuple[TensorEntry, ...],
+    declared: str | None,
 ) -> Layout:
     """Merge the placements into copy runs where source bytes and destination are both contiguous."""
     item = dtype.itemsize
@@ -174,12 +171,12 @@ def _layout(
         padded=padded,
         runs=tuple(runs),
         others=tuple(others),
-        tensors=tuple(sorted((p[0], p[1], p[2], p[3]) for p in places)),
+        tensors=tensors,
         targets=targets,
         rank=rank,
         bucket=bucket,
         scales=tuple(scales),
-        declared_base=declared if isinstance(declared, str) else None,
+        declared_base=declared,
     )
 
 
@@ -199,7 +196,7 @@ def pack(
     finite: True when the bytes are proven to be ones that already passed the NaN/Inf check (a verified
     disk entry); None runs the check here.
     """
-    check_base_hash(spec.base_model_hash, base_model_hash or layout.declared_base)
+    _check_base(spec.base_model_hash, base_model_hash, layout.declared_base)
     if layout.view:
         flat = buf[layout.start :].view(dtype)  # [numel] in the slot dtype, a view of the file buffer
     else:
@@ -225,6 +222,13 @@ def pack(
     )
 
 
+def _check_base(served: str, registered: str | None, declared: str | None) -> None:
+    try:
+        check_base(served, registered, declared)
+    except AdapterRejected as exc:
+        raise adapter_error(exc) from exc
+
+
 def _typed(buf: torch.Tensor, begin: int, end: int, dtype: torch.dtype) -> torch.Tensor:
     """buf[begin:end] as dtype; a misaligned span (a header that breaks the alignment) is copied first."""
     span = buf[begin:end]
@@ -232,10 +236,11 @@ def _typed(buf: torch.Tensor, begin: int, end: int, dtype: torch.dtype) -> torch
 
 
 def _raise_non_finite(buf: torch.Tensor, layout: Layout) -> None:
-    """After a non-finite sum: name the first tensor holding NaN or Inf (none: the sum only overflowed)."""
-    for name, file_dtype, begin, end in layout.tensors:
-        if not bool(torch.isfinite(_typed(buf, begin, end, TORCH_DTYPES[file_dtype])).all()):
-            raise AdapterNonFiniteError(f"tensor {name} holds NaN or Inf", param=name)
+    """After a non-finite sum: the rules' own check names the tensor (none: the sum only overflowed)."""
+    try:
+        check_finite(buf.numpy().data, layout.tensors)
+    except AdapterRejected as exc:
+        raise adapter_error(exc) from exc
 
 
 def read_entry(
@@ -337,7 +342,7 @@ def check_fits(host: HostAdapter, spec: AdapterSpec, row: RowLayout) -> None:
     Metadata only (the bytes were checked when they entered RAM); the same errors as validation. row is
     the layout of the bucket that holds host.rank (GpuTier.row_layout); its plans are cached per module set.
     """
-    check_base_hash(spec.base_model_hash, host.base_model_hash)
+    _check_base(spec.base_model_hash, host.base_model_hash, None)
     if host.rank > spec.max_rank:
         raise AdapterRankTooLargeError(f"rank {host.rank} exceeds the cap {spec.max_rank}", param="r")
     if host.bucket != row.rank:

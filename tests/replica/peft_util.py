@@ -26,6 +26,8 @@ class AdapterRecipe:
     targets: tuple[str, ...] = tuple(ALL_TARGETS)
     use_rslora: bool = False
     seed: int = 0
+    rank_pattern: tuple[tuple[str, int], ...] = ()  # PEFT's per-module overrides, in order
+    alpha_pattern: tuple[tuple[str, float], ...] = ()
 
 
 def make_peft_adapters(
@@ -47,6 +49,8 @@ def make_peft_adapters(
             lora_alpha=rec.alpha,
             target_modules=list(rec.targets),
             use_rslora=rec.use_rslora,
+            rank_pattern=dict(rec.rank_pattern),
+            alpha_pattern=dict(rec.alpha_pattern),
             lora_dropout=0.0,
             task_type="CAUSAL_LM",
         )

@@ -97,6 +97,15 @@ def _tensors(fn: Callable[[dict[str, torch.Tensor]], None]) -> Callable[[Path], 
     return edit
 
 
+def _config(fn: Callable[[dict], None]) -> Callable[[Path], None]:
+    def edit(d: Path) -> None:
+        raw = json.loads((d / "adapter_config.json").read_text())
+        fn(raw)
+        (d / "adapter_config.json").write_text(json.dumps(raw))
+
+    return edit
+
+
 def _truncate(d: Path) -> None:
     data = (d / WEIGHTS).read_bytes()
     (d / WEIGHTS).write_bytes(data[: len(data) - 100])
@@ -116,10 +125,8 @@ CASES: dict[str, tuple[Callable[[Path], None], type[AdapterError]]] = {
     "truncated": (_truncate, AdapterNotSafetensorsError),
     "header_length": (_header_too_long, AdapterNotSafetensorsError),
     "bad_json": (lambda d: (d / "adapter_config.json").write_text("{nope"), AdapterConfigError),
-    "dora": (
-        lambda d: (d / "adapter_config.json").write_text(json.dumps({"lora_alpha": 8, "use_dora": True})),
-        AdapterConfigError,
-    ),
+    "dora": (_config(lambda c: c.update(use_dora=True)), AdapterConfigError),
+    "config_rank": (_config(lambda c: c.update(r=2)), AdapterConfigError),
     "unknown_module": (
         _tensors(lambda t: t.update({"base_model.model.lm_head.lora_A.weight": torch.zeros(4, 16)})),
         AdapterTargetModuleError,
@@ -133,7 +140,7 @@ CASES: dict[str, tuple[Callable[[Path], None], type[AdapterError]]] = {
     "wrong_shape": (_tensors(lambda t: t.update({Q_A: torch.zeros(4, 3)})), AdapterShapeError),
     "int_dtype": (
         _tensors(lambda t: t.update({Q_A: torch.zeros(4, 16, dtype=torch.int32)})),
-        AdapterConfigError,
+        AdapterNotSafetensorsError,
     ),
     "non_finite": (_tensors(_nan), AdapterNonFiniteError),
 }
@@ -148,10 +155,10 @@ def test_each_bad_file_gets_the_same_error_as_read_adapter(case: str, tmp_path: 
         _read(tmp_path)
     with pytest.raises(error) as slow:
         read_adapter(tmp_path, "a", SPEC, BASE_HASH)
-    assert type(fast.value) is type(slow.value) is error
+    assert type(fast.value) is type(slow.value) is error and fast.value.code == slow.value.code
     with pytest.raises(error) as downloaded:
         _downloaded(tmp_path)
-    assert type(downloaded.value) is error
+    assert type(downloaded.value) is error and downloaded.value.code == fast.value.code
     if case == "non_finite":
         assert Q_A in str(fast.value) and Q_A in str(slow.value)
 

@@ -131,7 +131,7 @@ async def test_internal_routes_need_the_service_token(
 
 async def test_bad_input_gets_error_json_not_500(client: httpx.AsyncClient) -> None:
     cases = [
-        ("post", f"{BASE}/adapters/smol-bad/load", None, 409, "adapter_base_model_mismatch"),
+        ("post", f"{BASE}/adapters/smol-bad/load", None, 409, "base_model_mismatch"),
         ("post", f"{BASE}/adapters/nope/load", None, 404, "adapter_not_found"),
         ("post", f"{BASE}/adapters/..%2Fetc/load", None, 404, "not_found"),
         ("post", f"{BASE}/adapters/-x/load", None, 400, "invalid_request"),
