@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 import numpy
 import torch
 
+from lorafleet.adapter_rules.peft_config import MAX_CONFIG_BYTES
 from replica.adapter_cache.errors import (
     AdapterCacheError,
     ArtifactTooLargeError,
@@ -36,7 +37,6 @@ log = logging.getLogger(__name__)
 
 READ_CHUNK = 4 << 20  # file:// reads
 HASH_STEP = 1 << 20  # hash in pieces of at least this many bytes
-MAX_CONFIG_BYTES = 1 << 20
 # One hashing thread: pieces of one buffer are hashed in order, beside the transfer of the next ones.
 _HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adapter-sha256")
 
