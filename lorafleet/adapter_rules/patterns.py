@@ -50,7 +50,7 @@ def _subset_violation(pattern: str) -> str | None:
         if c in _NAME_CHARS or c == ".":
             i, after_atom = i + 1, True
         elif c == "\\":
-            if pattern[i + 1 : i + 2] not in _ESCAPES or i + 1 >= len(pattern):
+            if pattern[i + 1 : i + 2] not in _ESCAPES:
                 return f"escape {pattern[i : i + 2]!r}"
             i, after_atom = i + 2, True
         elif c == "[":
