@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -15,6 +16,9 @@ from gateway.weights_uri import ObjectLocation
 from lorafleet.adapter_rules.artifact import check_files
 from lorafleet.adapter_rules.errors import AdapterRejected, RejectCode
 from schemas.api import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, artifact_keys
+
+if TYPE_CHECKING:  # a stub-only package (dev extras)
+    from types_aiobotocore_s3 import S3Client
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +46,7 @@ def _classify(exc: Exception, what: str) -> Exception:
     return TransientFetchError(f"object store error reading {what}: {exc}")
 
 
-async def _list(s3, location: ObjectLocation) -> dict[str, int]:
+async def _list(s3: S3Client, location: ObjectLocation) -> dict[str, int]:
     """Relative name -> size for every object under the folder."""
     found: dict[str, int] = {}
     paginator = s3.get_paginator("list_objects_v2")
@@ -53,7 +57,7 @@ async def _list(s3, location: ObjectLocation) -> dict[str, int]:
     return found
 
 
-async def _get(s3, bucket: str, key: str, cap: int) -> bytes:
+async def _get(s3: S3Client, bucket: str, key: str, cap: int) -> bytes:
     resp = await s3.get_object(Bucket=bucket, Key=key)
     body, parts, total = resp["Body"], [], 0
     try:
@@ -69,7 +73,7 @@ async def _get(s3, bucket: str, key: str, cap: int) -> bytes:
 
 
 async def fetch_artifact(
-    s3, location: ObjectLocation, max_config_bytes: int, max_weights_bytes: int
+    s3: S3Client, location: ObjectLocation, max_config_bytes: int, max_weights_bytes: int
 ) -> Artifact:
     """Read adapter_config.json and adapter_model.safetensors from the PEFT folder at location."""
     try:

@@ -11,7 +11,7 @@ from gateway.errors import Conflict, InvalidRegistration
 from lorafleet.db.conn import Connection
 from lorafleet.outbox.writer import emit
 from schemas.api import AdapterRegistration, AdapterStatus, AdapterView
-from schemas.events import AdapterRegistered, AdapterValidated, Verdict
+from schemas.events import AdapterRegistered, AdapterValidated, ValidationStatus
 
 CONTENT_FIELDS = (
     "tenant_id",
@@ -93,7 +93,7 @@ async def register(pool: asyncpg.Pool, reg: AdapterRegistration) -> tuple[bool, 
 async def settle(
     conn: Connection,
     row: asyncpg.Record | dict[str, Any],
-    status: Verdict,
+    status: ValidationStatus,
     reason_code: str | None = None,
     reason: str | None = None,
     size_bytes: int | None = None,
@@ -116,7 +116,7 @@ async def settle(
 
 def validated_event(
     row: asyncpg.Record | dict[str, Any],
-    status: Verdict,
+    status: ValidationStatus,
     reason_code: str | None = None,
     reason: str | None = None,
     size_bytes: int | None = None,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
@@ -26,9 +26,13 @@ from gateway.errors import InvalidRegistration
 from gateway.registration_rules import RegistryRules, check_fields
 from lorafleet.adapter_rules.base_spec import BaseSpec
 from lorafleet.adapter_rules.errors import AdapterRejected
+from lorafleet.db.conn import Connection
 from lorafleet.outbox.idempotency import apply_once
 from lorafleet.outbox.writer import emit
-from schemas.events import AdapterRegistered
+from schemas.events import AdapterRegistered, ValidationStatus
+
+if TYPE_CHECKING:  # a stub-only package (dev extras)
+    from types_aiobotocore_s3 import S3Client
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +41,7 @@ CONSUMER = "registry-validator"
 
 @dataclass(frozen=True)
 class Verdict:
-    status: str  # ready | rejected
+    status: ValidationStatus
     reason_code: str | None = None
     reason: str | None = None
     size_bytes: int | None = None
@@ -47,8 +51,13 @@ class RegistryValidator:
     """Validates registrations against the served base; holds no state beyond its clients."""
 
     def __init__(
-        self, pool: asyncpg.Pool, s3: Any, rules: RegistryRules, spec: BaseSpec, settings: GatewaySettings
-    ):
+        self,
+        pool: asyncpg.Pool,
+        s3: S3Client,
+        rules: RegistryRules,
+        spec: BaseSpec,
+        settings: GatewaySettings,
+    ) -> None:
         self._pool, self._s3, self._rules, self._spec, self._settings = pool, s3, rules, spec, settings
 
     async def handle(self, event: AdapterRegistered) -> str:
@@ -72,7 +81,7 @@ class RegistryValidator:
         log.info("adapter %s: %s%s", event.adapter_id, outcome, "" if applied else " (duplicate)")
         return outcome if applied else "duplicate"
 
-    async def _record(self, conn: asyncpg.Connection, event: AdapterRegistered, fields: dict) -> str | None:
+    async def _record(self, conn: Connection, event: AdapterRegistered, fields: dict[str, Any]) -> str | None:
         """Insert or match the version row; return an outcome when the event needs no verification."""
         if await conn.fetchval(
             "SELECT true FROM processed_events WHERE consumer = $1 AND event_id = $2",
@@ -92,10 +101,12 @@ class RegistryValidator:
                 return f"already {existing['status']}"
         return None
 
-    async def _refuse(self, conn: asyncpg.Connection, event, fields: dict, code: str, why: str) -> str:
+    async def _refuse(
+        self, conn: Connection, event: AdapterRegistered, fields: dict[str, Any], code: str, why: str
+    ) -> str:
         """Answer a registration that gets no row of its own with a rejected event only."""
 
-        async def effect(c: asyncpg.Connection) -> None:
+        async def effect(c: Connection) -> None:
             await emit(c, registry.validated_event(fields, "rejected", code, why))
 
         applied, _ = await apply_once(conn, CONSUMER, event.event_id, effect)
@@ -126,5 +137,5 @@ class RegistryValidator:
         return Verdict("ready", size_bytes=len(artifact.weights))
 
 
-async def _nothing(_conn: asyncpg.Connection) -> None:
+async def _nothing(_conn: Connection) -> None:
     return None

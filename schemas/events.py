@@ -28,7 +28,7 @@ SCHEMA_VERSION = 1
 Tier = Literal["gpu", "ram", "disk", "remote"]
 ResidentTier = Literal["gpu", "ram", "disk"]  # where a replica holds an adapter (remote: it holds none)
 ReplicaStatus = Literal["starting", "ready", "draining"]
-Verdict = Literal["ready", "rejected"]  # a validated version's outcome
+ValidationStatus = Literal["ready", "rejected"]  # a validated version's outcome
 RequestStatus = Literal["ok", "error", "cancelled"]  # how a request ended
 
 
@@ -78,7 +78,7 @@ class AdapterValidated(Event):
     adapter_id: AdapterId
     tenant_id: TenantId
     version: Annotated[int, Field(ge=1)]
-    status: Verdict
+    status: ValidationStatus
     reason_code: str | None = None
     reason: str | None = None
     size_bytes: NonNegativeInt | None = None
