@@ -1,5 +1,5 @@
 # The two set-up commands are `make up` and `make test`; each installs and starts what it needs.
-.PHONY: up test down status deps lint
+.PHONY: up test down status deps lint check
 
 VENV := .venv
 LF := $(VENV)/bin/lorafleet
@@ -28,3 +28,12 @@ status:
 
 lint:
 	@$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+## The static checks CI runs before the tests: ruff, ruff's formatter (check only) and mypy (pyproject.toml).
+## All three run; the target fails if any of them does.
+check: deps
+	@status=0; \
+	$(VENV)/bin/ruff check . || status=1; \
+	$(VENV)/bin/ruff format --check . || status=1; \
+	$(VENV)/bin/mypy || status=1; \
+	exit $$status
