@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from lorafleet.config import get_settings
 from lorafleet.model.errors import BaseModelError
+from lorafleet.services.process import pid_alive
 
 if TYPE_CHECKING:
     import torch
@@ -129,19 +130,9 @@ def remove_stale_temp_dirs(out_dir: Path) -> None:
     prefix = temp_prefix(out_dir)
     for path in out_dir.parent.glob(f"{prefix}*"):
         pid_text = path.name[len(prefix) :].split("-", 1)[0]
-        if pid_text.isdigit() and not _process_alive(int(pid_text)):
+        if pid_text.isdigit() and not pid_alive(int(pid_text)):
             log.info("removing %s left by an interrupted conversion", path)
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:

@@ -33,7 +33,7 @@ class ManagedProcess:
             pid = int(self.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-        if _alive(pid):
+        if pid_alive(pid):
             return pid
         self.pid_file.unlink(missing_ok=True)
         return None
@@ -61,9 +61,9 @@ class ManagedProcess:
         if pid is None:
             return False
         os.kill(pid, signal.SIGTERM)
-        if not wait_until(lambda: not _alive(pid), timeout):
+        if not wait_until(lambda: not pid_alive(pid), timeout):
             os.kill(pid, signal.SIGKILL)
-            wait_until(lambda: not _alive(pid), 5.0)
+            wait_until(lambda: not pid_alive(pid), 5.0)
         self.pid_file.unlink(missing_ok=True)
         return True
 
@@ -74,7 +74,8 @@ class ManagedProcess:
             return ""
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether pid names a running process (a zombie counts as dead)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
