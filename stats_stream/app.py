@@ -10,6 +10,8 @@ from lorafleet.config import PlatformSettings
 from stats_stream import tables
 from stats_stream import topics as stream_topics
 from stats_stream.agents import fleet, forward
+from stats_stream.backlog import measure
+from stats_stream.catchup import CatchUp
 from stats_stream.config import StatsStreamSettings
 from stats_stream.keeper import WindowKeeper
 from stats_stream.sinks import Sinks
@@ -31,9 +33,20 @@ def build_app(platform: PlatformSettings, settings: StatsStreamSettings) -> faus
     )
     topics = stream_topics.declare(app)
     sinks = Sinks(platform.database_url, topics)
-    keeper = WindowKeeper(tables.declare(app), sinks, settings)
-    forward.register(app, topics)
-    fleet.register(app, topics, keeper, settings.tick_s)
+    catchup = CatchUp()
+    keeper = WindowKeeper(tables.declare(app), sinks, settings, catchup)
+    forward.register(app, topics, catchup)
+    fleet.register(app, topics, keeper, catchup, settings.tick_s)
+
+    @app.on_partitions_revoked.connect
+    async def unvouch(app: faust.App, /, *args: Any, **kwargs: Any) -> None:
+        catchup.stop()
+
+    @app.on_partitions_assigned.connect
+    async def measure_backlog(app: faust.App, /, *args: Any, **kwargs: Any) -> None:
+        # before the new assignment is fetched: what is waiting on the sources belongs to open windows
+        sources = {tp for tp in app.consumer.assignment() if tp.topic in topics.sources}
+        await measure(catchup, platform, app.conf.id, sources)
 
     @app.on_rebalance_complete.connect
     async def recount(app: faust.App, /, *args: Any, **kwargs: Any) -> None:

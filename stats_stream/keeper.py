@@ -1,7 +1,8 @@
 """The window keeper: files each fleet-topic message into the table and closes windows that are due.
 
 It runs inside the fleet agent's stream iteration (faust allows table writes only there). Windows close
-only on a tick from the timer (every tick_s), which keeps per-event work to one small table write.
+only on a tick from the timer (every tick_s), which keeps per-event work to one small table write. A tick
+arms the idle close only when it vouches that the sources' backlog is already on the fleet topic before it.
 """
 
 from __future__ import annotations
@@ -17,19 +18,23 @@ from faust.types import TableT
 from schemas.events import Event, EventValidationError, parse_event
 from stats_stream import metrics
 from stats_stream import tables as tb
+from stats_stream.catchup import CatchUp
 from stats_stream.closing import close_window
 from stats_stream.config import StatsStreamSettings
 from stats_stream.signals import ScaleState
 from stats_stream.sinks import Sinks
-from stats_stream.topics import is_tick
+from stats_stream.topics import is_tick, tick_token
 from stats_stream.windows import WindowClock, is_late, to_ms, window_start
 
 log = logging.getLogger(__name__)
 
 
 class WindowKeeper:
-    def __init__(self, table: TableT[str, Any], sinks: Sinks, settings: StatsStreamSettings) -> None:
+    def __init__(
+        self, table: TableT[str, Any], sinks: Sinks, settings: StatsStreamSettings, catchup: CatchUp
+    ) -> None:
         self.table = table
+        self.catchup = catchup
         self.sinks = sinks
         self.settings = settings
         self.signal_settings = settings.signals()
@@ -62,7 +67,10 @@ class WindowKeeper:
         if not is_tick(raw):
             self._file(raw, wall_ms)
             return
-        self.clock.arm(wall_ms)
+        if self.catchup.vouches(tick_token(raw)):
+            self.clock.arm(wall_ms)
+        else:
+            self.clock.disarm()
         metrics.TICKS.inc()
         for window_ms in self.clock.due(open_windows, wall_ms):
             await self._close(window_ms)

@@ -21,8 +21,14 @@ FLEET_KEY = b"fleet"
 SOURCES: tuple[t.Topic, ...] = (t.REQUESTS_COMPLETED, t.REPLICA_EVENTS, t.REPLICA_STATE)
 
 
-def tick(wall_ms: int) -> bytes:
-    return json.dumps({"type": TICK_TYPE, "at_ms": wall_ms}).encode()
+def tick(wall_ms: int, token: str | None) -> bytes:
+    """A tick; the token, when set, vouches that every source event read before it precedes it here."""
+    return json.dumps({"type": TICK_TYPE, "at_ms": wall_ms, "token": token}).encode()
+
+
+def tick_token(raw: bytes) -> str | None:
+    token = json.loads(raw).get("token")
+    return token if isinstance(token, str) else None
 
 
 def is_tick(raw: bytes) -> bool:

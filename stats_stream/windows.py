@@ -4,6 +4,9 @@ Times are integer milliseconds since the epoch. A window [start, start + size) c
 event time has passed its end by the grace period; when no events arrive for `idle_close_ms` of wall
 clock, the wall clock stands in for event time so a quiet fleet still gets its last window closed.
 Event time is capped at the wall clock, so one producer with a fast clock cannot close windows early.
+The wall clock stands in only while the clock is armed, that is while no input is left unread: a quiet
+stream with a backlog behind it (after a start or a rebalance) is not a quiet fleet, and the unread
+events may belong to an open window.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class WindowClock:
     idle_close_ms: int
     max_event_ms: int | None = None
     last_event_wall_ms: int | None = None
+    armed: bool = False
 
     def observe(self, event_ms: int, wall_ms: int) -> None:
         """Record an event's time (capped at the wall clock) and when it arrived."""
@@ -43,14 +47,20 @@ class WindowClock:
         self.last_event_wall_ms = wall_ms
 
     def arm(self, wall_ms: int) -> None:
-        """Start the idle timer from the first moment the stream is live, not from process start."""
-        if self.last_event_wall_ms is None:
-            self.last_event_wall_ms = wall_ms
+        """The input is read up to its end: the idle timer runs from this moment, not from process start."""
+        if not self.armed:
+            self.armed = True
+            self.last_event_wall_ms = max(wall_ms, self.last_event_wall_ms or wall_ms)
+
+    def disarm(self) -> None:
+        """Input is unread: no window closes by the wall clock until the clock is armed again."""
+        self.armed = False
 
     def horizon(self, wall_ms: int) -> int | None:
         """Windows ending at or before this time may close; None before any time is known."""
         candidates = [] if self.max_event_ms is None else [self.max_event_ms]
-        if self.last_event_wall_ms is not None and wall_ms - self.last_event_wall_ms >= self.idle_close_ms:
+        last = self.last_event_wall_ms
+        if self.armed and last is not None and wall_ms - last >= self.idle_close_ms:
             candidates.append(wall_ms)
         return max(candidates) - self.grace_ms if candidates else None
 

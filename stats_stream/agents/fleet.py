@@ -7,11 +7,14 @@ import time
 import faust
 from faust.types import StreamT
 
+from stats_stream.catchup import CatchUp
 from stats_stream.keeper import WindowKeeper
 from stats_stream.topics import FLEET_KEY, StreamTopics, tick
 
 
-def register(app: faust.App, topics: StreamTopics, keeper: WindowKeeper, tick_s: float) -> None:
+def register(
+    app: faust.App, topics: StreamTopics, keeper: WindowKeeper, catchup: CatchUp, tick_s: float
+) -> None:
     @app.agent(topics.fleet, name="windows")
     async def windows(stream: StreamT[bytes]) -> None:
         async for raw in stream:
@@ -20,4 +23,4 @@ def register(app: faust.App, topics: StreamTopics, keeper: WindowKeeper, tick_s:
     @app.timer(interval=tick_s)
     async def ticker() -> None:
         # Table writes are only allowed inside a stream, so the clock reaches the keeper as a message.
-        await topics.fleet.send(key=FLEET_KEY, value=tick(int(time.time() * 1000)))
+        await topics.fleet.send(key=FLEET_KEY, value=tick(int(time.time() * 1000), catchup.token()))

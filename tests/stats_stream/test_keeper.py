@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from stats_stream import tables as tb
+from stats_stream.catchup import CatchUp
 from stats_stream.closing import WindowReport
 from stats_stream.config import StatsStreamSettings
 from stats_stream.keeper import WindowKeeper
@@ -28,17 +29,61 @@ async def test_a_rebalance_while_a_window_is_written_still_closes_it() -> None:
     sinks = RebalanceDuringWrite()
     settings = StatsStreamSettings(window_s=1.0, grace_s=0.0, idle_close_s=60.0)
     table: dict[str, object] = {}
-    keeper = WindowKeeper(table, sinks, settings)
+    keeper = WindowKeeper(table, sinks, settings, CatchUp())
     sinks.keeper = keeper
     start_ms = to_ms(T0)
     await keeper.handle(request(t=0.5).to_bytes(), start_ms + 500)
     await keeper.handle(request(t=1.5).to_bytes(), start_ms + 1500)  # moves event time past the first window
-    await keeper.handle(tick(start_ms + 1600), start_ms + 1600)
+    await keeper.handle(tick(start_ms + 1600, None), start_ms + 1600)
     assert [r.window_ms for r in sinks.reports] == [start_ms]
     assert table[tb.CLOSED_THROUGH] == start_ms
     assert [tb.window_of(k) for k in table if tb.window_of(k) is not None] == [start_ms + 1000]
 
     await keeper.handle(request(t=2.5).to_bytes(), start_ms + 2500)  # counted against the recount
-    await keeper.handle(tick(start_ms + 2600), start_ms + 2600)
+    await keeper.handle(tick(start_ms + 2600, None), start_ms + 2600)
     assert [r.window_ms for r in sinks.reports] == [start_ms, start_ms + 1000]
     assert [r.costs["acme"].tokens for r in sinks.reports] == [110, 110]  # one request each
+
+
+class Reports:
+    def __init__(self) -> None:
+        self.reports: list[WindowReport] = []
+
+    async def write(self, report: WindowReport) -> None:
+        self.reports.append(report)
+
+
+async def test_after_a_restart_a_window_waits_for_the_backlog_before_closing_on_idleness() -> None:
+    sinks = Reports()
+    settings = StatsStreamSettings(window_s=2.0, grace_s=0.5, idle_close_s=5.0)
+    start_ms = to_ms(T0)
+    before = [request(t=1.0) for _ in range(7)]
+    table: dict[str, object] = {}
+    old = CatchUp()
+    old.start(ends={}, starts={})
+    first = WindowKeeper(table, sinks, settings, old)
+    for event in before:
+        await first.handle(event.to_bytes(), start_ms + 1000)
+    stale = tick(start_ms + 1500, old.token())  # the old process vouched for its own input only
+
+    catchup = CatchUp()  # the restarted process: the table came back from the changelog
+    keeper = WindowKeeper(table, sinks, settings, catchup)
+    partition = ("requests.completed", 0)
+    catchup.start(ends={partition: 15}, starts={partition: 7})  # 8 events were published while it was down
+    wall = start_ms + 3000
+    await keeper.handle(stale, wall)
+    for _ in range(30):  # the forwarder is slow: ticks for 15 s, none vouching for the backlog
+        await keeper.handle(tick(wall, catchup.token()), wall)
+        wall += 500
+    assert sinks.reports == []
+
+    after = [request(t=1.0, tier="ram") for _ in range(5)]
+    for offset, event in enumerate(after + before[:3], start=7):
+        await keeper.handle(event.to_bytes(), wall)  # filed in order behind the stale ticks
+        catchup.read(partition, offset)
+    await keeper.handle(tick(wall, catchup.token()), wall)  # vouches: the idle timer starts here
+    assert sinks.reports == []
+    await keeper.handle(tick(wall + 5000, catchup.token()), wall + 5000)
+    assert [r.window_ms for r in sinks.reports] == [start_ms]
+    [stats] = sinks.reports[0].adapter_stats
+    assert (stats.requests, stats.gpu_hit_rate) == (12, 7 / 12)

@@ -21,6 +21,7 @@ def test_a_window_closes_only_after_event_time_passes_its_end_plus_grace() -> No
 
 def test_a_quiet_stream_closes_its_windows_by_the_wall_clock() -> None:
     clock = WindowClock(size_ms=1000, grace_ms=200, idle_close_ms=3000)
+    clock.arm(0)
     clock.observe(500, wall_ms=500)
     assert clock.due([0], wall_ms=3000) == []
     assert clock.due([0], wall_ms=3500) == [0]
@@ -39,6 +40,26 @@ def test_the_idle_timer_starts_when_the_stream_is_armed_not_before() -> None:
     assert clock.due([0], wall_ms=10_000) == []
     clock.arm(10_000)
     assert clock.due([0], wall_ms=12_000) == []
+    assert clock.due([0], wall_ms=13_000) == [0]
+
+
+def test_a_window_never_closes_by_the_wall_clock_while_input_is_unread() -> None:
+    clock = WindowClock(size_ms=1000, grace_ms=0, idle_close_ms=3000)
+    clock.observe(500, wall_ms=500)  # counted before a restart; the backlog behind it is not read yet
+    assert clock.due([0], wall_ms=60_000) == []
+    clock.arm(60_000)  # the backlog is read: quiet from here on is a quiet fleet
+    assert clock.due([0], wall_ms=62_999) == []
+    assert clock.due([0], wall_ms=63_000) == [0]
+
+
+def test_disarming_stops_the_idle_close_and_arming_again_restarts_its_timer() -> None:
+    clock = WindowClock(size_ms=1000, grace_ms=0, idle_close_ms=3000)
+    clock.arm(1000)
+    clock.disarm()  # partitions moved: a new backlog is unread
+    assert clock.due([0], wall_ms=10_000) == []
+    clock.arm(10_000)
+    clock.arm(12_000)  # arming an armed clock does not restart its timer
+    assert clock.due([0], wall_ms=12_999) == []
     assert clock.due([0], wall_ms=13_000) == [0]
 
 
