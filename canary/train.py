@@ -56,6 +56,7 @@ class TrainConfig:
     check_every: int = 10
     margin: float = 2.5  # held-out goal: marker token logit minus the best other token, at every position
     check_prompts: int = 64  # held-out prompts per canary for the final check
+    quick_check_prompts: int = 8  # tried first: the full check runs only once these pass
 
 
 @dataclass
@@ -180,7 +181,7 @@ class _Chunk:
         gens = [torch.Generator().manual_seed(cfg.seed * 1_000_003 + i) for i in indices]
         layers = base.model.model.layers
         self.wrappers = wrap_layers(layers, list(cfg.target_modules), self.ranks, self.alphas, gens)
-        self.device = base.model.lm_head.weight.device
+        self.device = next(base.model.parameters()).device
 
     def batch(self, rngs: list[random.Random], rows: int) -> Batch:
         prompts = [[self.sampler.sample(rng) for _ in range(rows)] for rng in rngs]
@@ -219,17 +220,29 @@ def _train_chunk(chunk: _Chunk, cfg: TrainConfig, progress: bool) -> tuple[int, 
             bar.set_postfix(loss=f"{loss.item() / n:.3f}", min_margin=f"{margin.min().item():.2f}")
             if margin.min().item() < 2 * cfg.margin:
                 continue
-            held_out = held_out_margin(chunk, cfg)
+            if held_out_margin(chunk, cfg.quick_check_prompts).min().item() < cfg.margin:
+                continue  # a few unseen prompts already fail: skip the full check's cost
+            held_out = held_out_margin(chunk, cfg.check_prompts)
             if held_out.min().item() >= cfg.margin:
                 return step, held_out
     return cfg.max_steps, held_out
 
 
 @torch.no_grad()
-def held_out_margin(chunk: _Chunk, cfg: TrainConfig) -> torch.Tensor:
-    """Per-canary smallest margin on fresh prompts it never trained on: [num_adapters]."""
-    batch = chunk.batch(chunk.check_rngs, cfg.check_prompts)
-    return _per_adapter_margin(_target_logits(chunk.base.model, batch), batch, len(chunk.indices))
+def held_out_margin(chunk: _Chunk, prompts: int, rows_per_pass: int = 16) -> torch.Tensor:
+    """Per-canary smallest margin on `prompts` fresh prompts it never trained on: [num_adapters].
+
+    Each canary's prompts are sorted by length and run in passes of rows_per_pass, so a pass pads only
+    to its own longest prompt rather than to the longest of all.
+    """
+    drawn = [sorted((chunk.sampler.sample(rng) for _ in range(prompts)), key=len) for rng in chunk.check_rngs]
+    n = len(chunk.indices)
+    worst = torch.full((n,), float("inf"))
+    for lo in range(0, prompts, rows_per_pass):
+        part = [p[lo : lo + rows_per_pass] for p in drawn]
+        batch = _build_batch(part, chunk.targets, chunk.base.pad_id, chunk.device)
+        worst = torch.minimum(worst, _per_adapter_margin(_target_logits(chunk.base.model, batch), batch, n))
+    return worst
 
 
 def train_canaries(model_dir: Path, out_dir: Path, cfg: TrainConfig, progress: bool = True) -> TrainResult:
