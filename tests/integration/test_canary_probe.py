@@ -9,7 +9,9 @@ import contextlib
 import hashlib
 import json
 import shutil
+import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict, replace
@@ -21,7 +23,7 @@ import pytest
 from canary.manifest import MANIFEST_NAME, CanaryManifest
 from canary.probe import run_probe
 from canary.probe_setup import install_canaries
-from canary.train import TrainConfig, train_canaries
+from canary.train import TrainConfig
 from gateway.config import GatewayConfig, GatewaySettings
 from lorafleet.config import RelaySettings
 from tests.integration.gateway_stack import REPO, GatewayStack, gateway_stack
@@ -29,25 +31,64 @@ from tests.integration.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-# The fastest settings that still pass the trainer's own held-out check on SmolLM2.
-CANARIES = TrainConfig(count=2, seed=11, ranks=(8, 16))
+# The fastest settings that still pass the trainer's own held-out check on SmolLM2 (20 steps).
+CANARIES = TrainConfig(count=2, seed=11, ranks=(8, 16), rows_per_adapter=2)
 REQUESTS = 60
+# Cold training runs in its own process under this budget, outside the probe test's own timeout: on a
+# 2-core box shared with other CPU-heavy work it can take many times its idle minute.
+TRAIN_BUDGET_S = 1800
+_TRAIN_FLAGS = {
+    "count": "--count",
+    "seed": "--seed",
+    "ranks": "--ranks",
+    "max_steps": "--max-steps",
+    "adapters_per_batch": "--adapters-per-batch",
+    "rows_per_adapter": "--rows-per-adapter",
+}
+
+
+def _train_argv(cfg: TrainConfig, out: Path) -> list[str]:
+    """`lorafleet canary train` for exactly cfg (every field it sets is one the command takes)."""
+    values = {field: getattr(cfg, field) for field in _TRAIN_FLAGS}
+    assert TrainConfig(**values) == cfg, "the test's settings must all be `canary train` options"
+    argv = [sys.executable, "-m", "lorafleet.cli", "canary", "train", "--out", str(out), "--no-progress"]
+    for field, flag in _TRAIN_FLAGS.items():
+        value = values[field]
+        argv += [flag, ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]
+    return argv
 
 
 def trained_canaries() -> Path:
-    """.data/canaries/<hash of settings and base>: trained once, reused by later runs."""
+    """<data dir>/canaries/<hash of settings and base>: trained once, reused by later runs.
+
+    The data dir is the platform's (LORAFLEET_DATA_DIR, default .data). Training writes into a fresh
+    folder beside the target and renames it, so a crash never leaves a manifest that looks complete and
+    two runs training at once never write into each other's folder.
+    """
+    from lorafleet.config import get_settings
     from lorafleet.model.base_hash import base_model_hash
     from lorafleet.model.prepare import ensure_default_model
 
     model_dir = ensure_default_model()
     key = json.dumps({"base": base_model_hash(model_dir), **asdict(CANARIES)}, sort_keys=True)
-    out = REPO / ".data" / "canaries" / hashlib.sha256(key.encode()).hexdigest()[:16]
+    root = get_settings().data_path / "canaries"
+    out = root / hashlib.sha256(key.encode()).hexdigest()[:16]
     if (out / MANIFEST_NAME).is_file():
         return out
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    train_canaries(model_dir, partial, CANARIES, progress=False)
-    partial.rename(out)  # a crash mid-training never leaves a manifest that looks complete
+    root.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=root))
+    try:
+        done = subprocess.run(
+            _train_argv(CANARIES, partial), cwd=REPO, capture_output=True, text=True, timeout=TRAIN_BUDGET_S
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        try:
+            partial.rename(out)
+        except OSError:
+            if not (out / MANIFEST_NAME).is_file():
+                raise  # not another run's finished copy: a real failure
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return out
 
 
@@ -119,6 +160,7 @@ async def _probe(env: dict[str, str], gateway: str, internal: str, canaries: Pat
     return proc.returncode, summary, err.decode()[-3000:]
 
 
+@pytest.mark.timeout(600, func_only=True)  # the fixtures' training and start-up have their own bounds
 async def test_probe_finds_no_leak_through_the_public_api_and_reruns_idempotently(
     services, stack: GatewayStack, canaries: Path
 ) -> None:
