@@ -29,12 +29,6 @@ from tests.replica.peft_util import AdapterRecipe, make_peft_adapters
 TOKEN = "join-token"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 async def served(
     smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory
@@ -56,17 +50,19 @@ async def served(
         cache_dir=out / "cache",
     )
     replica = build_replica(settings)
-    port = _free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(replica), host="127.0.0.1", port=port, log_level="warning")
-    )
-    task = asyncio.create_task(server.serve())
+    # The server is handed a socket already bound, so no other socket can take its port in between.
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(replica), log_level="warning"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         assert not task.done(), "the replica server should start"
         await asyncio.sleep(0.05)
     yield replica, ReplicaLoad("rj", f"http://127.0.0.1:{port}", 0)
     server.should_exit = True
     await task
+    sock.close()
 
 
 @pytest.fixture
