@@ -22,8 +22,6 @@ from schemas.replica_api import STREAM_EVENT, DoneEvent, TokenEvent
 
 log = logging.getLogger(__name__)
 
-_LOG_LINE_BYTES = 200
-
 
 def replica_lost() -> GatewayError:
     return ServiceUnavailable(
@@ -41,10 +39,10 @@ async def completion_events(
                 event = STREAM_EVENT.validate_json(line)
             except ValidationError as exc:
                 log.warning(
-                    "request %s: replica %s sent a line outside the generate contract: %r (%s)",
+                    "request %s: replica %s sent a %d-byte line outside the generate contract (%s)",
                     rec.request_id,
                     rec.replica_id,
-                    line[:_LOG_LINE_BYTES],
+                    len(line),
                     exc.errors(include_url=False, include_input=False)[0]["msg"],
                 )
                 raise BadGateway(
