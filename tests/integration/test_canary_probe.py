@@ -34,9 +34,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 # The fastest settings that still pass the trainer's own held-out check on SmolLM2 (20 steps).
 CANARIES = TrainConfig(count=2, seed=11, ranks=(8, 16), rows_per_adapter=2)
 REQUESTS = 60
-# Cold training runs in its own process under this budget, outside the probe test's own timeout: on a
-# 2-core box shared with other CPU-heavy work it can take many times its idle minute.
-TRAIN_BUDGET_S = 1800
+# Cold training runs in its own process, within the test's timeout and leaving it time to start the stack.
+TRAIN_BUDGET_S = 420
 _TRAIN_FLAGS = {
     "count": "--count",
     "seed": "--seed",
@@ -58,8 +57,16 @@ def _train_argv(cfg: TrainConfig, out: Path) -> list[str]:
     return argv
 
 
+def _trainer_digest() -> str:
+    """sha256 over the canary package's sources: a changed trainer never reuses an older one's canaries."""
+    h = hashlib.sha256()
+    for path in sorted((REPO / "canary").glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
 def trained_canaries() -> Path:
-    """<data dir>/canaries/<hash of settings and base>: trained once, reused by later runs.
+    """<data dir>/canaries/<hash of settings, base and trainer code>: trained once, reused by later runs.
 
     The data dir is the platform's (LORAFLEET_DATA_DIR, default .data). Training writes into a fresh
     folder beside the target and renames it, so a crash never leaves a manifest that looks complete and
@@ -70,7 +77,9 @@ def trained_canaries() -> Path:
     from lorafleet.model.prepare import ensure_default_model
 
     model_dir = ensure_default_model()
-    key = json.dumps({"base": base_model_hash(model_dir), **asdict(CANARIES)}, sort_keys=True)
+    key = json.dumps(
+        {"base": base_model_hash(model_dir), "trainer": _trainer_digest(), **asdict(CANARIES)}, sort_keys=True
+    )
     root = get_settings().data_path / "canaries"
     out = root / hashlib.sha256(key.encode()).hexdigest()[:16]
     if (out / MANIFEST_NAME).is_file():
@@ -160,7 +169,7 @@ async def _probe(env: dict[str, str], gateway: str, internal: str, canaries: Pat
     return proc.returncode, summary, err.decode()[-3000:]
 
 
-@pytest.mark.timeout(600, func_only=True)  # the fixtures' training and start-up have their own bounds
+@pytest.mark.timeout(600)  # covers the fixtures too: cold training and the stack's start-up
 async def test_probe_finds_no_leak_through_the_public_api_and_reruns_idempotently(
     services, stack: GatewayStack, canaries: Path
 ) -> None:
