@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PY=${PYTHON:-python3}
+PY=${PYTHON:-$(command -v python3.11 || echo python3)}
 VENV=${VENV:-.venv}
 STAMPS=.data/stamps
 mkdir -p "$STAMPS"

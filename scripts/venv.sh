@@ -5,11 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PY=${PYTHON:-python3}
+PY=${PYTHON:-$(command -v python3.11 || echo python3)}
 VENV=${VENV:-.venv}
 say() { printf '[bootstrap] %s\n' "$*"; }
 
-if [ ! -x "$VENV/bin/python" ]; then say "creating $VENV"; "$PY" -m venv "$VENV"; fi
+if [ ! -x "$VENV/bin/python" ]; then
+  # The locks are compiled for CPython 3.11: another version would fail on the first pinned wheel.
+  "$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
+    || { say "$PY is not CPython 3.11; the locks need it (set PYTHON=python3.11)"; exit 1; }
+  say "creating $VENV"; "$PY" -m venv "$VENV"
+fi
 want=$(cat requirements/dev.lock requirements/model.lock pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$VENV/.lorafleet-lock" 2>/dev/null)" != "$want" ]; then
   say "installing Python packages from requirements/dev.lock (torch is large; first run takes a few minutes)"
