@@ -10,12 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lorafleet.model.base_hash import base_model_hash
+from replica.adapter_cache.assemble import adapter_cache
 from replica.adapter_cache.cache import AdapterCache, Lease
-from replica.adapter_cache.disk import DiskTier
 from replica.adapter_cache.gpu import GpuTier
-from replica.adapter_cache.host import HostTier
-from replica.adapter_cache.local_source import FirstFound, LocalRecords, RecordSource
-from replica.adapter_cache.object_store import ObjectStore
 from replica.adapter_cache.registry_client import RegistryClient
 from replica.adapter_cache.scrubber import scrub_forever
 from replica.config import ReplicaSettings
@@ -98,19 +95,19 @@ class Replica:
 
         resources = AsyncExitStack()
         s3 = await resources.enter_async_context(async_client(self.settings.platform))
-        local = LocalRecords(self.local.dirs)
-        sources: list[RecordSource] = [local]
+        registry: RegistryClient | None = None
         if self.settings.registry_url is not None:
             registry = RegistryClient.connect(self.settings.registry_url, self.settings.registry_token)
             resources.push_async_callback(registry.close)
-            sources.append(registry)
-        self.cache = AdapterCache(
+        self.cache = adapter_cache(
             self.spec,
-            FirstFound(sources),
-            ObjectStore(s3, local.roots),
-            DiskTier(self.settings.cache_path(), self.settings.disk_budget_bytes),
-            HostTier(self.settings.ram_budget_bytes),
             self.gpu,
+            self.local.dirs,
+            self.settings.cache_path(),
+            self.settings.disk_budget_bytes,
+            self.settings.ram_budget_bytes,
+            s3=s3,
+            registry=registry,
             on_event=self.metrics.cache_event,
         )
         resources.push_async_callback(self.cache.settle)  # finish the disk copies behind loads

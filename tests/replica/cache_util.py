@@ -1,20 +1,18 @@
 """A replica's adapter cache over local PEFT folders: how tests put adapters in GPU slots.
 
-The cache is assembled as Replica.start assembles it for the folders a replica is configured with (file://
-records, no registry), so every slot write takes the production path: the record and its sha256, the fetch,
-validation and packing into a RAM entry, the metadata checks, the GpuTier write, and the disk copy behind it.
+The cache is Replica.start's (replica.adapter_cache.assemble) for the folders a replica is configured with
+(file:// records, no registry, no S3), so every slot write takes the production path: the record and its
+sha256, the fetch, validation and packing into a RAM entry, the metadata checks, the GpuTier write, and the
+disk copy behind it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from replica.adapter_cache.assemble import adapter_cache
 from replica.adapter_cache.cache import AdapterCache
-from replica.adapter_cache.disk import DiskTier
 from replica.adapter_cache.gpu import GpuTier
-from replica.adapter_cache.host import HostTier
-from replica.adapter_cache.local_source import LocalRecords
-from replica.adapter_cache.object_store import ObjectStore
 from replica.lora.spec import AdapterSpec
 
 RAM_BYTES = 1 << 30
@@ -23,15 +21,7 @@ DISK_BYTES = 1 << 30
 
 def local_cache(spec: AdapterSpec, gpu: GpuTier, adapters: dict[str, Path], cache_dir: Path) -> AdapterCache:
     """The adapter cache of a replica serving these folders (adapter_id -> PEFT directory) through gpu."""
-    local = LocalRecords(adapters)
-    return AdapterCache(
-        spec,
-        local,
-        ObjectStore(None, local.roots),
-        DiskTier(cache_dir, DISK_BYTES),
-        HostTier(RAM_BYTES),
-        gpu,
-    )
+    return adapter_cache(spec, gpu, adapters, cache_dir, DISK_BYTES, RAM_BYTES)
 
 
 async def own_in_slots(cache: AdapterCache, adapter_ids: list[str]) -> None:

@@ -1,0 +1,48 @@
+"""The adapter cache a replica serves from: its configured folders first, then the registry, over GpuTier.
+
+Replica.start, the tests and the benchmarks all build the cache here, so each of them drives the same
+construction: file:// records for the configured folders (FirstFound asks them before the registry), an
+ObjectStore that reads those folders and, given an S3 client, the bucket, a disk tier and a RAM tier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from replica.adapter_cache.cache import AdapterCache
+from replica.adapter_cache.disk import DiskTier
+from replica.adapter_cache.gpu import GpuTier
+from replica.adapter_cache.host import HostTier
+from replica.adapter_cache.local_source import FirstFound, LocalRecords, RecordSource
+from replica.adapter_cache.object_store import ObjectStore
+from replica.adapter_cache.tier import CacheEvent
+from replica.lora.spec import AdapterSpec
+
+
+def adapter_cache(
+    spec: AdapterSpec,
+    gpu: GpuTier,
+    adapter_dirs: dict[str, Path],
+    cache_dir: Path,
+    disk_budget_bytes: int,
+    ram_budget_bytes: int,
+    s3: Any | None = None,
+    registry: RecordSource | None = None,
+    on_event: Callable[[CacheEvent], None] = lambda _e: None,
+) -> AdapterCache:
+    """The cache over gpu for these folders (adapter_id -> PEFT directory), then registry when given.
+
+    s3 is an open aioboto3 client (None: file:// weights only); the caller owns it and the registry."""
+    local = LocalRecords(adapter_dirs)
+    sources: list[RecordSource] = [local] if registry is None else [local, registry]
+    return AdapterCache(
+        spec,
+        FirstFound(sources),
+        ObjectStore(s3, local.roots),
+        DiskTier(cache_dir, disk_budget_bytes),
+        HostTier(ram_budget_bytes),
+        gpu,
+        on_event=on_event,
+    )
