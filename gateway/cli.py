@@ -10,15 +10,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 import typer
+from pydantic import ValidationError
 
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
 from gateway.served_base import served_base_hash
 from gateway.weights_uri import ObjectLocation, parse_s3_uri
-from lorafleet.client.errors import PeftDirError
+from lorafleet.client.errors import PeftDirError, RegistrationError
 from lorafleet.client.peft_dir import describe_peft_dir
+from lorafleet.client.registration import post_registration
 from lorafleet.client.upload import artifact_prefix, upload_peft_dir
 from lorafleet.s3 import async_client
+from schemas.api import AdapterRegistration, RegistrationAccepted
 
 if TYPE_CHECKING:  # imported where it runs: the CLI starts without it
     import asyncpg
@@ -70,27 +73,48 @@ def register(
     try:
         location = parse_s3_uri(uri)
         facts = describe_peft_dir(peft_dir)
-        checksum = asyncio.run(_upload(config, peft_dir, location))
     except (GatewayError, PeftDirError, OSError) as exc:
         typer.echo(f"cannot register {peft_dir}: {exc}", err=True)
         raise typer.Exit(1) from exc
-    body = {
-        "adapter_id": adapter_id,
-        "tenant_id": tenant,
-        "version": version,
-        "base_model_hash": base_model_hash or served_base_hash(config.gateway),
-        "weights_uri": location.uri(),
-        "checksum": checksum,
-        "rank": facts.rank,
-        "alpha": facts.alpha,
-        "target_modules": facts.target_modules,
-    }
-    typer.echo(json.dumps(_call("POST", "/internal/adapters", json=body)))
+
+    def registration(checksum: str) -> AdapterRegistration:
+        return AdapterRegistration(
+            adapter_id=adapter_id,
+            tenant_id=tenant,
+            version=version,
+            base_model_hash=base_model_hash or served_base_hash(config.gateway),
+            weights_uri=location.uri(),
+            checksum=checksum,
+            rank=facts.rank,
+            alpha=facts.alpha,
+            target_modules=facts.target_modules,
+        )
+
+    try:
+        accepted = asyncio.run(_upload_and_register(config, peft_dir, location, registration))
+    except httpx.HTTPError as exc:
+        typer.echo(f"cannot reach the internal API: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    except (GatewayError, OSError, ValidationError, RegistrationError) as exc:
+        typer.echo(f"cannot register {peft_dir}: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(json.dumps(accepted.model_dump(mode="json")))
 
 
-async def _upload(config: GatewayConfig, peft_dir: Path, location: ObjectLocation) -> str:
+async def _upload_and_register(
+    config: GatewayConfig,
+    peft_dir: Path,
+    location: ObjectLocation,
+    registration: Callable[[str], AdapterRegistration],
+) -> RegistrationAccepted:
+    """Upload the folder, then POST its registration (built from the upload's checksum)."""
     async with async_client(config.platform) as s3:
-        return await upload_peft_dir(s3, peft_dir, location.bucket, location.key)
+        checksum = await upload_peft_dir(s3, peft_dir, location.bucket, location.key)
+    token = config.gateway.service_token.get_secret_value()
+    headers = {"Authorization": f"Bearer {token}"}
+    base_url = config.gateway.internal_base_url()
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30) as client:
+        return await post_registration(client, registration(checksum))
 
 
 @adapters_app.command("list")

@@ -21,7 +21,7 @@ from lorafleet.client.peft_dir import describe_peft_dir
 from lorafleet.client.upload import artifact_prefix, upload_peft_dir
 from lorafleet.config import PlatformSettings
 from lorafleet.s3 import async_client
-from schemas.api import AdapterRegistration, AdapterView
+from schemas.api import AdapterRegistration, AdapterView, RegistrationAccepted
 
 if TYPE_CHECKING:
     from types_aiobotocore_s3 import S3Client
@@ -94,11 +94,17 @@ async def _register(
         weights_uri=f"s3://{bucket}/{prefix}",
         checksum=checksum,
     )
+    await post_registration(client, body)
+
+
+async def post_registration(client: httpx.AsyncClient, body: AdapterRegistration) -> RegistrationAccepted:
+    """POST one version to the internal API; a 4xx/5xx answer raises RegistrationError with its body."""
     resp = await client.post("/internal/adapters", json=body.model_dump(mode="json"))
     if resp.status_code >= 400:
         raise RegistrationError(
-            upload.adapter_id, f"registering {upload.adapter_id} failed: {resp.status_code} {resp.text}"
+            body.adapter_id, f"registering {body.adapter_id} failed: {resp.status_code} {resp.text}"
         )
+    return RegistrationAccepted.model_validate(resp.json())
 
 
 async def wait_ready(client: httpx.AsyncClient, adapter_id: str, deadline: float) -> AdapterView:
