@@ -14,6 +14,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from gateway.weights_uri import ObjectLocation
 from lorafleet.adapter_rules.artifact import check_files
+from lorafleet.adapter_rules.caps import check_size
 from lorafleet.adapter_rules.errors import AdapterRejected, RejectCode
 from schemas.api import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, artifact_keys
 
@@ -63,9 +64,7 @@ async def _get(s3: S3Client, bucket: str, key: str, cap: int) -> bytes:
     try:
         async for chunk in body.iter_chunks(CHUNK):
             total += len(chunk)
-            if total > cap:
-                name = key.rsplit("/", 1)[-1]
-                raise AdapterRejected(RejectCode.ADAPTER_TOO_LARGE, f"{name} exceeds {cap} bytes")
+            check_size(key.rsplit("/", 1)[-1], total, cap)
             parts.append(chunk)
     finally:
         body.close()
@@ -75,16 +74,15 @@ async def _get(s3: S3Client, bucket: str, key: str, cap: int) -> bytes:
 async def fetch_artifact(
     s3: S3Client, location: ObjectLocation, max_config_bytes: int, max_weights_bytes: int
 ) -> Artifact:
-    """Read adapter_config.json and adapter_model.safetensors from the PEFT folder at location."""
+    """Read adapter_config.json and adapter_model.safetensors from the PEFT folder at location, each within
+    its cap (at most the shared caps of lorafleet.adapter_rules.caps)."""
     try:
         listing = await _list(s3, location)
     except (ClientError, BotoCoreError) as exc:
         raise _classify(exc, "the adapter folder") from exc
     check_files(listing)
     for name, cap in ((ADAPTER_CONFIG_NAME, max_config_bytes), (ADAPTER_WEIGHTS_NAME, max_weights_bytes)):
-        if listing[name] > cap:
-            why = f"{name} is {listing[name]} bytes, over {cap}"
-            raise AdapterRejected(RejectCode.ADAPTER_TOO_LARGE, why, name)
+        check_size(name, listing[name], cap)
     config_key, weights_key = artifact_keys(location.key)
     try:
         config = await _get(s3, location.bucket, config_key, max_config_bytes)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from lorafleet.adapter_rules import caps
 from lorafleet.config import PlatformSettings
 
 DEFAULT_MODEL_DIR = Path(".data/models/smollm2-135m-instruct")
@@ -30,10 +31,10 @@ class GatewaySettings(BaseSettings):
     served_base_model_hash: str | None = None
     max_rank: int = Field(default=64, ge=1)
 
-    # Registry validator download caps (the header and tensor limits are adapter rules, shared with the
-    # replica in lorafleet.adapter_rules).
-    max_adapter_bytes: int = Field(default=512 << 20, ge=1)
-    max_config_bytes: int = Field(default=64 << 10, ge=1)
+    # Registry validator download caps: unset means the shared cap (lorafleet.adapter_rules.caps), a value
+    # may only lower it, so the replica serves whatever the registry accepts.
+    max_adapter_bytes: int | None = Field(default=None, ge=1)
+    max_config_bytes: int | None = Field(default=None, ge=1)
     validator_group: str = "registry-validator"
     validator_metrics_port: int = Field(default=9461, ge=0, description="validator /metrics; 0 disables")
 
@@ -58,6 +59,22 @@ class GatewaySettings(BaseSettings):
     replica_service_token: SecretStr = SecretStr("dev-service-token")
     replica_connect_timeout_s: float = Field(default=2.0, gt=0)
     replica_read_timeout_s: float = Field(default=60.0, gt=0)
+
+    @field_validator("max_adapter_bytes", "max_config_bytes")
+    @classmethod
+    def _within_shared_cap(cls, value: int | None, info: ValidationInfo) -> int | None:
+        cap = caps.MAX_WEIGHTS_BYTES if info.field_name == "max_adapter_bytes" else caps.MAX_CONFIG_BYTES
+        if value is not None and value > cap:
+            raise ValueError(f"{info.field_name} may only lower the shared cap of {cap} bytes")
+        return value
+
+    def weights_cap(self) -> int:
+        """The byte cap on adapter_model.safetensors: the setting, else the shared cap."""
+        return self.max_adapter_bytes or caps.MAX_WEIGHTS_BYTES
+
+    def config_cap(self) -> int:
+        """The byte cap on adapter_config.json: the setting, else the shared cap."""
+        return self.max_config_bytes or caps.MAX_CONFIG_BYTES
 
     def internal_base_url(self) -> str:
         return self.internal_url or f"http://{self.internal_host}:{self.internal_port}"

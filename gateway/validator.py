@@ -125,7 +125,7 @@ class RegistryValidator:
                 weights_uri=event.weights_uri,
                 checksum=event.checksum,
             )
-            artifact = await fetch_artifact(self._s3, location, s.max_config_bytes, s.max_adapter_bytes)
+            artifact = await fetch_artifact(self._s3, location, s.config_cap(), s.weights_cap())
             rules = self._rules
             await asyncio.to_thread(
                 verify_artifact, artifact, event, self._spec, rules.max_rank, rules.served_base_hash

@@ -9,6 +9,7 @@ and a rejection carries the same code on both sides (errors.RejectCode):
 - safetensors_header: the bounded, strict parse of the weights file's header;
 - lora_tensors: tensor names, shapes and ranks against the base and the config;
 - finite: NaN/Inf by bit pattern;
+- caps: the byte caps on the two files;
 - artifact: the checks in their one order, for a whole artifact.
 
 Torch-free: the replica turns the checked plan into tensors itself.

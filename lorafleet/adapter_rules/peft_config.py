@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from lorafleet.adapter_rules import strict_json
+from lorafleet.adapter_rules import caps, strict_json
 from lorafleet.adapter_rules.errors import AdapterRejected, RejectCode
 from lorafleet.adapter_rules.patterns import (
     MAX_COMPLEX,
@@ -36,7 +36,6 @@ from lorafleet.adapter_rules.patterns import (
 from schemas.api import ADAPTER_CONFIG_NAME as CONFIG_NAME
 from schemas.llama import LLAMA_MODULES
 
-MAX_CONFIG_BYTES = 1 << 20
 MAX_PATTERNS = 1024  # entries per rank_pattern / alpha_pattern, and names per target list
 ALL_LINEAR = "all-linear"
 
@@ -225,8 +224,7 @@ _SERVED = frozenset(
 
 def parse_adapter_config(data: bytes) -> AdapterConfig:
     """adapter_config.json's bytes -> its served meaning; AdapterRejected for anything else."""
-    if len(data) > MAX_CONFIG_BYTES:
-        raise AdapterRejected(RejectCode.ADAPTER_TOO_LARGE, f"{CONFIG_NAME} is over {MAX_CONFIG_BYTES} bytes")
+    caps.check_size(CONFIG_NAME, len(data), caps.MAX_CONFIG_BYTES)
     raw = strict_json.loads(data, RejectCode.INVALID_ADAPTER_CONFIG, CONFIG_NAME)
     if not isinstance(raw, dict):
         raise AdapterRejected(RejectCode.INVALID_ADAPTER_CONFIG, f"{CONFIG_NAME} must be a JSON object")

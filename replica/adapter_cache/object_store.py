@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 import numpy
 import torch
 
-from lorafleet.adapter_rules.peft_config import MAX_CONFIG_BYTES
+from lorafleet.adapter_rules import caps
 from replica.adapter_cache.errors import (
     AdapterCacheError,
     ArtifactTooLargeError,
@@ -101,12 +101,9 @@ def new_buffer(size: int, pin: bool) -> tuple[torch.Tensor, memoryview]:
 class ObjectStore:
     """Reads PEFT folders named by weights_uri; `s3` is an open aioboto3 client (or None without S3)."""
 
-    def __init__(
-        self, s3: Any | None, file_roots: list[Path] | None = None, max_bytes: int = 4 << 30
-    ) -> None:
+    def __init__(self, s3: Any | None, file_roots: list[Path] | None = None) -> None:
         self.s3 = s3
         self.file_roots = [Path(r).resolve() for r in file_roots or []]
-        self.max_bytes = max_bytes
 
     async def fetch(self, record: AdapterRecord, pin: bool = False) -> Fetched:
         """Download both files into memory and verify the weights against the registered digest."""
@@ -144,7 +141,7 @@ class ObjectStore:
         return resp["Body"], length
 
     async def _get_s3(self, bucket: str, key: str, filename: str, pin: bool) -> tuple[torch.Tensor, str]:
-        body, length = await self._open_s3(bucket, key, filename, self.max_bytes)
+        body, length = await self._open_s3(bucket, key, filename, caps.MAX_WEIGHTS_BYTES)
         buf, view = new_buffer(length, pin)
         hasher, filled = StreamHasher(view), 0
         try:
@@ -165,11 +162,12 @@ class ObjectStore:
         return buf, digest
 
     async def _get_s3_small(self, bucket: str, key: str, filename: str) -> bytes:
-        body, _length = await self._open_s3(bucket, key, filename, MAX_CONFIG_BYTES)
+        cap = caps.MAX_CONFIG_BYTES
+        body, _length = await self._open_s3(bucket, key, filename, cap)
         async with body:
-            data = await body.read(MAX_CONFIG_BYTES + 1)
-        if len(data) > MAX_CONFIG_BYTES:
-            raise ArtifactTooLargeError(f"{filename} is over the cap of {MAX_CONFIG_BYTES} bytes")
+            data = await body.read(cap + 1)
+        if len(data) > cap:
+            raise ArtifactTooLargeError(f"{filename} is over the cap of {cap} bytes")
         return data
 
     def _checked_path(self, src: Path, cap: int) -> Path:
@@ -183,7 +181,7 @@ class ObjectStore:
         return real
 
     def _read_file(self, src: Path, pin: bool) -> tuple[torch.Tensor, str]:
-        real = self._checked_path(src, self.max_bytes)
+        real = self._checked_path(src, caps.MAX_WEIGHTS_BYTES)
         with open(real, "rb", buffering=0) as f:
             size = real.stat().st_size
             buf, view = new_buffer(size, pin)
@@ -200,4 +198,9 @@ class ObjectStore:
         return buf, digest
 
     def _read_small_file(self, src: Path) -> bytes:
-        return self._checked_path(src, MAX_CONFIG_BYTES).read_bytes()
+        real = self._checked_path(src, caps.MAX_CONFIG_BYTES)
+        with open(real, "rb") as f:
+            data = f.read(caps.MAX_CONFIG_BYTES + 1)
+        if len(data) > caps.MAX_CONFIG_BYTES:
+            raise ArtifactTooLargeError(f"{src.name} is over the cap of {caps.MAX_CONFIG_BYTES} bytes")
+        return data

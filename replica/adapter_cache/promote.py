@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from lorafleet.adapter_rules import caps
 from lorafleet.adapter_rules.artifact import check_artifact, check_base
 from lorafleet.adapter_rules.errors import AdapterRejected
 from lorafleet.adapter_rules.finite import check_finite
@@ -43,7 +44,7 @@ from lorafleet.adapter_rules.safetensors_header import TensorEntry
 from replica.adapter_cache.errors import ChecksumMismatchError
 from replica.adapter_cache.host import HostAdapter, row_targets
 from replica.adapter_cache.identity import FileIdentity, Identities
-from replica.adapter_cache.object_store import _HASHER, MAX_CONFIG_BYTES, new_buffer
+from replica.adapter_cache.object_store import _HASHER, new_buffer
 from replica.errors import (
     AdapterError,
     AdapterRankTooLargeError,
@@ -278,7 +279,7 @@ def read_entry(
             after = FileIdentity.of(os.fstat(f.fileno()))
         with open(path / CONFIG_NAME, "rb", buffering=0) as f:
             config_id = FileIdentity.of(os.fstat(f.fileno()))
-            config = f.read(MAX_CONFIG_BYTES + 1)
+            config = f.read(caps.MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ChecksumMismatchError(f"local copy of {adapter_id!r} could not be read: {exc}") from exc
     seen = (after, config_id)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
+from lorafleet.adapter_rules import caps
 from lorafleet.adapter_rules.artifact import check_artifact, check_files
 from lorafleet.adapter_rules.errors import AdapterRejected, RejectCode
-from lorafleet.adapter_rules.peft_config import MAX_CONFIG_BYTES
 from lorafleet.adapter_rules.safetensors_header import TensorEntry
 from replica.errors import adapter_error
 from replica.lora.row_layout import ModuleKey
@@ -25,7 +25,6 @@ from replica.lora.spec import AdapterSpec
 from schemas.api import ADAPTER_CONFIG_NAME as CONFIG_NAME
 from schemas.api import ADAPTER_WEIGHTS_NAME as WEIGHTS_NAME
 
-MAX_WEIGHTS_BYTES = 4 << 30
 # safetensors dtype -> torch dtype, for every dtype the rules serve
 TORCH_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
@@ -66,12 +65,16 @@ def weights_path(path: Path) -> Path:
     try:
         check_files(p.name for p in path.iterdir())
         weights = path / WEIGHTS_NAME
-        if weights.stat().st_size > MAX_WEIGHTS_BYTES:
-            why = f"{WEIGHTS_NAME} is larger than {MAX_WEIGHTS_BYTES} bytes"
-            raise AdapterRejected(RejectCode.ADAPTER_TOO_LARGE, why, WEIGHTS_NAME)
+        caps.check_size(WEIGHTS_NAME, weights.stat().st_size, caps.MAX_WEIGHTS_BYTES)
     except AdapterRejected as exc:
         raise adapter_error(exc) from exc
     return weights
+
+
+def read_config(path: Path) -> bytes:
+    """The folder's adapter_config.json, at most one byte past the cap (enough for the rules to refuse it)."""
+    with open(path / CONFIG_NAME, "rb") as f:
+        return f.read(caps.MAX_CONFIG_BYTES + 1)
 
 
 def typed(buf: torch.Tensor, entry: TensorEntry) -> torch.Tensor:
@@ -96,8 +99,7 @@ def read_adapter(
         )
         raise adapter_error(missing)
     weights_file = weights_path(path)
-    with open(path / CONFIG_NAME, "rb") as f:
-        config = f.read(MAX_CONFIG_BYTES + 1)
+    config = read_config(path)
     data = bytearray(weights_file.read_bytes())
     try:
         checked = check_artifact(config, data, spec, spec.max_rank, spec.base_model_hash, base_model_hash)
