@@ -19,7 +19,7 @@ from replica.adapter_cache.disk import sha256_file
 from replica.adapter_cache.errors import AdapterCacheError, AdapterNotRegisteredError
 from replica.adapter_cache.record import AdapterRecord
 from replica.errors import adapter_error
-from replica.lora.weights import CONFIG_NAME, weights_path
+from replica.lora.weights import read_config, weights_path
 
 
 class RecordSource(Protocol):
@@ -47,7 +47,7 @@ class LocalRecords:
 def _record(adapter_id: str, path: Path) -> AdapterRecord:
     try:
         weights = weights_path(path)  # AdapterNotSafetensorsError for pickles beside it, or none at all
-        cfg = parse_adapter_config((path / CONFIG_NAME).read_bytes())
+        cfg = parse_adapter_config(read_config(path))
         digest = sha256_file(weights)
     except AdapterRejected as exc:  # a config the adapter rules refuse
         raise adapter_error(exc) from exc
