@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lorafleet.adapter_rules.errors import RejectCode
 from replica.errors import ReplicaError
 
 
@@ -24,15 +25,15 @@ class AdapterNotRegisteredError(AdapterCacheError):
 class ChecksumMismatchError(AdapterCacheError):
     """The fetched bytes do not hash to the registered checksum; they never enter any tier."""
 
-    code = "adapter_invalid"
+    code = RejectCode.CHECKSUM_MISMATCH.value
     type = "invalid_request_error"
     status = 424
 
 
 class ArtifactTooLargeError(AdapterCacheError):
-    """The object is larger than the cap on adapter bytes."""
+    """A file is larger than its shared cap (lorafleet.adapter_rules.caps)."""
 
-    code = "adapter_invalid"
+    code = RejectCode.ADAPTER_TOO_LARGE.value
     type = "invalid_request_error"
     status = 424
 
