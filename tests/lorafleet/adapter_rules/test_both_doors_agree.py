@@ -3,6 +3,7 @@
 Artifacts are PEFT LoRA folders for a tiny Llama, drawn by hypothesis: configs with rsLoRA, rank_pattern,
 alpha_pattern, regex and list targets, layers_to_transform and exclude_modules, then at most one edit (a
 refused feature, a malformed field, a corrupted header, flipped or truncated bytes, NaN values, a pickle).
+The byte caps are lowered to an artifact's own sizes to check a file at and one byte over each cap.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 
+from lorafleet.adapter_rules import caps
 from lorafleet.adapter_rules.lora_tensors import tensor_name
 from tests.lorafleet.adapter_rules.artifacts import (
     MAX_RANK,
@@ -117,3 +119,15 @@ def test_each_code_is_the_same_on_both_doors(case: str) -> None:
     make, code = CASES[case]
     registry, replica = both_doors(make())
     assert registry == code and set(replica.values()) == {code}, replica
+
+
+@pytest.mark.parametrize("cap", ["MAX_CONFIG_BYTES", "MAX_WEIGHTS_BYTES"])
+@pytest.mark.parametrize(("over", "code"), [(0, ACCEPTED), (1, "adapter_too_large")])
+def test_a_file_over_its_shared_cap_is_refused_on_both_doors(
+    monkeypatch: pytest.MonkeyPatch, cap: str, over: int, code: str
+) -> None:
+    art = build({})
+    size = len(art.config if cap == "MAX_CONFIG_BYTES" else art.weights)
+    monkeypatch.setattr(caps, cap, size - over)
+    registry, replica = both_doors(art)
+    assert registry == code and set(replica.values()) == {code}, (registry, replica)
