@@ -85,9 +85,11 @@ def check_artifact(
 ) -> CheckedAdapter:
     """Run every rule on the two files' bytes; AdapterRejected with the first failure's code."""
     cfg = parse_adapter_config(config)
-    check_base(served_base_hash, registered_base_hash, cfg.base_model_hash)
     header = parse_header(weights)
     checked = CheckedAdapter(cfg, header, check_tensors(header, cfg, spec, max_rank))
+    # After the rank and module checks: the registry checks a registration's declared rank and modules
+    # before it fetches anything, so an artifact failing both ways is refused for the same reason at both.
+    check_base(served_base_hash, registered_base_hash, cfg.base_model_hash)
     if check_values:
         check_finite(weights, checked.tensors())
     return checked

@@ -8,6 +8,7 @@ The byte caps are lowered to an artifact's own sizes to check a file at and one 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import struct
@@ -96,6 +97,18 @@ CASES: dict[str, tuple[Callable[[], Artifact], str]] = {
     "one_sided_rank": (lambda: build({}, edit=_resize(Q_A, rows=3)), "shape_mismatch"),
     "rank_over_cap": (
         lambda: build({}, edit=_both(_resize(Q_A, rows=MAX_RANK + 1), _resize(Q_B, cols=MAX_RANK + 1))),
+        "adapter_rank_exceeds_limit",
+    ),
+    # The pipeline declares the real (over-cap) rank, and the config names another base: the registry's
+    # field check refuses the rank before fetching, so the replica must name the rank first too.
+    "rank_over_cap_and_other_base": (
+        lambda: dataclasses.replace(
+            build(
+                {"base_model_hash": OTHER_BASE},
+                edit=_both(_resize(Q_A, rows=MAX_RANK + 1), _resize(Q_B, cols=MAX_RANK + 1)),
+            ),
+            rank=MAX_RANK + 1,
+        ),
         "adapter_rank_exceeds_limit",
     ),
     "rank_not_the_pattern": (
