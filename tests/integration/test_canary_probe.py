@@ -34,8 +34,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 # The fastest settings that still pass the trainer's own held-out check on SmolLM2 (20 steps).
 CANARIES = TrainConfig(count=2, seed=11, ranks=(8, 16), rows_per_adapter=2)
 REQUESTS = 60
-# Cold training runs in its own process, within the test's timeout and leaving it time to start the stack.
-TRAIN_BUDGET_S = 420
+# Cold training runs in its own process under this budget, apart from the probe's own timeout: on a 2-core
+# box shared with another CPU-heavy job, torch's threads contend and training slows several-fold.
+TRAIN_BUDGET_S = 1800
 _TRAIN_FLAGS = {
     "count": "--count",
     "seed": "--seed",
@@ -169,7 +170,7 @@ async def _probe(env: dict[str, str], gateway: str, internal: str, canaries: Pat
     return proc.returncode, summary, err.decode()[-3000:]
 
 
-@pytest.mark.timeout(600)  # covers the fixtures too: cold training and the stack's start-up
+@pytest.mark.timeout(600, func_only=True)  # the fixtures' training and start-up have their own bounds
 async def test_probe_finds_no_leak_through_the_public_api_and_reruns_idempotently(
     services, stack: GatewayStack, canaries: Path
 ) -> None:
