@@ -121,7 +121,7 @@ async def _run(
             uri = f"s3://{platform.s3_bucket}/{prefix}"
         else:
             uri = f"file://{store}"
-        record = AdapterRecord("bench-adapter", uri, digest, BASE_HASH, rank, tuple(spec.shapes))
+        record = AdapterRecord("bench-adapter", uri, digest, BASE_HASH, tuple(spec.shapes))
         layers = _layers(spec, rank, device, dtype)
         gpu = GpuTier(layers, {rank: 2})
         cache = AdapterCache(

@@ -60,7 +60,6 @@ def _record(adapter_id: str, path: Path) -> AdapterRecord:
         digest=digest,
         # an empty hash makes the checks fall back to adapter_config.json's base_model_hash
         base_model_hash=cfg.base_model_hash or "",
-        rank=max([cfg.r, *(rank for _, _, rank in cfg.rank_pattern)]),  # PEFT's largest configured rank
         target_modules=(targets,) if isinstance(targets, str) else targets,
         size_bytes=weights.stat().st_size,
     )

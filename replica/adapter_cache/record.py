@@ -15,7 +15,6 @@ class AdapterRecord:
     weights_uri: str
     digest: str
     base_model_hash: str
-    rank: int
     target_modules: tuple[str, ...]
     size_bytes: int | None = None
 

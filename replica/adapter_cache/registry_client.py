@@ -39,7 +39,6 @@ class RegistryClient:
                 weights_uri=body["weights_uri"],
                 digest=digest_of(body["checksum"]),
                 base_model_hash=body["base_model_hash"],
-                rank=int(body["rank"]),
                 target_modules=tuple(body["target_modules"]),
                 size_bytes=body.get("size_bytes"),
             )

@@ -130,7 +130,7 @@ def replica_verdicts(art: Artifact, folder: Path) -> dict[str, str]:
     """path -> the replica's verdict: the load error's code, or accepted."""
     digest = hashlib.sha256(art.weights).hexdigest()
     config_digest = hashlib.sha256(art.config).hexdigest()
-    record = AdapterRecord("a", f"file://{folder}", digest, SERVED, art.rank, tuple(art.modules))
+    record = AdapterRecord("a", f"file://{folder}", digest, SERVED, tuple(art.modules))
 
     def download() -> object:
         fetched = asyncio.run(ObjectStore(None, [folder]).fetch(record))

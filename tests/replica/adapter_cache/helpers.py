@@ -112,7 +112,6 @@ class Env:
             f"file://{folder}",
             str(kw.pop("digest", digest(folder))),
             str(kw.pop("base_model_hash", BASE_HASH)),
-            rank,
             tuple(SPEC.shapes),
         )
         self.registry.records[adapter_id] = record

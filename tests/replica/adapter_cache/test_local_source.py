@@ -23,7 +23,7 @@ async def test_a_configured_folder_is_a_file_record_with_its_digest_and_declared
     local = LocalRecords({"a1": folder})
     record = await local.get("a1")
     assert record.weights_uri == f"file://{folder.resolve()}" and record.digest == digest(folder)
-    assert record.rank == 4 and record.base_model_hash == "sha256:" + "c" * 64
+    assert record.base_model_hash == "sha256:" + "c" * 64
     assert local.roots == [folder.resolve()]
     with pytest.raises(AdapterNotRegisteredError):
         await local.get("a2")

@@ -68,7 +68,7 @@ async def test_rslora_and_patterns_served_from_the_cache_match_peft(
     for rec in RECIPES:
         digest = hashlib.sha256((dirs[rec.name] / "adapter_model.safetensors").read_bytes()).hexdigest()
         registry.records[rec.name] = AdapterRecord(
-            rec.name, f"file://{dirs[rec.name]}", digest, TEST_BASE_HASH, rec.r, tuple(rec.targets)
+            rec.name, f"file://{dirs[rec.name]}", digest, TEST_BASE_HASH, tuple(rec.targets)
         )
     cache = AdapterCache(
         spec,
