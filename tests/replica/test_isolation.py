@@ -17,12 +17,12 @@ import pytest
 
 import replica.engine.model_runner as model_runner
 from canary.check import IsolationTally
-from canary.engine_run import mixed_requests, run_isolation
 from canary.manifest import CanaryManifest
 from canary.markers import markers_in_tokens
 from replica.engine.sampler import SamplingParams
 from replica.lora.batch_meta import LoraBatchMeta
 from tests.canary.canary_util import build_canary_engine, canary_replica, tiny_sampler, train_tiny_canaries
+from tests.canary.engine_run import mixed_requests, run_isolation
 
 NUM_CANARIES = 64
 SLOTS = {8: 4, 16: 4, 32: 4}  # 12 GPU slots for 64 adapters: loads and evictions all through the run
