@@ -27,7 +27,9 @@ SCHEMA_VERSION = 1
 
 Tier = Literal["gpu", "ram", "disk", "remote"]
 ResidentTier = Literal["gpu", "ram", "disk"]  # where a replica holds an adapter (remote: it holds none)
-ReplicaStatus = Literal["starting", "ready", "draining"]
+# A replica's life: starting (base loading) -> warming (loading the adapters it owns; never routed to) ->
+# ready (routed to) -> draining (finishing its running requests; never routed to) -> gone.
+ReplicaStatus = Literal["starting", "warming", "ready", "draining"]
 ValidationStatus = Literal["ready", "rejected"]  # a validated version's outcome
 RequestStatus = Literal["ok", "error", "cancelled"]  # how a request ended
 
@@ -120,6 +122,9 @@ class ReplicaStateBody(BaseModel):
     tokens_in_flight: NonNegativeInt = 0
     evictions_per_min: NonNegativeFloat = 0.0
     loads_per_min: NonNegativeFloat = 0.0
+    # how far warming has got: adapters placed on this replica, and how many of them it holds in a tier
+    owned_adapters: NonNegativeInt = 0
+    warm_adapters: NonNegativeInt = 0
 
 
 class ReplicaState(Event, ReplicaStateBody):

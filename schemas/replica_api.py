@@ -12,6 +12,10 @@ concatenation of every token's text and done.text. A stream that ends without a 
 lost its replica. Lines are written by encode_event and read by STREAM_EVENT.validate_json; anything else
 on a line is a protocol error.
 
+POST /internal/drain takes an optional DrainRequest and answers a DrainResponse: the replica publishes
+replica.state with status draining, refuses new requests (503, code "replica_draining"), finishes the
+running ones (ending any still running at the deadline with an error line of that code) and exits.
+
 Responses carry x-request-id, and for adapter requests x-adapter-id and x-adapter-tier (gpu | ram | disk |
 remote: where the adapter was when the request arrived).
 """
@@ -108,6 +112,26 @@ class LoadResponse(BaseModel):
     tier: Literal["gpu"]
     rank_bucket: int
     load_ms: float
+
+
+class DrainRequest(BaseModel):
+    """POST /internal/drain (optional body): stop taking requests, finish the running ones, then exit.
+
+    Requests still running after deadline_s end with an ErrorEvent (code "replica_draining"); None means
+    the replica's configured drain deadline."""
+
+    model_config = _CONTRACT
+    deadline_s: float | None = Field(default=None, gt=0)
+
+
+class DrainResponse(BaseModel):
+    """The replica is draining (repeating the call changes nothing): requests in flight, and the deadline."""
+
+    model_config = _CONTRACT
+    replica_id: str
+    status: Literal["draining"] = "draining"
+    in_flight: NonNegativeInt
+    deadline_s: float
 
 
 class UnloadResponse(BaseModel):
