@@ -1,7 +1,8 @@
 """The placement worker's event handlers: each records its input idempotently, then replans what it touched.
 
-adapters.validated -> place that adapter (if ready); adapter.stats -> store the window, and the next tick
-replans every adapter with a new window together; replica.state -> heartbeat (with the replica's GPU slots),
+adapters.validated -> place that adapter (if ready); adapter.stats -> mark the window planned on, and when
+its tokens/s is news the next tick replans every adapter with a new window together; replica.state ->
+heartbeat (with the replica's GPU slots),
 replan everything when the member set or its slots changed; aliases.changed -> replan the new and the
 previous target, then prewarm the new target on its owners. Placement rows and their replica.commands commit
 together (outbox), under one lock.

@@ -50,12 +50,17 @@ async def heartbeats(conn: Connection | asyncpg.Pool, prefix: str) -> list[Heart
 async def record_stats(
     conn: Connection, adapter_id: str, window_start: datetime, requests: int, tps: float, hit: float
 ) -> bool:
-    """Store one traffic window of a known adapter once; True when it is new."""
+    """Mark one traffic window of a known adapter as planned on; True when its tokens/s is news to the
+    planner (the stats stream may have stored the row first: the row is kept, only the mark decides)."""
     return bool(
         await conn.fetchval(
-            """INSERT INTO adapter_stats (adapter_id, window_start, requests, tokens_per_s, gpu_hit_rate)
-               SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM adapters WHERE adapter_id = $1)
-               ON CONFLICT DO NOTHING RETURNING true""",
+            """INSERT INTO adapter_stats AS st
+                   (adapter_id, window_start, requests, tokens_per_s, gpu_hit_rate, planned_tokens_per_s)
+               SELECT $1, $2, $3, $4, $5, $4 WHERE EXISTS (SELECT 1 FROM adapters WHERE adapter_id = $1)
+               ON CONFLICT (adapter_id, window_start)
+               DO UPDATE SET planned_tokens_per_s = EXCLUDED.tokens_per_s
+               WHERE st.planned_tokens_per_s IS DISTINCT FROM EXCLUDED.tokens_per_s
+               RETURNING true""",
             adapter_id,
             window_start,
             requests,
