@@ -1,4 +1,4 @@
-"""`lorafleet services up|down|status`: the local stack on loopback."""
+"""`lorafleet services up|init|down|status`: the local stack on loopback, or set-up of one elsewhere."""
 
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ def up(infra_only: bool = typer.Option(False, "--infra-only", help="Only Kafka, 
     stack.infra_up(settings, typer.echo)
     if not infra_only:
         stack.apps_up(settings, typer.echo)
+
+
+@app.command()
+def init() -> None:
+    """Migrate, create the topics and the bucket on services that run elsewhere (containers, Kubernetes)."""
+    stack.prepare(get_settings(), typer.echo)
 
 
 @app.command()

@@ -62,10 +62,17 @@ def app_process(settings: PlatformSettings, name: str) -> ManagedProcess:
 def infra_up(settings: PlatformSettings, report: Callable[[str], None]) -> None:
     for svc in INFRA:
         report(f"{svc.name}: {svc.up(settings)} ({svc.address(settings)})")
+    prepare(settings, report)
+
+
+def prepare(settings: PlatformSettings, report: Callable[[str], None]) -> None:
+    """Migrate the database and create the topics and the adapter bucket; idempotent."""
     applied = asyncio.run(migrate(settings.database_url))
     report(f"migrations: {len(applied)} applied")
     created = asyncio.run(ensure_topics(settings))
     report(f"topics: {len(created)} created")
+    objectstore.ensure_bucket(settings)
+    report(f"bucket: {settings.s3_bucket}")
 
 
 def apps_up(settings: PlatformSettings, report: Callable[[str], None]) -> None:
