@@ -37,6 +37,7 @@ class GatewaySettings(BaseSettings):
     max_config_bytes: int | None = Field(default=None, ge=1)
     validator_group: str = "registry-validator"
     validator_metrics_port: int = Field(default=9461, ge=0, description="validator /metrics; 0 disables")
+    validator_metrics_host: str = "127.0.0.1"  # 0.0.0.0 in a container
 
     # The public OpenAI-compatible API (a listener of its own; tenants never see /internal).
     public_host: str = "127.0.0.1"

@@ -105,5 +105,5 @@ def registry_validator() -> None:
     """Validate adapter registrations (both doors) and mark each version ready or rejected."""
 
     config = GatewayConfig.from_env()
-    metrics.serve(config.gateway.validator_metrics_port)
+    metrics.serve(config.gateway.validator_metrics_port, config.gateway.validator_metrics_host)
     run_until_signal(lambda stop: run_validator(config, stop))

@@ -53,3 +53,5 @@ class RelaySettings(BaseSettings):
     # and before the rows are marked sent.
     fault: str | None = None
     metrics_port: int = Field(default=9460, ge=0, description="Prometheus /metrics; 0 disables it")
+    # Loopback on one machine; 0.0.0.0 in a container, so Prometheus in another one can scrape it.
+    metrics_host: str = "127.0.0.1"

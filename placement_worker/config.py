@@ -33,6 +33,7 @@ class PlacementSettings(BaseSettings):
     replica_id_prefix: str = ""
     tick_s: float = Field(default=1.0, gt=0)
     metrics_port: int = Field(default=9462, ge=0, description="Prometheus /metrics; 0 disables it")
+    metrics_host: str = "127.0.0.1"  # 0.0.0.0 in a container
 
 
 class PlacementConfig:

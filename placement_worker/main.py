@@ -73,5 +73,5 @@ def placement_worker() -> None:
     """Place adapters on replicas (rendezvous owners, k raised with traffic) and emit load/unload commands."""
 
     config = PlacementConfig.from_env()
-    metrics.serve(config.placement.metrics_port)
+    metrics.serve(config.placement.metrics_port, config.placement.metrics_host)
     run_until_signal(lambda stop: run_worker(config, stop))

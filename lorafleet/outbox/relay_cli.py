@@ -15,7 +15,7 @@ from lorafleet.worker import run_until_signal
 
 async def _main(stop: asyncio.Event) -> None:
     platform, settings = get_settings(), RelaySettings()
-    metrics.serve(settings.metrics_port)
+    metrics.serve(settings.metrics_port, settings.metrics_host)
     pool = await asyncpg.create_pool(platform.database_url, min_size=1, max_size=3)
     producer = make_producer(platform)
     await producer.start()
