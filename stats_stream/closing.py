@@ -56,8 +56,9 @@ def close_window(
     """Everything one closed window produces."""
     unique = agg.dedupe(events)
     requests = [e for e in unique if isinstance(e, RequestCompleted)]
-    replica_events = [e for e in unique if isinstance(e, ReplicaEvent)]
-    states = [e for e in unique if isinstance(e, ReplicaState)]
+    ours = settings.replica_id_prefix
+    replica_events = [e for e in unique if isinstance(e, ReplicaEvent) and e.replica_id.startswith(ours)]
+    states = [e for e in unique if isinstance(e, ReplicaState) and e.replica_id.startswith(ours)]
     window_s = settings.window_s
     start, end = from_ms(window_ms), from_ms(window_ms + int(window_s * 1000))
 

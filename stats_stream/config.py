@@ -23,6 +23,7 @@ class SignalSettings(BaseModel):
     max_replicas: int = Field(default=32, ge=1)
     scale_down_windows: int = Field(default=5, ge=1, description="quiet windows before a scale-down")
     max_scale_down_step: int = Field(default=1, ge=1, description="replicas removed per window at most")
+    replica_id_prefix: str = Field(default="", description="only the fleet's replicas count")
 
 
 class StatsStreamSettings(BaseSettings):
@@ -53,6 +54,7 @@ class StatsStreamSettings(BaseSettings):
     max_replicas: int = 32
     scale_down_windows: int = 5
     max_scale_down_step: int = 1
+    replica_id_prefix: str = ""  # `replica-` under `make up`: another stack on the same Kafka is not ours
 
     def signals(self) -> SignalSettings:
         return SignalSettings(**{name: getattr(self, name) for name in SignalSettings.model_fields})

@@ -27,10 +27,12 @@ def autoscale(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = AutoscaleSettings()
     log.info(
-        "autoscale --local: fleet %s, %d..%d replicas",
+        "autoscale --local: fleet %s, %d..%d replicas (%d not ours), cooldown %.0fs",
         settings.fleet,
         settings.min_replicas,
         settings.max_replicas,
+        settings.unmanaged_replicas,
+        settings.cooldown_s,
     )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run(get_settings(), settings))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from lorafleet.autoscale.decide import Limits
@@ -10,12 +11,29 @@ from lorafleet.autoscale.decide import Limits
 class AutoscaleSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LORAFLEET_AUTOSCALE_", extra="ignore")
 
-    fleet: str = "default"
-    min_replicas: int = 2
-    max_replicas: int = 4
-    unmanaged_replicas: int = 2  # replica-0 and replica-1 of `lorafleet services up`
-    first_port: int = 18100
-    group_id: str = "lorafleet-autoscale-local"
+    fleet: str = "default"  # the stats stream's LORAFLEET_STATS_FLEET
+    min_replicas: int = Field(default=2, ge=0)
+    max_replicas: int = Field(default=4, ge=1)
+    unmanaged_replicas: int = Field(default=2, ge=0)  # replica-0 and replica-1 of `lorafleet services up`
+    replica_id_prefix: str = "replica-"  # our replicas are <prefix><index>, like the stack's
+    first_port: int = 18100  # replica <index> listens on first_port + index
+    host: str = "127.0.0.1"
+    cooldown_s: float = Field(default=60.0, ge=0, description="after an action completes, before the next")
+    start_timeout_s: float = Field(
+        default=300.0, gt=0, description="a new replica not ready by then is stopped"
+    )
+    drain_deadline_s: float = Field(default=30.0, gt=0, description="sent with POST /internal/drain")
+    drain_grace_s: float = Field(default=10.0, ge=0, description="past the drain deadline, then SIGKILL")
+    signal_max_age_s: float = Field(default=180.0, gt=0, description="older signals are not acted on")
+    tick_s: float = Field(default=1.0, gt=0)
+    replica_service_token: SecretStr = SecretStr("dev-service-token")  # the replicas' service token
 
     def limits(self) -> Limits:
-        return Limits(self.min_replicas, self.max_replicas, self.unmanaged_replicas, self.first_port)
+        return Limits(
+            min_replicas=self.min_replicas,
+            max_replicas=self.max_replicas,
+            unmanaged_replicas=self.unmanaged_replicas,
+            cooldown_s=self.cooldown_s,
+            start_timeout_s=self.start_timeout_s,
+            drain_grace_s=self.drain_grace_s,
+        )

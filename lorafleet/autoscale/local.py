@@ -1,87 +1,153 @@
-"""The local actuator: consume autoscale.signals and start or stop replica processes by pid file.
+"""The local actuator: observe our replicas, ask decide() for the next action, carry it out. I/O only.
 
-Our replicas' pid files are named `autoscale-replica-k`, so the autoscaler recognises the processes it started
-(across its own restarts) and can never stop one it did not. A new replica loads the base model, publishes
-replica.state and receives its owned adapters from the placement worker, which warms them.
+Our replicas are found by their pid files (records.py), so the autoscaler recognises the processes it
+started across its own restarts and never signals one it did not. A replica's status comes from its state
+route. A scale-down asks the replica to drain (POST /internal/drain) and waits for its process to exit.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import signal
 import sys
+import time
+
+import httpx
 
 from lorafleet.autoscale.config import AutoscaleSettings
-from lorafleet.autoscale.decide import Limits, Start, Stop, decide
+from lorafleet.autoscale.decide import Action, Drain, Kill, Observed, Start, decide
+from lorafleet.autoscale.records import Record, Records
+from lorafleet.autoscale.signals import SignalFollower
 from lorafleet.config import PlatformSettings
-from lorafleet.kafka import make_consumer
-from lorafleet.services.paths import REPO_ROOT, log_dir, run_dir
-from lorafleet.services.process import ManagedProcess
+from lorafleet.services.paths import REPO_ROOT
 from lorafleet.services.stack import FLEET_ENV
-from schemas import topics
-from schemas.events import AutoscaleSignal, parse_event
+from schemas.events import ReplicaStatus
+from schemas.replica_api import DrainRequest, DrainResponse, StateResponse
 
 log = logging.getLogger(__name__)
 
 
-def replica_argv(start: Start) -> list[str]:
+def replica_argv(replica_id: str, port: int) -> list[str]:
     """The same command line as the stack's replica-0 and replica-1, with the next id and port."""
-    serve = ["replica", "serve", "--replica-id", start.replica_id, "--port", str(start.port)]
+    serve = ["replica", "serve", "--replica-id", replica_id, "--port", str(port)]
     return [sys.executable, "-m", "lorafleet.cli", *serve]
 
 
 class LocalFleet:
-    """The replica processes this autoscaler started, found by their pid files."""
+    """The replica processes this autoscaler started, and the HTTP calls it makes to them."""
 
-    def __init__(self, platform: PlatformSettings, limits: Limits) -> None:
-        self.platform, self.limits = platform, limits
+    def __init__(
+        self, platform: PlatformSettings, settings: AutoscaleSettings, client: httpx.AsyncClient
+    ) -> None:
+        self.settings, self.client = settings, client
+        self.records = Records(platform, settings.replica_id_prefix, settings.first_port)
+        self.headers = {"Authorization": f"Bearer {settings.replica_service_token.get_secret_value()}"}
 
-    def process(self, index: int) -> ManagedProcess:
-        return ManagedProcess(f"autoscale-replica-{index}", run_dir(self.platform), log_dir(self.platform))
+    def url(self, index: int) -> str:
+        return f"http://{self.settings.host}:{self.records.port(index)}"
 
-    def managed(self) -> dict[int, int]:
-        """index -> pid of our live replicas (an upper bound of indices we could have used)."""
-        out: dict[int, int] = {}
-        for i in range(self.limits.unmanaged_replicas, self.limits.max_replicas + 8):
-            pid = self.process(i).pid()
-            if pid is not None:
-                out[i] = pid
+    async def status(self, r: Record) -> ReplicaStatus | None:
+        try:
+            resp = await self.client.get(
+                f"{self.url(r.index)}/internal/replicas/{r.replica_id}/state",
+                headers=self.headers,
+                timeout=2.0,
+            )
+            resp.raise_for_status()
+            return StateResponse.model_validate_json(resp.content).status
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    async def observe(self) -> list[Observed]:
+        """Our live replicas; records what completed since the last look (an exit, a first ready)."""
+        for index in self.records.reap():
+            log.info("%s: process gone", self.records.replica_id(index))
+            self.records.touch_last_action()
+        records = self.records.live()
+        statuses = await asyncio.gather(*(self.status(r) for r in records))
+        out = []
+        for r, status in zip(records, statuses, strict=True):
+            was_ready = r.was_ready
+            if status == "ready" and not was_ready and r.drain_deadline is None:
+                self.records.mark_ready(r.index)
+                self.records.touch_last_action()
+                log.info("%s: ready %.1fs after its start", r.replica_id, time.time() - r.started_at)
+                was_ready = True
+            out.append(Observed(r.index, r.pid, r.started_at, status, was_ready, r.drain_deadline))
         return out
 
-    def apply(self, action: Start | Stop) -> None:
-        proc = self.process(action.index)
+    async def apply(self, action: Action) -> None:
+        self.records.touch_last_action()
         if isinstance(action, Start):
-            env = {k: v for k, v in FLEET_ENV.items() if k not in os.environ}
-            pid = proc.start(replica_argv(action), env=env, cwd=REPO_ROOT)
-            log.info(
-                "started %s on port %d (pid %d, log %s)", action.replica_id, action.port, pid, proc.log_file
-            )
-        elif proc.pid() == action.pid:  # still the process we started
-            proc.stop()
-            log.info("stopped %s (pid %d)", action.replica_id, action.pid)
+            await self.start(action.index)
+        elif isinstance(action, Drain):
+            await self.drain(action)
+        else:
+            self.kill(action)
 
-    def act_on(self, signal: AutoscaleSignal) -> list[Start | Stop]:
-        actions = decide(self.managed(), signal.desired_replicas, self.limits)
-        for a in actions:
-            self.apply(a)
-        return actions
+    async def start(self, index: int) -> None:
+        rid, port = self.records.replica_id(index), self.records.port(index)
+        env = {k: v for k, v in FLEET_ENV.items() if k not in os.environ}
+        proc = self.records.process(index)
+        pid = proc.start(replica_argv(rid, port), env=env, cwd=REPO_ROOT)
+        log.info("%s: started on port %d (pid %d, log %s)", rid, port, pid, proc.log_file)
+
+    async def drain(self, action: Drain) -> None:
+        rid = self.records.replica_id(action.index)
+        body = DrainRequest(deadline_s=self.settings.drain_deadline_s)
+        try:
+            resp = await self.client.post(
+                f"{self.url(action.index)}/internal/drain",
+                content=body.model_dump_json(),
+                headers={**self.headers, "content-type": "application/json"},
+                timeout=5.0,
+            )
+            resp.raise_for_status()
+            answer = DrainResponse.model_validate_json(resp.content)
+        except (httpx.HTTPError, ValueError) as exc:
+            # SIGTERM drains the same way; the deadline is ours
+            log.warning("%s: drain route failed (%s); sending SIGTERM", rid, exc)
+            if self.records.process(action.index).pid() == action.pid:
+                os.kill(action.pid, signal.SIGTERM)
+            self.records.mark_draining(action.index, time.time() + self.settings.drain_deadline_s)
+            return
+        self.records.mark_draining(action.index, time.time() + answer.deadline_s)
+        log.info("%s: draining, %d in flight, deadline %.0fs", rid, answer.in_flight, answer.deadline_s)
+
+    def kill(self, action: Kill) -> None:
+        rid, proc = self.records.replica_id(action.index), self.records.process(action.index)
+        if proc.pid() != action.pid:
+            return
+        log.error("%s: %s; killing pid %d", rid, action.reason, action.pid)
+        os.kill(action.pid, signal.SIGKILL)
+        self.records.forget(action.index)
 
 
 async def run(platform: PlatformSettings, settings: AutoscaleSettings) -> None:
-    """Act on every signal of our fleet until cancelled; old signals are skipped (latest offsets only)."""
-    fleet = LocalFleet(platform, settings.limits())
-    consumer = make_consumer(
-        platform, topics.AUTOSCALE_SIGNALS.name, group_id=settings.group_id, auto_offset_reset="latest"
-    )
-    await consumer.start()
+    """Follow the fleet's signal and act on it, one action at a time, until cancelled."""
+    follower = SignalFollower(platform, settings.fleet, settings.signal_max_age_s)
+    following = asyncio.create_task(follower.run(), name="autoscale-signals")
+    limits = settings.limits()
+    said = ""
     try:
-        async for record in consumer:
-            event = parse_event(record.value, record.topic)
-            if isinstance(event, AutoscaleSignal) and event.fleet == settings.fleet:
-                actions = fleet.act_on(event)
-                log.info(
-                    "signal desired=%d (%s): %s", event.desired_replicas, event.reason, actions or "no change"
+        async with httpx.AsyncClient() as client:
+            fleet = LocalFleet(platform, settings, client)
+            while not following.done():
+                observed = await fleet.observe()
+                now = time.time()
+                decision = decide(
+                    observed, follower.desired(now), now, fleet.records.last_action_at(), limits
                 )
-            await consumer.commit()
+                if decision.action is not None:
+                    log.info("%s: %s", decision.reason, decision.action)
+                    await fleet.apply(decision.action)
+                elif decision.reason != said:
+                    log.info("%s", decision.reason)
+                said = decision.reason
+                await asyncio.sleep(settings.tick_s)
+            following.result()
     finally:
-        await consumer.stop()
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)

@@ -44,5 +44,8 @@ def status(as_json: bool = typer.Option(False, "--json")) -> None:
             mark = "healthy" if info["healthy"] else "DOWN"
             detail = info.get("address") or f"pid {info.get('pid')}"
             typer.echo(f"{name:12s} {mark:8s} {detail}")
+            for r in info.get("replicas", []):  # type: ignore[attr-defined]
+                status = r["status"] or "no answer"
+                typer.echo(f"  {r['replica_id']:10s} {status:9s} port {r['port']} pid {r['pid']}")
     if not all(info["healthy"] for info in result.values()):
         raise typer.Exit(1)

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from lorafleet.autoscale import view as autoscale_view
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
@@ -33,6 +34,8 @@ INFRA: tuple[Infra, ...] = (
     Infra("objectstore", objectstore.up, objectstore.down, objectstore.ready, lambda s: s.s3_endpoint),
 )
 
+AUTOSCALER = "autoscaler"
+
 # The project's own long-running processes, as `lorafleet` sub-commands. Later issues add the gateway,
 # placement worker, stats stream and replicas here.
 APP_PROCESSES: dict[str, list[str]] = {
@@ -44,6 +47,8 @@ APP_PROCESSES: dict[str, list[str]] = {
     "public-gateway": ["public-gateway"],
     "replica-0": ["replica", "serve", "--replica-id", "replica-0", "--port", "18100"],
     "replica-1": ["replica", "serve", "--replica-id", "replica-1", "--port", "18101"],
+    # last, so `down` stops it before the replicas it started (replica-2, replica-3, ...)
+    AUTOSCALER: ["autoscale", "--local"],
 }
 
 
@@ -52,6 +57,7 @@ APP_PROCESSES: dict[str, list[str]] = {
 FLEET_ENV: dict[str, str] = {
     "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": "replica-",
     "LORAFLEET_PLACEMENT_REPLICA_ID_PREFIX": "replica-",
+    "LORAFLEET_STATS_REPLICA_ID_PREFIX": "replica-",
 }
 
 
@@ -89,6 +95,8 @@ def apps_up(settings: PlatformSettings, report: Callable[[str], None]) -> None:
 def down(settings: PlatformSettings, report: Callable[[str], None]) -> None:
     for name in reversed(list(APP_PROCESSES)):
         report(f"{name}: {'stopped' if app_process(settings, name).stop() else 'not running'}")
+        if name == AUTOSCALER:
+            autoscale_view.stop_replicas(settings, report)
     for svc in reversed(INFRA):
         report(f"{svc.name}: {'stopped' if svc.down(settings) else 'not running'}")
 
@@ -100,4 +108,5 @@ def status(settings: PlatformSettings) -> dict[str, dict[str, object]]:
     for name in APP_PROCESSES:
         pid = app_process(settings, name).pid()
         out[name] = {"healthy": pid is not None, "pid": pid}
+    out[AUTOSCALER]["replicas"] = autoscale_view.replica_rows(settings)
     return out

@@ -57,3 +57,12 @@ def test_the_fleet_bill_is_charged_to_tenants() -> None:
     report = close_window(W, busy_window(), ScaleState(), S)
     assert sum(c.cost_usd for c in report.costs.values()) == pytest.approx(2 * 2.5 / 60)
     assert report.tier_shares["remote"] == pytest.approx(10 / 30)
+
+
+def test_only_the_fleets_own_replicas_count_towards_its_size_load_and_churn() -> None:
+    scoped = S.model_copy(update={"replica_id_prefix": "rep-1"})
+    report = close_window(W, busy_window(), ScaleState(), scoped)
+    assert report.autoscale.current_replicas == 1  # rep-2 belongs to another stack on the same Kafka
+    assert report.load.queue_depth == 30
+    assert report.autoscale.desired_replicas == 6  # ceil(30 queued / 5 per replica)
+    assert set(report.churn) == {"rep-1"}

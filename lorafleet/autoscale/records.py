@@ -1,0 +1,114 @@
+"""The autoscaler's records on disk: what it started and how far each action got, under the run folder.
+
+Per replica it started, `autoscale-<replica id>.pid` (written at the spawn; its mtime is the start time),
+`.ready` once it was seen ready, and `.drain` holding the drain's deadline (epoch seconds). `autoscale.last`
+holds the time of the last action or completion, for the cooldown. Everything the autoscaler knows after
+a restart comes from these files and from the live processes, never from memory.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from lorafleet.config import PlatformSettings
+from lorafleet.services.paths import log_dir, run_dir
+from lorafleet.services.process import ManagedProcess
+
+
+@dataclass(frozen=True)
+class Record:
+    """One replica the autoscaler started and whose process is alive."""
+
+    index: int
+    replica_id: str
+    port: int
+    pid: int
+    started_at: float
+    was_ready: bool
+    drain_deadline: float | None
+
+
+class Records:
+    """The files of one autoscaler's replicas (ids `<prefix><index>`, ports `first_port + index`)."""
+
+    def __init__(self, platform: PlatformSettings, prefix: str, first_port: int) -> None:
+        self.run, self.logs = run_dir(platform), log_dir(platform)
+        self.prefix, self.first_port = prefix, first_port
+
+    def replica_id(self, index: int) -> str:
+        return f"{self.prefix}{index}"
+
+    def port(self, index: int) -> int:
+        return self.first_port + index
+
+    def process(self, index: int) -> ManagedProcess:
+        return ManagedProcess(f"autoscale-{self.replica_id(index)}", self.run, self.logs)
+
+    def _marker(self, index: int, suffix: str) -> Path:
+        return self.run / f"autoscale-{self.replica_id(index)}.{suffix}"
+
+    def indices(self) -> list[int]:
+        """Indices with a pid file, live or stale."""
+        pattern = re.compile(rf"autoscale-{re.escape(self.prefix)}(\d+)\.pid")
+        found = (pattern.fullmatch(p.name) for p in self.run.glob("autoscale-*.pid"))
+        return sorted(int(m.group(1)) for m in found if m is not None)
+
+    def reap(self) -> list[int]:
+        """Forget the replicas whose process has exited; their indices."""
+        gone = [i for i in self.indices() if self.process(i).pid() is None]
+        for i in gone:
+            self.forget(i)
+        return gone
+
+    def live(self) -> list[Record]:
+        """Our replicas whose process is alive."""
+        out = []
+        for i in self.indices():
+            proc = self.process(i)
+            try:
+                started = proc.pid_file.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            pid = proc.pid()
+            if pid is None:
+                continue
+            deadline = self._marker(i, "drain")
+            out.append(
+                Record(
+                    i,
+                    self.replica_id(i),
+                    self.port(i),
+                    pid,
+                    started,
+                    self._marker(i, "ready").exists(),
+                    float(deadline.read_text()) if deadline.exists() else None,
+                )
+            )
+        return out
+
+    def mark_ready(self, index: int) -> None:
+        self._marker(index, "ready").touch()
+
+    def mark_draining(self, index: int, deadline: float) -> None:
+        self._marker(index, "drain").write_text(f"{deadline:.3f}")
+
+    def forget(self, index: int) -> None:
+        for suffix in ("ready", "drain", "pid"):
+            self._marker(index, suffix).unlink(missing_ok=True)
+
+    @property
+    def _last(self) -> Path:
+        return self.run / f"autoscale-{self.prefix}last"
+
+    def last_action_at(self) -> float | None:
+        try:
+            return float(self._last.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def touch_last_action(self, at: float | None = None) -> None:
+        self.run.mkdir(parents=True, exist_ok=True)
+        self._last.write_text(f"{time.time() if at is None else at:.3f}")
