@@ -25,6 +25,7 @@ def autoscale(
     from lorafleet.autoscale.local import run
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a state request per replica per tick
     settings = AutoscaleSettings()
     log.info(
         "autoscale --local: fleet %s, %d..%d replicas (%d not ours), cooldown %.0fs",

@@ -62,8 +62,9 @@ class SignalFollower:
                 at = found.get(tp)
                 consumer.seek(tp, at.offset if at is not None else ends[tp])
             async for record in consumer:
+                before = self.latest.desired_replicas if self.latest is not None else None
                 signal = self.take(record.value)
-                if signal is not None:
+                if signal is not None and signal.desired_replicas != before:
                     log.info(
                         "signal desired=%d current=%d (%s)",
                         signal.desired_replicas,

@@ -26,5 +26,7 @@ def test_status_reports_each_local_service_as_healthy(services) -> None:
     status = json.loads(out.stdout)
     for name in ("postgres", "kafka", "objectstore"):
         assert status[name]["healthy"] is True, status
+    # The autoscaler is listed with the replicas it started (none in the test data folder).
+    assert status["autoscaler"]["replicas"] == [], status
     # The relay is part of `make up`, not of the test infra; status must say so and exit 1 when it is down.
     assert (out.returncode == 0) == all(info["healthy"] for info in status.values())
