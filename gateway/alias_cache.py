@@ -15,6 +15,7 @@ import time
 
 import asyncpg
 
+from gateway.rollout import AliasTarget
 from lorafleet.config import PlatformSettings
 from lorafleet.kafka import make_consumer
 from schemas import topics
@@ -24,31 +25,36 @@ log = logging.getLogger(__name__)
 
 
 class AliasCache:
-    """(tenant, alias) -> (expires, adapter_id | None), read from the aliases table."""
+    """(tenant, alias) -> (expires, target | None), read from the aliases table."""
 
     def __init__(self, pool: asyncpg.Pool, ttl_s: float = 10.0, max_entries: int = 100_000) -> None:
         self.pool = pool
         self.ttl_s = ttl_s
         self.max_entries = max_entries
-        self._entries: dict[tuple[str, str], tuple[float, str | None]] = {}
+        self._entries: dict[tuple[str, str], tuple[float, AliasTarget | None]] = {}
         self._changes = 0  # events applied so far
 
-    async def resolve(self, tenant_id: str, alias: str) -> str | None:
-        """The adapter id the alias points at now, if the alias exists and belongs to tenant_id."""
+    async def resolve(self, tenant_id: str, alias: str) -> AliasTarget | None:
+        """Where the alias points now (its version and canary), if it exists and belongs to tenant_id."""
         key = (tenant_id, alias)
         hit = self._entries.get(key)
         if hit is not None and hit[0] > time.monotonic():
             return hit[1]
         changes = self._changes
         row = await self.pool.fetchrow(
-            "SELECT adapter_id FROM aliases WHERE alias = $1 AND tenant_id = $2", alias, tenant_id
+            """SELECT adapter_id, canary_adapter_id, canary_weight FROM aliases
+               WHERE alias = $1 AND tenant_id = $2""",
+            alias,
+            tenant_id,
         )
-        adapter_id = row["adapter_id"] if row is not None else None
+        target = None
+        if row is not None:
+            target = AliasTarget(row["adapter_id"], row["canary_adapter_id"], row["canary_weight"] or 0.0)
         if changes == self._changes:  # an event during the read: the row may predate it, answer uncached
             if len(self._entries) >= self.max_entries:
                 self._entries.clear()
-            self._entries[key] = (time.monotonic() + self.ttl_s, adapter_id)
-        return adapter_id
+            self._entries[key] = (time.monotonic() + self.ttl_s, target)
+        return target
 
     def apply(self, event: AliasChanged) -> None:
         """An alias moved (here or in a fleet sharing the topic): read it again on its next request."""

@@ -135,30 +135,47 @@ def show(adapter_id: str) -> None:
 
 
 @alias_app.command("set")
-def set_alias(alias: str, adapter_id: str) -> None:
-    """Point ALIAS (tenant/name:label) at a ready ADAPTER_ID of the same tenant (a deploy)."""
-    typer.echo(json.dumps(_call("PUT", f"/internal/aliases/{alias}", json={"adapter_id": adapter_id})))
+def set_alias(
+    alias: str,
+    adapter_id: str,
+    canary: str | None = typer.Option(None, "--canary", help="A second version that takes --weight of it."),
+    weight: float | None = typer.Option(None, "--weight", help="The canary's share of requests, in (0, 1)."),
+) -> None:
+    """Point ALIAS (tenant/name:label) at a ready ADAPTER_ID of the same tenant (a deploy), optionally
+    with a weighted canary version. Without --canary, any canary ends."""
+    if (canary is None) != (weight is None):
+        raise typer.BadParameter("--canary and --weight go together")
+    body: dict[str, Any] = {"adapter_id": adapter_id}
+    if canary is not None:
+        body["canary"] = {"adapter_id": canary, "weight": weight}
+    typer.echo(json.dumps(_call("PUT", f"/internal/aliases/{alias}", json=body)))
 
 
 @alias_app.command("rollback")
 def rollback(alias: str) -> None:
-    """Point ALIAS back at its previous adapter version."""
+    """End ALIAS's canary (all traffic back to its version), or with no canary, point it back at its
+    previous version."""
     current = _call("GET", f"/internal/aliases/{alias}")
-    if not current.get("previous_adapter_id"):
-        typer.echo(f"{alias} has no previous version to roll back to", err=True)
+    if current.get("canary_adapter_id"):
+        body = {"adapter_id": current["adapter_id"]}
+    elif current.get("previous_adapter_id"):
+        body = {"adapter_id": current["previous_adapter_id"]}
+    else:
+        typer.echo(f"{alias} has no canary and no previous version to roll back to", err=True)
         raise typer.Exit(1)
-    body = {"adapter_id": current["previous_adapter_id"]}
     typer.echo(json.dumps(_call("PUT", f"/internal/aliases/{alias}", json=body)))
 
 
 @alias_app.command("list")
 def list_aliases(tenant: str | None = typer.Option(None, "--tenant")) -> None:
-    """List aliases with their current and previous versions."""
+    """List aliases with their current, canary and previous versions."""
     params = {"tenant_id": tenant} if tenant else {}
     for a in _call("GET", "/internal/aliases", params=params)["data"]:
-        typer.echo(
-            f"{a['alias']:<40} -> {a['adapter_id']:<36} prev {a['previous_adapter_id']} rev {a['revision']}"
+        canary = (
+            f" canary {a['canary_adapter_id']} @ {a['canary_weight']:g}" if a["canary_adapter_id"] else ""
         )
+        prev = f" prev {a['previous_adapter_id']} rev {a['revision']}"
+        typer.echo(f"{a['alias']:<40} -> {a['adapter_id']:<36}{canary}{prev}")
 
 
 tenants_app = typer.Typer(no_args_is_help=True, help="Create and list tenants (with their rate limits).")

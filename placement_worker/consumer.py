@@ -2,10 +2,10 @@
 
 adapters.validated -> place that adapter (if ready); adapter.stats -> mark the window planned on, and when
 its tokens/s is news the next tick replans every adapter with a new window together; replica.state ->
-heartbeat (with the replica's GPU slots),
-replan everything when the member set or its slots changed; aliases.changed -> replan the new and the
-previous target, then prewarm the new target on its owners. Placement rows and their replica.commands commit
-together (outbox), under one lock.
+heartbeat (with the replica's GPU slots), replan everything when the member set or its slots changed;
+aliases.changed -> replan the new target, its canary, the previous target and any retired version still
+placed, then prewarm the target and the canary on their owners. Placement rows and their replica.commands
+commit together (outbox), under one lock.
 
 GPU tiers are a ranking (planner.py: each replica's share of its slots goes to its hottest owned adapters),
 so a replan that may move an adapter into or out of a GPU share plans every adapter with traffic: one
@@ -131,12 +131,15 @@ class PlacementWorker:
 
     async def on_alias_changed(self, event: AliasChanged) -> None:
         async def effect(conn: Connection) -> None:
-            moved = [event.adapter_id] + ([event.previous_adapter_id] if event.previous_adapter_id else [])
-            changes = await self.replan(conn, moved)
+            served = [event.adapter_id] + ([event.canary_adapter_id] if event.canary_adapter_id else [])
+            moved = served + ([event.previous_adapter_id] if event.previous_adapter_id else [])
+            moved += await store.placed_retired(conn, self._s.replica_id_prefix)  # e.g. an ended canary
+            changes = await self.replan(conn, sorted(set(moved)))
             if changes:
-                log.info("alias %s moved to %s: %d changes", event.alias, event.adapter_id, len(changes))
-            owners = await store.owners_of(conn, event.adapter_id, self._s.replica_id_prefix)
-            await producer.emit_prewarm(conn, event.adapter_id, owners)
+                log.info("alias %s moved to %s: %d changes", event.alias, served, len(changes))
+            for adapter_id in served:
+                owners = await store.owners_of(conn, adapter_id, self._s.replica_id_prefix)
+                await producer.emit_prewarm(conn, adapter_id, owners)
 
         async with self._pool.acquire() as conn:
             await apply_once(conn, CONSUMER, event.event_id, effect)

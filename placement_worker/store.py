@@ -126,6 +126,16 @@ async def apply_changes(conn: Connection, changes: list[Change]) -> None:
             )
 
 
+async def placed_retired(conn: Connection, prefix: str) -> list[str]:
+    """Retired versions that still have placements in this fleet (an ended canary, an operator's SQL)."""
+    rows = await conn.fetch(
+        """SELECT DISTINCT p.adapter_id FROM placements p JOIN retired_versions r USING (adapter_id)
+           WHERE starts_with(p.replica_id, $1) ORDER BY p.adapter_id""",
+        prefix,
+    )
+    return [r["adapter_id"] for r in rows]
+
+
 async def owners_of(conn: Connection, adapter_id: str, prefix: str) -> list[str]:
     rows = await conn.fetch(
         """SELECT replica_id FROM placements WHERE adapter_id = $1 AND role = 'owner'

@@ -79,12 +79,23 @@ class AdapterList(BaseModel):
     data: list[AdapterView]
 
 
-class AliasUpdate(BaseModel):
-    """PUT /internal/aliases/{alias}: point the alias at a ready adapter version of the same tenant."""
+class CanaryTarget(BaseModel):
+    """A second ready version of the alias's tenant that takes `weight` of the alias's requests."""
 
     model_config = ConfigDict(extra="forbid")
 
     adapter_id: AdapterId
+    weight: Annotated[float, Field(gt=0, lt=1)]
+
+
+class AliasUpdate(BaseModel):
+    """PUT /internal/aliases/{alias}: point the alias at a ready adapter version of the same tenant, and
+    optionally split its requests with a canary version. A PUT without `canary` ends any canary."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    adapter_id: AdapterId
+    canary: CanaryTarget | None = None
 
 
 class AliasView(BaseModel):
@@ -92,6 +103,8 @@ class AliasView(BaseModel):
     tenant_id: TenantId
     adapter_id: AdapterId
     previous_adapter_id: AdapterId | None = None
+    canary_adapter_id: AdapterId | None = None
+    canary_weight: float | None = None
     revision: int
     updated_at: datetime
 

@@ -93,6 +93,8 @@ class AliasChanged(Event):
     tenant_id: TenantId
     adapter_id: AdapterId
     previous_adapter_id: AdapterId | None = None
+    canary_adapter_id: AdapterId | None = None  # takes canary_weight of the alias's requests
+    canary_weight: Annotated[float, Field(gt=0, lt=1)] | None = None
     revision: Annotated[int, Field(ge=1)]
 
 
@@ -170,6 +172,9 @@ class AdapterStats(Event):
     requests: NonNegativeInt
     tokens_per_s: NonNegativeFloat
     gpu_hit_rate: Annotated[float, Field(ge=0, le=1)]
+    errors: NonNegativeInt = 0  # of its requests, those that ended in an error
+    p50_ttft_s: NonNegativeFloat | None = None  # over its successful requests; None when it had none
+    p95_ttft_s: NonNegativeFloat | None = None
 
 
 class HotAdapter(BaseModel):

@@ -36,20 +36,32 @@ class AdapterWindow:
     completion_tokens: int
     tokens_per_s: float
     gpu_hit_rate: float  # share of all its requests whose adapter was in a GPU slot on arrival
+    errors: int = 0  # requests that ended in an error
+    p50_ttft_s: float | None = None  # over its successful requests with a measured TTFT; None without one
+    p95_ttft_s: float | None = None
 
 
 def adapter_windows(requests: Iterable[RequestCompleted], window_s: float) -> dict[str, AdapterWindow]:
-    """Requests, output tokens/s and GPU hit rate per adapter."""
+    """Requests, output tokens/s, GPU hit rate, errors and TTFT per adapter version (so a canary's health
+    shows apart from its alias's current version)."""
     count: Counter[str] = Counter()
     tokens: Counter[str] = Counter()
     gpu: Counter[str] = Counter()
+    errors: Counter[str] = Counter()
+    ttfts: dict[str, list[float]] = defaultdict(list)
     for r in requests:
         count[r.adapter_id] += 1
         tokens[r.adapter_id] += r.completion_tokens
         gpu[r.adapter_id] += r.tier == "gpu"
-    return {
-        a: AdapterWindow(a, n, tokens[a], tokens[a] / window_s, gpu[a] / n) for a, n in sorted(count.items())
-    }
+        errors[r.adapter_id] += r.status == "error"
+        if r.status == "ok" and r.ttft_s is not None:
+            ttfts[r.adapter_id].append(r.ttft_s)
+    out = {}
+    for a, n in sorted(count.items()):
+        t = ttfts.get(a)
+        p50, p95 = (percentile(t, 50), percentile(t, 95)) if t else (None, None)
+        out[a] = AdapterWindow(a, n, tokens[a], tokens[a] / window_s, gpu[a] / n, errors[a], p50, p95)
+    return out
 
 
 def tier_shares(requests: Sequence[RequestCompleted]) -> dict[str, float]:

@@ -79,6 +79,9 @@ def close_window(
             requests=a.requests,
             tokens_per_s=a.tokens_per_s,
             gpu_hit_rate=a.gpu_hit_rate,
+            errors=a.errors,
+            p50_ttft_s=a.p50_ttft_s,
+            p95_ttft_s=a.p95_ttft_s,
         )
         for a in adapters.values()
     ]

@@ -19,16 +19,27 @@ from stats_stream.closing import WindowReport
 from stats_stream.topics import StreamTopics
 
 UPSERT = """
-INSERT INTO adapter_stats (adapter_id, window_start, requests, tokens_per_s, gpu_hit_rate)
-VALUES ($1, $2, $3, $4, $5)
+INSERT INTO adapter_stats
+    (adapter_id, window_start, requests, tokens_per_s, gpu_hit_rate, errors, p50_ttft_s, p95_ttft_s)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (adapter_id, window_start) DO UPDATE
-SET requests = EXCLUDED.requests, tokens_per_s = EXCLUDED.tokens_per_s, gpu_hit_rate = EXCLUDED.gpu_hit_rate
+SET requests = EXCLUDED.requests, tokens_per_s = EXCLUDED.tokens_per_s, gpu_hit_rate = EXCLUDED.gpu_hit_rate,
+    errors = EXCLUDED.errors, p50_ttft_s = EXCLUDED.p50_ttft_s, p95_ttft_s = EXCLUDED.p95_ttft_s
 """
 
 
 async def write_adapter_stats(conn: Connection | asyncpg.Pool, report: WindowReport) -> None:
     rows = [
-        (s.adapter_id, s.window_start, s.requests, s.tokens_per_s, s.gpu_hit_rate)
+        (
+            s.adapter_id,
+            s.window_start,
+            s.requests,
+            s.tokens_per_s,
+            s.gpu_hit_rate,
+            s.errors,
+            s.p50_ttft_s,
+            s.p95_ttft_s,
+        )
         for s in report.adapter_stats
     ]
     if rows:

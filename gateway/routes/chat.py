@@ -84,9 +84,10 @@ async def chat_completions(request: Request, caller: PublicCaller) -> Response:
     )
     body = parse_request(await read_body(request, settings.max_body_bytes))
     rec.alias = body.model
-    adapter_id = await online.aliases.resolve(caller.tenant_id, body.model)
-    if adapter_id is None:
+    target = await online.aliases.resolve(caller.tenant_id, body.model)
+    if target is None:
         raise NotFound("model_not_found", MODEL_NOT_FOUND, "model")
+    adapter_id = target.pick(body.model, body.user or rec.request_id)  # a canary takes its weight
     rec.adapter_id = adapter_id
     max_tokens = body.completion_limit(settings.default_max_tokens)
     decision = online.admit(caller, rec, estimate_prompt_tokens(body) + max_tokens)

@@ -60,8 +60,9 @@ async def get_adapter(adapter_id: str, pool: Pool) -> AdapterView:
 
 @router.put("/aliases/{alias:path}", response_model=AliasView)
 async def put_alias(alias: AliasPath, body: AliasUpdate, pool: Pool) -> AliasView:
-    """Move the alias (deploy or rollback); the old target is kept as previous_adapter_id."""
-    view, _changed = await aliases.set_alias(pool, alias, body.adapter_id)
+    """Move the alias (deploy or rollback), optionally with a weighted canary; a PUT without a canary ends
+    one. The old target is kept as previous_adapter_id."""
+    view, _changed = await aliases.set_alias(pool, alias, body.adapter_id, body.canary)
     return view
 
 

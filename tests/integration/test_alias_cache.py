@@ -11,6 +11,7 @@ import pytest
 
 from gateway.alias_cache import AliasCache
 from gateway.aliases import set_alias
+from gateway.rollout import AliasTarget
 from schemas.events import AliasChanged
 
 pytestmark = pytest.mark.integration
@@ -38,11 +39,11 @@ def _changed(adapter_id: str, revision: int) -> AliasChanged:
 async def test_an_event_makes_the_next_request_see_the_moved_alias(versions: asyncpg.Pool) -> None:
     cache = AliasCache(versions, ttl_s=HOUR)
     await set_alias(versions, ALIAS, "acme-support-v1")
-    assert await cache.resolve("acme", ALIAS) == "acme-support-v1"
+    assert await cache.resolve("acme", ALIAS) == AliasTarget("acme-support-v1")
     view, _ = await set_alias(versions, ALIAS, "acme-support-v2")
-    assert await cache.resolve("acme", ALIAS) == "acme-support-v1"  # cached: no event yet
+    assert await cache.resolve("acme", ALIAS) == AliasTarget("acme-support-v1")  # cached: no event yet
     cache.apply(_changed(view.adapter_id, view.revision))
-    assert await cache.resolve("acme", ALIAS) == "acme-support-v2"
+    assert await cache.resolve("acme", ALIAS) == AliasTarget("acme-support-v2")
     assert await cache.resolve("globex", ALIAS) is None  # another tenant's alias does not exist for them
 
 
@@ -50,12 +51,12 @@ async def test_an_event_the_row_does_not_bear_out_routes_nowhere_new(versions: a
     """Another fleet on the same topic moves its own alias of the same name, to a higher revision."""
     cache = AliasCache(versions, ttl_s=HOUR)
     await set_alias(versions, ALIAS, "acme-support-v1")
-    assert await cache.resolve("acme", ALIAS) == "acme-support-v1"
+    assert await cache.resolve("acme", ALIAS) == AliasTarget("acme-support-v1")
     cache.apply(_changed("acme-support-v2", 99))
-    assert await cache.resolve("acme", ALIAS) == "acme-support-v1"
+    assert await cache.resolve("acme", ALIAS) == AliasTarget("acme-support-v1")
     view, _ = await set_alias(versions, ALIAS, "acme-support-v2")  # revision 2, below the foreign 99
     cache.apply(_changed(view.adapter_id, view.revision))
-    assert await cache.resolve("acme", ALIAS) == "acme-support-v2"
+    assert await cache.resolve("acme", ALIAS) == AliasTarget("acme-support-v2")
 
 
 class _GatedPool:
@@ -78,6 +79,6 @@ async def test_a_read_that_overlapped_an_event_is_answered_but_not_kept(versions
     await gated.reading.wait()
     cache.apply(_changed("acme-support-v1", 1))  # any event for any alias while the read is under way
     gated.gate.set()
-    assert await read == "acme-support-v1"
+    assert await read == AliasTarget("acme-support-v1")
     await set_alias(versions, ALIAS, "acme-support-v2")  # no event for this move: only a fresh read sees it
-    assert await cache.resolve("acme", ALIAS) == "acme-support-v2"
+    assert await cache.resolve("acme", ALIAS) == AliasTarget("acme-support-v2")

@@ -18,8 +18,12 @@ from httpx_sse import EventSource
 
 from gateway import aliases
 from gateway.demo_adapters import make_peft_adapters
+from gateway.rollout import unit_hash
+from lorafleet.config import RelaySettings
 from lorafleet.kafka import make_producer
 from lorafleet.model.prepare import ensure_default_model
+from lorafleet.outbox.relay import Relay
+from schemas.api import CanaryTarget
 from schemas.events import AliasChanged, RequestCompleted, parse_event
 from schemas.topics import REQUESTS_COMPLETED
 from tests.integration.gateway_stack import (
@@ -284,6 +288,65 @@ async def test_alias_flip_sends_new_requests_to_the_new_version_while_running_on
             alias=view.alias, tenant_id="acme", adapter_id=view.adapter_id, revision=view.revision
         )  # the revision the row has now: the gateway's cache keeps the newest revision it has seen
         await producer.send_and_wait(event.topic.name, event.to_bytes(), key=event.key().encode())
+        await producer.stop()
+        await pool.close()
+
+
+async def _served_by(c: httpx.AsyncClient, user: str | None = None) -> str:
+    body = {**CHAT, "max_tokens": 1, **({"user": user} if user else {})}
+    resp = await c.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    return resp.headers["x-adapter-id"]
+
+
+async def test_a_weighted_canary_takes_its_share_sticky_per_user_until_rolled_back(
+    stack: GatewayStack, services
+) -> None:
+    """The production path end to end: set_alias writes the row and its aliases.changed outbox event, the
+    real relay publishes it, the gateway's cache drops the entry and the next request reads the split."""
+    alias, weight, n = "acme/support:prod", 0.25, 120
+    on_canary = next(f"user-{i}" for i in range(1000) if unit_hash(alias, f"user-{i}") < weight)
+    pool = await asyncpg.create_pool(stack.database_url, min_size=1, max_size=3)
+    producer = make_producer(services.settings())
+    await producer.start()
+    stop = asyncio.Event()
+    relay = asyncio.create_task(Relay(pool, producer, RelaySettings(poll_interval_s=0.05)).run(stop))
+    try:
+        async with httpx.AsyncClient(base_url=stack.url, headers=_auth(stack), timeout=60) as c:
+            await aliases.set_alias(
+                pool, alias, "acme-support-v1", CanaryTarget(adapter_id="acme-support-v2", weight=weight)
+            )
+
+            async def split_seen() -> bool:
+                return await _served_by(c, on_canary) == "acme-support-v2"
+
+            await wait_until(split_seen, "the gateway to read the canary split")
+            assert {await _served_by(c, on_canary) for _ in range(5)} == {
+                "acme-support-v2"
+            }  # sticky per user
+            gate = asyncio.Semaphore(4)
+
+            async def one() -> str:
+                async with gate:
+                    return await _served_by(c)  # no user: the request id decides
+
+            served = await asyncio.gather(*(one() for _ in range(n)))
+            canary = served.count("acme-support-v2")
+            assert set(served) == {"acme-support-v1", "acme-support-v2"}
+            bound = 4 * (n * weight * (1 - weight)) ** 0.5  # four standard deviations of Binomial(n, w)
+            assert abs(canary - n * weight) <= bound, f"{canary} of {n} on the canary at weight {weight}"
+
+            await aliases.set_alias(pool, alias, "acme-support-v1")  # what `alias rollback` sends
+
+            async def rolled_back() -> bool:
+                return await _served_by(c, on_canary) == "acme-support-v1"
+
+            await wait_until(rolled_back, "the rollback to reach the gateway")
+            assert {await _served_by(c) for _ in range(20)} == {"acme-support-v1"}
+    finally:
+        await aliases.set_alias(pool, alias, "acme-support-v1")
+        stop.set()
+        await relay
         await producer.stop()
         await pool.close()
 

@@ -172,3 +172,42 @@ async def test_alias_refuses_other_tenants_and_unready_versions(client, pool) ->
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_alias"
     assert await pool.fetchval("SELECT count(*) FROM aliases") == 0
     assert await _outbox(pool, "aliases.changed") == []
+
+
+async def test_alias_canary_is_validated_announced_and_ended_by_a_plain_put(client, pool) -> None:
+    await _ready(client, pool, "acme-support-v1")
+    await _ready(client, pool, "acme-support-v2", version=2)
+    await _ready(client, pool, "globex-bot-v1", tenant="globex")
+    url = "/internal/aliases/acme/support:prod"
+    assert (await client.put(url, json={"adapter_id": "acme-support-v1"})).status_code == 200
+    for canary, status, code in [
+        ({"adapter_id": "acme-support-v2", "weight": 1.5}, 422, "invalid_parameter"),
+        ({"adapter_id": "acme-support-v2", "weight": 0}, 422, "invalid_parameter"),
+        ({"adapter_id": "acme-support-v2"}, 422, "invalid_parameter"),
+        ({"adapter_id": "acme-support-v1", "weight": 0.1}, 422, "canary_is_current"),
+        ({"adapter_id": "globex-bot-v1", "weight": 0.1}, 422, "alias_tenant_mismatch"),
+        ({"adapter_id": "acme-nope", "weight": 0.1}, 404, "adapter_not_found"),
+    ]:
+        bad = await client.put(url, json={"adapter_id": "acme-support-v1", "canary": canary})
+        assert bad.status_code == status, (canary, bad.text)
+        error = bad.json()["error"]
+        assert error["param"].startswith("canary") and error["code"] == code, error
+    split = await client.put(url, json={"adapter_id": "acme-support-v1", "canary": CANARY})
+    assert split.status_code == 200, split.text
+    view = split.json()
+    assert (view["canary_adapter_id"], view["canary_weight"], view["revision"]) == (
+        "acme-support-v2",
+        0.25,
+        2,
+    )
+    ended = (await client.put(url, json={"adapter_id": "acme-support-v1"})).json()
+    assert (ended["canary_adapter_id"], ended["previous_adapter_id"], ended["revision"]) == (None, None, 3)
+    events = [e["payload"] for e in await _outbox(pool, "aliases.changed")]
+    assert [(e["canary_adapter_id"], e["canary_weight"], e["revision"]) for e in events] == [
+        (None, None, 1),
+        ("acme-support-v2", 0.25, 2),
+        (None, None, 3),
+    ]
+
+
+CANARY = {"adapter_id": "acme-support-v2", "weight": 0.25}

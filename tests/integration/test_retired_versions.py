@@ -15,12 +15,14 @@ import asyncpg
 import pytest
 
 from gateway.aliases import set_alias
+from gateway.errors import InvalidRegistration
 from lorafleet.config import RelaySettings
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import make_producer
 from lorafleet.outbox.relay import Relay
 from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
+from schemas.api import CanaryTarget
 from schemas.events import AdapterValidated, Event, ReplicaState
 from schemas.rendezvous import owners
 from tests.integration.waiting import wait_until
@@ -198,6 +200,18 @@ async def test_a_replan_never_places_a_retired_version_and_a_rollback_places_it_
             assert {r["replica_id"] for r in placed} == set(owners(v2, replicas, 2))
             assert await _commands(pool, "load", v2) == loads_before[v2] + 2
             assert await _retired(pool) == {v1, v3}
+
+            # A canary on the retired v1 (not the alias's previous version) places and prewarms it beside
+            # v2; ending the canary unloads it.
+            prewarms = await _commands(pool, "prewarm", v1)
+            await set_alias(pool, alias, v2, CanaryTarget(adapter_id=v1, weight=0.1))
+            await _wait(lambda: _placed(pool, {v2, v1}), "the canary v1 placed beside v2")
+            assert await _commands(pool, "prewarm", v1) == prewarms + 2
+            unloads = await _commands(pool, "unload", v1)
+            await set_alias(pool, alias, v2)
+            await _wait(lambda: _placed(pool, {v2}), "the ended canary v1 unloaded")
+            assert await _commands(pool, "unload", v1) == unloads + 2
+            assert await _retired(pool) == {v1, v3}
         finally:
             stop2.set()
             await asyncio.wait_for(second, 30)
@@ -229,3 +243,38 @@ async def _commands(pool: asyncpg.Pool, command: str, adapter_id: str) -> int:
         command,
         adapter_id,
     )
+
+
+async def test_a_canary_counts_as_pointed_at_and_an_ended_canary_retires(pool: asyncpg.Pool) -> None:
+    await pool.execute("INSERT INTO tenants (tenant_id) VALUES ('acme')")
+    await _versions(pool, "c1", "c2", "c3")
+    await set_alias(pool, "acme/app:prod", "c1")
+    view, changed = await set_alias(pool, "acme/app:prod", "c1", CanaryTarget(adapter_id="c2", weight=0.1))
+    assert changed and (view.canary_adapter_id, view.canary_weight, view.previous_adapter_id) == (
+        "c2",
+        0.1,
+        None,
+    )
+    assert await _retired(pool) == set()
+    _, again = await set_alias(pool, "acme/app:prod", "c1", CanaryTarget(adapter_id="c2", weight=0.1))
+    assert not again  # the same split changes nothing
+    reweighted, changed = await set_alias(
+        pool, "acme/app:prod", "c1", CanaryTarget(adapter_id="c2", weight=0.5)
+    )
+    assert changed and reweighted.revision == view.revision + 1
+    ended, _ = await set_alias(pool, "acme/app:prod", "c1")  # a plain PUT ends the canary
+    assert ended.canary_adapter_id is None and ended.canary_weight is None
+    assert await _retired(pool) == {"c2"}
+    await set_alias(pool, "acme/app:prod", "c1", CanaryTarget(adapter_id="c2", weight=0.25))
+    assert await _retired(pool) == set()  # canarying a version again un-retires it
+    promoted, _ = await set_alias(pool, "acme/app:prod", "c2")  # the canary becomes the version
+    assert (promoted.adapter_id, promoted.previous_adapter_id, promoted.canary_adapter_id) == (
+        "c2",
+        "c1",
+        None,
+    )
+    assert await _retired(pool) == {"c1"}
+    with pytest.raises(InvalidRegistration):
+        await set_alias(pool, "acme/app:prod", "c2", CanaryTarget(adapter_id="c2", weight=0.5))
+    with pytest.raises(asyncpg.CheckViolationError):  # the table holds the rules too, for operators' SQL
+        await pool.execute("UPDATE aliases SET canary_adapter_id = 'c3' WHERE alias = 'acme/app:prod'")

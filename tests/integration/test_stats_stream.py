@@ -195,6 +195,8 @@ async def test_a_window_becomes_stats_rows_alerts_and_an_autoscale_signal_counti
     assert (row_slow["requests"], row_slow["gpu_hit_rate"]) == (10, 0.0)
     assert (row_hot["requests"], row_hot["gpu_hit_rate"]) == (20, 1.0)
     assert row_hot["tokens_per_s"] == pytest.approx(700.0)
+    assert (row_slow["errors"], row_slow["p50_ttft_s"], row_slow["p95_ttft_s"]) == (0, 2.0, 2.0)
+    assert (row_hot["errors"], row_hot["p95_ttft_s"]) == (0, 0.05)
 
     def mine(records: list) -> list[Alert]:
         return [

@@ -34,6 +34,25 @@ def test_adapter_window_counts_requests_tokens_per_second_and_gpu_hits() -> None
     assert out["a2"].tokens_per_s == pytest.approx(1.0)
 
 
+def test_adapter_window_reports_each_versions_errors_and_ttft_apart() -> None:
+    current = [request("v7", ttft=0.1 * i) for i in range(1, 21)]
+    canary = [request("v8", ttft=0.5), request("v8", ttft=0.7), request("v8", ttft=None, status="error")]
+    out = adapter_windows(current + canary, window_s=60)
+    assert (out["v7"].errors, out["v7"].p50_ttft_s, out["v7"].p95_ttft_s) == (
+        0,
+        pytest.approx(1.0),
+        pytest.approx(1.9),
+    )
+    assert (out["v8"].requests, out["v8"].errors, out["v8"].p50_ttft_s, out["v8"].p95_ttft_s) == (
+        3,
+        1,
+        0.5,
+        0.7,
+    )
+    failing = adapter_windows([request("v9", ttft=None, status="error")], window_s=60)["v9"]
+    assert (failing.errors, failing.p50_ttft_s, failing.p95_ttft_s) == (1, None, None)
+
+
 def test_tier_shares_split_requests_by_where_the_adapter_was_found() -> None:
     shares = tier_shares([request(tier="gpu"), request(tier="gpu"), request(tier="ram"), request(tier=None)])
     assert shares == {"gpu": 0.5, "ram": 0.25, "disk": 0.0, "remote": 0.0}
