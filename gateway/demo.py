@@ -18,7 +18,6 @@ import httpx
 import typer
 
 from gateway.config import GatewayConfig
-from gateway.demo_adapters import make_peft_adapters
 from gateway.served_base import served_base_hash
 from lorafleet.client.errors import RegistrationError
 from lorafleet.client.registration import AdapterUpload, register_and_wait
@@ -38,6 +37,7 @@ def demo_dir(config: GatewayConfig) -> Path:
 
 def prepare_adapters(config: GatewayConfig) -> dict[str, Path]:
     """The demo's PEFT folders (made once)."""
+    from gateway.demo_adapters import make_peft_adapters  # torch: only when the files are made
     from lorafleet.model.base_hash import base_model_hash
     from lorafleet.model.prepare import ensure_default_model
 

@@ -11,13 +11,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from replica.adapter_cache.tier import CacheEvent
-from replica.engine.sequence import Sequence
+
+if TYPE_CHECKING:  # only annotations: reading the metrics module must not import torch
+    from replica.engine.sequence import Sequence
 
 # vLLM's TTFT buckets, extended for a CPU replica
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0)
