@@ -23,10 +23,17 @@ class PlacementSettings(BaseSettings):
     # The most of a replica's GPU slots (as its replica.state reports them) its GPU placements take; the
     # rest are its LRU's.
     gpu_slot_fraction: float = Field(default=Policy.gpu_slot_fraction, ge=0, le=1)
+    # Hysteresis of the owner count: an adapter gives up an owner once the remaining ones would each run at
+    # most this share of replica_capacity_tokens_per_s (it gains one as soon as its traffic needs it).
+    shrink_utilization: float = Field(default=Policy.shrink_utilization, gt=0, le=1)
     # A replica whose last replica.state is older than this has left the fleet.
     membership_ttl_s: float = Field(default=10.0, gt=0)
-    # Traffic windows older than this no longer raise the owner count.
+    # Traffic windows older than this no longer raise the owner count: an adapter whose traffic stopped
+    # falls back to default_owners (and out of GPU shares) once its last window is this old.
     demand_ttl_s: float = Field(default=300.0, gt=0)
+    # How often the worker replans the adapters whose placement its traffic shaped (more owners than the
+    # default, or a GPU share), so that demand which aged out of demand_ttl_s releases them.
+    decay_check_s: float = Field(default=10.0, gt=0)
     # A spill copy (an adapter a replica holds without owning it) unused this long is unloaded there.
     spill_idle_s: float = Field(default=600.0, gt=0)
     # Only replicas whose id starts with this belong to the fleet this worker places for.

@@ -61,11 +61,13 @@ class PlacementWorker:
             settings.replica_capacity_tokens_per_s,
             settings.gpu_tokens_per_s,
             settings.gpu_slot_fraction,
+            settings.shrink_utilization,
         )
         self._members: dict[str, int] | None = None  # replica -> GPU slots, at the last full replan
         self._dirty: set[str] = set()  # adapters with a new stats window, replanned at most once per tick_s
         self._next_dirty = 0.0
         self._next_expiry = 0.0
+        self._next_decay = time.monotonic() + settings.decay_check_s
 
     async def handle(self, event: Event) -> None:
         """Apply the event with its type's handler; the worker ignores other event types."""
@@ -94,7 +96,8 @@ class PlacementWorker:
             demand = await store.demand(conn, None, ttl)  # the ranking needs every adapter with traffic
             current = await store.placements(conn, None, prefix)
             adapter_ids = None
-        target = desired(demand, fleet, self._policy, await store.retired(conn, adapter_ids), slots)
+        retired = await store.retired(conn, adapter_ids)
+        target = desired(demand, fleet, self._policy, retired, slots, current)
         for adapter_id in current.keys() - target.keys():
             target[adapter_id] = {}  # placed but no longer ready here: cannot happen, but never leave strays
         changes = diff(current, target)
@@ -165,12 +168,17 @@ class PlacementWorker:
 
     async def tick(self) -> list[Change]:
         """Replan everything when the member set (or a member's GPU slots) changed since the last look
-        (joins, leaves, timeouts), else, at most once per tick_s, the adapters with new stats windows; at
-        most once a second, unload spill copies that went idle."""
+        (joins, leaves, timeouts), else, at most once per tick_s, the adapters with new stats windows and,
+        every decay_check_s, the ones whose traffic shaped their placement (it may have aged out); at most
+        once a second, unload spill copies that went idle."""
         changes = await self._expire_spills()
         beats = await store.heartbeats(self._pool, self._s.replica_id_prefix)
         now_members = members(beats, time.time(), self._s.membership_ttl_s)
         slots = {b.replica_id: b.gpu_slots for b in beats if b.replica_id in now_members}
+        if slots == self._members and time.monotonic() >= self._next_decay:
+            self._next_decay = time.monotonic() + self._s.decay_check_s
+            shaped = await store.traffic_shaped(self._pool, self._s.replica_id_prefix, self._s.default_owners)
+            self._dirty.update(shaped)  # replanned below with this tick's new windows
         dirty = sorted(self._dirty)
         if slots == self._members:
             if dirty and time.monotonic() >= self._next_dirty:  # tick() also runs on every replica.state

@@ -37,6 +37,8 @@ class Policy:
     replica_capacity_tokens_per_s: float = 640.0
     gpu_tokens_per_s: float = 10.0  # an adapter with less traffic is never asked into GPU slots
     gpu_slot_fraction: float = 0.25  # of each replica's GPU slots, the most its gpu placements take
+    # hysteresis: an adapter gives up an owner only once the rest would run at most this share of capacity
+    shrink_utilization: float = 0.75
 
 
 @dataclass(frozen=True)
@@ -49,9 +51,16 @@ class Change:
     tier: ResidentTier  # the target tier of a load (ram | gpu); the tier held before an unload
 
 
-def owner_count(tokens_per_s: float, fleet_size: int, policy: Policy) -> int:
-    """k = default, raised to cover the traffic at one replica's capacity, capped by the fleet."""
-    needed = math.ceil(tokens_per_s / policy.replica_capacity_tokens_per_s) if tokens_per_s > 0 else 0
+def owner_count(tokens_per_s: float, fleet_size: int, policy: Policy, current: int = 0) -> int:
+    """k = default, raised to cover the traffic at one replica's capacity, capped by the fleet.
+
+    With `current` owners, k grows as soon as the traffic needs more, but falls only to as many as keep
+    each owner at most shrink_utilization of capacity: traffic that hovers at a boundary (630 <-> 650
+    tok/s) keeps its owners instead of loading and unloading one every window."""
+    cap = policy.replica_capacity_tokens_per_s
+    needed = math.ceil(tokens_per_s / cap) if tokens_per_s > 0 else 0
+    if needed < current:
+        needed = min(current, math.ceil(tokens_per_s / (cap * policy.shrink_utilization)))
     return max(0, min(fleet_size, max(policy.default_owners, needed)))
 
 
@@ -82,8 +91,11 @@ def desired(
     policy: Policy,
     retired: frozenset[str] = frozenset(),
     gpu_slots: Mapping[str, int] | None = None,
+    current: Placements | None = None,
 ) -> Placements:
     """adapter_id -> {owner: tier} for each adapter in demand (tokens/s; 0 when idle); a retired one: none.
+
+    current: the placements now, whose owner counts the hysteresis of owner_count keeps.
 
     gpu_slots: replica -> its GPU slots (a replica not in it has none). Each replica's gpu placements are
     chosen among the adapters in demand, so demand must hold every adapter with traffic, not only the ones
@@ -96,7 +108,7 @@ def desired(
         if adapter_id in retired:
             owned[adapter_id] = ()
             continue
-        k = owner_count(tps, len(fleet), policy)
+        k = owner_count(tps, len(fleet), policy, len((current or {}).get(adapter_id, ())))
         owned[adapter_id] = _ranked(adapter_id, fleet)[:k]
         if k and wants_gpu(tps, policy):
             copies = min(k, gpu_copies(tps, policy))

@@ -126,6 +126,17 @@ async def apply_changes(conn: Connection, changes: list[Change]) -> None:
             )
 
 
+async def traffic_shaped(conn: Connection | asyncpg.Pool, prefix: str, default_owners: int) -> list[str]:
+    """Adapters whose placement their traffic shaped: more owners than the default, or a GPU placement."""
+    rows = await conn.fetch(
+        """SELECT adapter_id FROM placements WHERE role = 'owner' AND starts_with(replica_id, $1)
+           GROUP BY adapter_id HAVING count(*) > $2 OR bool_or(tier = 'gpu') ORDER BY adapter_id""",
+        prefix,
+        default_owners,
+    )
+    return [r["adapter_id"] for r in rows]
+
+
 async def placed_retired(conn: Connection, prefix: str) -> list[str]:
     """Retired versions that still have placements in this fleet (an ended canary, an operator's SQL)."""
     rows = await conn.fetch(

@@ -159,7 +159,9 @@ class Simulation:
         for adapter_id in expired:
             del self.latest[adapter_id], self.demand[adapter_id]
         demand = {**self.demand, **dict.fromkeys(expired, 0.0)}
-        target = desired(demand, list(self.replicas), self.policy_place, gpu_slots=self.gpu_slots)
+        target = desired(
+            demand, list(self.replicas), self.policy_place, gpu_slots=self.gpu_slots, current=self.placements
+        )
         for change in diff({a: self.placements.get(a, {}) for a in target}, target):
             self.replicas[change.replica_id].command(change.adapter_id, change.command, change.tier, now)
         self.placements.update(target)

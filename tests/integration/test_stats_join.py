@@ -43,7 +43,9 @@ async def test_a_window_the_stream_stored_first_still_raises_the_owner_count(poo
     now = datetime.now(UTC)
     for i in range(6):
         await store.upsert_heartbeat(pool, f"{prefix}{i}", f"http://127.0.0.1:{i}", "ready", now, 8)
-    settings = PlacementSettings(replica_id_prefix=prefix, tick_s=0.01, membership_ttl_s=600)
+    settings = PlacementSettings(
+        replica_id_prefix=prefix, tick_s=0.01, membership_ttl_s=600, demand_ttl_s=TTL_S, decay_check_s=0.05
+    )
     worker = PlacementWorker(pool, settings)
     await worker.tick()  # the first look plans the fleet: the default two owners
     assert len(await _owners(pool, adapter)) == settings.default_owners
@@ -67,3 +69,14 @@ async def test_a_window_the_stream_stored_first_still_raises_the_owner_count(poo
     assert not await store.record_stats(pool, adapter, window.window_start, 480, 2000.0, 1.0)
     # The stream closing the window again with new totals is news.
     assert await store.record_stats(pool, adapter, window.window_start, 600, 2500.0, 1.0)
+
+    # Traffic stops: no more windows. Once the last one is older than demand_ttl_s, the worker's periodic
+    # check replans the adapter back to the default owner count, with no event to trigger it.
+    await asyncio.sleep(TTL_S + 0.2)
+    for _ in range(3):
+        await worker.tick()
+        await asyncio.sleep(0.06)
+    assert len(await _owners(pool, adapter)) == settings.default_owners
+
+
+TTL_S = 2.0

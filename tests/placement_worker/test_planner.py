@@ -33,6 +33,30 @@ def test_owner_count_is_default_raised_by_traffic_and_capped_by_fleet() -> None:
     assert owner_count(0, 0, POLICY) == 0
 
 
+def test_owner_count_grows_at_once_and_shrinks_with_hysteresis() -> None:
+    assert owner_count(2000, 26, POLICY, current=2) == 4  # grows as soon as traffic needs it
+    assert owner_count(1800, 26, POLICY, current=4) == 4  # 3 would do at 94% each: keep 4
+    assert owner_count(1400, 26, POLICY, current=4) == 3  # 3 at 73% each (under 75%)
+    assert owner_count(1300, 26, POLICY, current=3) == 3  # 2 would run at 102%
+    assert owner_count(650, 26, POLICY, current=2) == 2  # default floor
+    assert owner_count(0, 26, POLICY, current=4) == 2  # traffic gone (aged out): back to the default
+    assert owner_count(1400, 2, POLICY, current=4) == 2  # the fleet shrank under it
+    # hovering at a boundary does not flap: up once, then held
+    ks, k = [], 2
+    for tps in [1300, 1250, 1300, 1250, 1300]:
+        k = owner_count(tps, 26, POLICY, current=k)
+        ks.append(k)
+    assert ks == [3, 3, 3, 3, 3]
+
+
+def test_desired_keeps_the_current_owners_through_hysteresis() -> None:
+    before = desired({"hot": 2000.0}, FLEET, POLICY)
+    assert len(before["hot"]) == 4
+    assert desired({"hot": 1800.0}, FLEET, POLICY, current=before)["hot"].keys() == before["hot"].keys()
+    after = desired({"hot": 1400.0}, FLEET, POLICY, current=before)
+    assert len(after["hot"]) == 3 and set(after["hot"]) < set(before["hot"])  # drops its lowest-ranked
+
+
 def _gpu_per_replica(plan: dict[str, dict[str, str]]) -> Counter[str]:
     return Counter(r for tiers in plan.values() for r, tier in tiers.items() if tier == "gpu")
 
