@@ -128,6 +128,7 @@ class FleetLoad:
     billed_replicas: int  # every replica seen, draining included: each holds a GPU
     queue_depth: float  # sum over replicas of the window's mean queue depth
     tokens_in_flight: float  # the same for tokens in flight
+    joining_replicas: int = 0  # of the serving ones, those still starting or warming (not yet routed to)
 
 
 def fleet_load(states: Iterable[ReplicaState]) -> FleetLoad:
@@ -141,6 +142,7 @@ def fleet_load(states: Iterable[ReplicaState]) -> FleetLoad:
         billed_replicas=len(samples),
         queue_depth=sum(sum(s.queue_depth for s in v) / len(v) for v in samples.values()),
         tokens_in_flight=sum(sum(s.tokens_in_flight for s in v) / len(v) for v in samples.values()),
+        joining_replicas=sum(1 for s in latest.values() if s.status in ("starting", "warming")),
     )
 
 

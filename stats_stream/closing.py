@@ -67,7 +67,8 @@ def close_window(
     churn = agg.replica_churn(replica_events, window_s)
     load = agg.fleet_load(states)
     costs = agg.tenant_costs(requests, load.billed_replicas, window_s, settings.gpu_hour_usd)
-    decision = signals.decide_replicas(load, scale_state, settings)
+    thrashing = signals.thrashing(churn.values(), settings)
+    decision = signals.decide_replicas(load, scale_state, settings, len(thrashing))
 
     stats = [
         AdapterStats(
@@ -85,9 +86,7 @@ def close_window(
         )
         for a in adapters.values()
     ]
-    decisions = signals.slo_breaches(latencies.values(), settings) + signals.thrashing(
-        churn.values(), settings
-    )
+    decisions = signals.slo_breaches(latencies.values(), settings) + thrashing
     alerts = [
         Alert(
             event_id=output_id(d.kind, d.subject, window_ms),

@@ -58,7 +58,7 @@ def thrashing(churn: Iterable[ReplicaChurn], settings: SignalSettings) -> list[A
             c.evictions_per_min,
             line,
             f"replica {c.replica_id}: {c.evictions_per_min:.1f} evictions/min "
-            f"({c.loads_per_min:.1f} loads/min) over {line:.1f}; raise owner counts or add replicas",
+            f"({c.loads_per_min:.1f} loads/min) over {line:.1f}; asking the autoscaler for a replica",
         )
         for c in churn
         if c.evictions_per_min > line
@@ -110,26 +110,34 @@ class ScaleDecision:
     state: ScaleState
 
 
-def raw_demand(load: FleetLoad, settings: SignalSettings) -> int:
-    """KEDA AverageValue maths: the largest of ceil(metric / per-replica threshold), clamped to min/max."""
+def raw_demand(load: FleetLoad, settings: SignalSettings, thrashing: int = 0) -> int:
+    """KEDA AverageValue maths: the largest of ceil(metric / per-replica threshold), clamped to min/max.
+
+    thrashing: replicas over the eviction line this window. Their active sets outgrow their GPU slots, and
+    owner counts cannot fix that (another owner is one more replica holding the adapter), so the fleet asks
+    for one replica more than it serves; not while one is still joining (its share of the adapters has not
+    moved to it yet), so thrashing adds at most one replica per start-up."""
     by_queue = math.ceil(load.queue_depth / settings.queue_per_replica)
     by_tokens = math.ceil(load.tokens_in_flight / settings.tokens_in_flight_per_replica)
-    return min(max(by_queue, by_tokens, settings.min_replicas), settings.max_replicas)
+    by_thrash = load.serving_replicas + 1 if thrashing and not load.joining_replicas else 0
+    return min(max(by_queue, by_tokens, by_thrash, settings.min_replicas), settings.max_replicas)
 
 
-def decide_replicas(load: FleetLoad, state: ScaleState, settings: SignalSettings) -> ScaleDecision:
+def decide_replicas(
+    load: FleetLoad, state: ScaleState, settings: SignalSettings, thrashing: int = 0
+) -> ScaleDecision:
     """Scale up at once to the raw demand; scale down only to the highest demand of the last
     `scale_down_windows` windows, and by at most `max_scale_down_step` per window.
 
     GPU replicas take minutes to start, so a brief dip must not release one that is needed again soon.
     """
-    raw = raw_demand(load, settings)
+    raw = raw_demand(load, settings, thrashing)
     recent = (*state.recent, raw)[-settings.scale_down_windows :]
     previous = state.previous if state.previous is not None else load.serving_replicas
     previous = min(max(previous, settings.min_replicas), settings.max_replicas)
     why = (
         f"queue_depth={load.queue_depth:.1f} tokens_in_flight={load.tokens_in_flight:.0f} "
-        f"raw={raw} previous={previous}"
+        f"thrashing={thrashing} raw={raw} previous={previous}"
     )
     if raw > previous:
         desired, verdict = raw, "scale up"

@@ -102,6 +102,11 @@ def test_fleet_load_sums_each_replicas_mean_and_counts_draining_only_for_the_bil
     assert load.tokens_in_flight == pytest.approx(1000 + 1500)
     assert load.serving_replicas == 1
     assert load.billed_replicas == 2
+    assert load.joining_replicas == 0
+    joining = fleet_load(
+        [state("rep-3", status="warming"), state("rep-4", status="starting"), state("rep-5")]
+    )
+    assert (joining.serving_replicas, joining.joining_replicas) == (3, 2)
 
 
 def test_the_whole_gpu_bill_is_split_by_request_seconds() -> None:

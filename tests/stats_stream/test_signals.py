@@ -60,6 +60,18 @@ def test_raw_demand_is_the_largest_per_replica_quotient_within_bounds() -> None:
     assert raw_demand(load(queue=1000), S) == 10
 
 
+def test_a_thrashing_replica_asks_for_one_more_replica_but_not_while_one_is_joining() -> None:
+    assert raw_demand(load(serving=3), S, thrashing=1) == 4
+    assert raw_demand(load(serving=3), S, thrashing=2) == 4  # one per window, however many thrash
+    joining = FleetLoad(
+        serving_replicas=4, billed_replicas=4, queue_depth=0, tokens_in_flight=0, joining_replicas=1
+    )
+    assert raw_demand(joining, S, thrashing=1) == 1  # the new replica has not taken its share yet
+    assert raw_demand(load(serving=10), S, thrashing=1) == 10  # never past max_replicas
+    d = decide_replicas(load(serving=3), ScaleState(previous=3, recent=(3, 3)), S, thrashing=1)
+    assert d.desired == 4 and "thrashing=1" in d.reason
+
+
 def test_scaling_up_happens_in_one_window() -> None:
     d = decide_replicas(load(queue=40), ScaleState(previous=2, recent=(2, 2)), S)
     assert d.desired == 8 and d.reason.startswith("scale up")
