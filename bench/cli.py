@@ -107,6 +107,27 @@ def load_cmd(
     load(model, rank, device, dtype, repeats, s3, out, calibration_out)
 
 
+@app.command()
+def admission(
+    quick: bool = typer.Option(False, help="one short prompt, 3 repeats, 2 background streams"),
+    prompt_tokens: str = typer.Option("31,231", help="templated prompt lengths, comma-separated"),
+    repeats: int = typer.Option(15, help="probes per prompt length and phase (medians reported)"),
+    streams: int = typer.Option(4, help="background streams decoding during the loaded phase"),
+    stream_tokens: int = typer.Option(128, help="tokens per background request"),
+    model_dir: Path | None = typer.Option(None, help="checkpoint dir (default: the prepared SmolLM2)"),
+    out: Path | None = typer.Option(None, help="also write the JSON here"),
+) -> None:
+    """Time each stage from a generate request's arrival to its first token on a real replica process."""
+    import asyncio
+
+    from bench.admission import AdmissionBenchConfig, run
+
+    cfg = AdmissionBenchConfig(_ints(prompt_tokens), repeats, streams, stream_tokens, model_dir)
+    if quick:
+        cfg = AdmissionBenchConfig(cfg.prompt_tokens[:1], 3, 2, 32, model_dir)
+    emit(asyncio.run(run(cfg)), out)
+
+
 def _gateway_command() -> None:
     from bench.gateway import gateway
 

@@ -21,9 +21,28 @@ from replica.adapter_cache.tier import CacheEvent
 
 if TYPE_CHECKING:  # only annotations: reading the metrics module must not import torch
     from replica.engine.sequence import Sequence
+    from replica.engine.trace import AdmissionTrace
 
 # vLLM's TTFT buckets, extended for a CPU replica
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0)
+STAGE_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 
 
@@ -112,6 +131,13 @@ class ReplicaMetrics:
             buckets=ITL_BUCKETS,
             registry=r,
         )
+        self.admission = Histogram(
+            "lorafleet_replica_admission_seconds",
+            "Time a request spends in each stage from arrival to its first token (stage: see STAGES).",
+            ["stage"],
+            buckets=STAGE_BUCKETS,
+            registry=r,
+        )
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", m, registry=r)
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", m, registry=r)
         self.request_success = Counter(
@@ -147,6 +173,11 @@ class ReplicaMetrics:
     def request(self) -> RequestTimer:
         """Start timing a request that arrived now (before its adapter is brought in)."""
         return RequestTimer(self)
+
+    def admitted(self, trace: AdmissionTrace) -> None:
+        """Observe each stage of a request whose first token has been handed back."""
+        for stage, seconds in trace.stages().items():
+            self.admission.labels(stage).observe(seconds)
 
     def hit(self, tier: str) -> None:
         """A request's adapter was found in `tier` on arrival."""

@@ -20,6 +20,7 @@ from replica.control.state_publisher import Load, build_state
 from replica.engine.async_engine import AsyncEngine
 from replica.engine.engine import LLMEngine
 from replica.engine.model_runner import ModelRunner
+from replica.engine.trace import AdmissionTrace
 from replica.errors import AdapterBaseMismatchError, AdapterNotServedError, InvalidRequestError
 from replica.lora.merge import merge_adapter
 from replica.lora.registry import AdapterRegistry
@@ -174,18 +175,30 @@ class Replica:
 
     # requests and state
 
-    def prompt_ids(self, messages: list[dict[str, str]] | None, token_ids: list[int] | None) -> list[int]:
-        """Exactly one of chat messages or token ids."""
+    def prompt_ids(
+        self,
+        messages: list[dict[str, str]] | None,
+        token_ids: list[int] | None,
+        trace: AdmissionTrace | None = None,
+    ) -> list[int]:
+        """Exactly one of chat messages or token ids; trace gets the template's and the tokenizer's marks."""
         if (messages is None) == (token_ids is None):
             raise InvalidRequestError("send exactly one of messages or prompt_token_ids", param="messages")
         if token_ids is not None:
+            if trace is not None:
+                trace.templated = trace.tokenized = time.perf_counter()
             return token_ids
         assert messages is not None  # exactly one of the two was given
         if self.tokenizer is None:
             raise InvalidRequestError(
                 "this replica has no tokenizer; send prompt_token_ids", param="messages"
             )
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        text = self.tokenizer.render_chat(messages, add_generation_prompt=True)
+        templated = time.perf_counter()
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if trace is not None:
+            trace.templated, trace.tokenized = templated, time.perf_counter()
+        return ids
 
     def engine_load(self) -> EngineLoad:
         """The engine's running and waiting requests, copied while the engine thread may be stepping."""

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -17,8 +18,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
+from replica.arrival import StampArrival, arrived
 from replica.control.supervisor import supervise_control
 from replica.engine.sampler import SamplingParams
+from replica.engine.trace import AdmissionTrace
 from replica.errors import InvalidRequestError, ReplicaError, UnauthorizedError, WrongReplicaError
 from replica.metrics import RequestTimer
 from replica.runtime import AdapterUse, Replica
@@ -83,6 +86,7 @@ def create_app(replica: Replica) -> FastAPI:
 
     app = FastAPI(title="lorafleet replica", lifespan=lifespan)
     app.state.replica = replica
+    app.add_middleware(StampArrival)
 
     @app.exception_handler(ReplicaError)
     async def replica_error(request: Request, exc: ReplicaError) -> JSONResponse:
@@ -111,9 +115,12 @@ def create_app(replica: Replica) -> FastAPI:
         return Response(generate_latest(replica.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/internal/replicas/{replica_id}/generate")
-    async def generate(replica_id: str, body: GenerateRequest, _: Authorized) -> StreamingResponse:
+    async def generate(
+        request: Request, replica_id: str, body: GenerateRequest, _: Authorized
+    ) -> StreamingResponse:
+        trace = AdmissionTrace(arrived(request.scope), parsed=time.perf_counter())
         messages = [m.model_dump() for m in body.messages] if body.messages is not None else None
-        prompt = replica.prompt_ids(messages, body.prompt_token_ids)
+        prompt = replica.prompt_ids(messages, body.prompt_token_ids, trace)
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         params = SamplingParams(
             temperature=body.temperature,
@@ -140,7 +147,7 @@ def create_app(replica: Replica) -> FastAPI:
             len(prompt),
         )
         return LeasedStream(
-            _stream(replica, prompt, params, use, request_id, timer),
+            _stream(replica, prompt, params, use, request_id, timer, trace),
             lambda: replica.release(use),
             media_type="application/x-ndjson",
             headers=headers,
@@ -187,13 +194,19 @@ async def _stream(
     use: AdapterUse,
     request_id: str,
     timer: RequestTimer,
+    trace: AdmissionTrace,
 ) -> AsyncIterator[bytes]:
     """NDJSON lines for one request; if the client goes away, closing this generator aborts the request."""
-    gen = replica.engine.generate(prompt, params, use.engine_adapter_id, request_id)
+    gen = replica.engine.generate(prompt, params, use.engine_adapter_id, request_id, trace)
+    first = True
     async with contextlib.aclosing(gen):
         async for out in gen:
             if out.token_id is not None:
                 timer.token()
+                if first:
+                    trace.delivered = time.perf_counter()
+                    replica.metrics.admitted(trace)
+            first = False
             ended = out.finished or out.error is not None
             if ended and out.error is None:
                 timer.finished(out.finish_reason, out.prompt_tokens, out.completion_tokens)

@@ -11,10 +11,12 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncGenerator
 
 from replica.engine.engine import LLMEngine, StepOutput
 from replica.engine.sampler import SamplingParams
+from replica.engine.trace import AdmissionTrace
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,7 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._counter = 0
         self._lock = threading.Lock()
+        self._step_end = 0.0  # perf_counter() when the last step ended (engine thread)
 
     def start(self) -> None:
         if self._thread is None:
@@ -55,13 +58,16 @@ class AsyncEngine:
         params: SamplingParams,
         adapter_id: str | None = None,
         request_id: str | None = None,
+        trace: AdmissionTrace | None = None,
     ) -> AsyncGenerator[StepOutput, None]:
         """Stream this request's outputs; leaving the iteration early cancels the request."""
         self.engine.check_request(prompt_token_ids, params)  # bad input fails here, before any event
         request_id = request_id or self.next_request_id()
         stream: asyncio.Queue[StepOutput] = asyncio.Queue()
         self._streams[request_id] = (asyncio.get_running_loop(), stream)
-        self._commands.put(("add", (request_id, prompt_token_ids, params, adapter_id)))
+        if trace is not None:
+            trace.queued = time.perf_counter()
+        self._commands.put(("add", (request_id, prompt_token_ids, params, adapter_id, trace)))
         self._wake.set()
         finished = False
         try:
@@ -90,7 +96,10 @@ class AsyncEngine:
             if kind == "abort":
                 self.engine.abort(*args)
                 continue
-            request_id = args[0]
+            request_id, trace = args[0], args[4]
+            if trace is not None:
+                trace.picked = time.perf_counter()
+                trace.boundary = min(trace.picked, max(trace.queued, self._step_end))
             try:
                 self.engine.add_request(*args)
             except Exception as exc:  # checked before queueing; a late failure still ends that stream only
@@ -122,5 +131,6 @@ class AsyncEngine:
                             f"engine error: {exc}",
                         )
                     )
+            self._step_end = time.perf_counter()
             for out in outputs:
                 self._deliver(out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ from replica.engine.sampler import SamplingParams, make_generator, sample
 from replica.engine.scheduler import Scheduler
 from replica.engine.sequence import Detokenizer, Sequence, SequenceStatus
 from replica.engine.slot_pins import SlotPins
+from replica.engine.trace import AdmissionTrace
 from replica.errors import ContextLengthError, InvalidRequestError, SlotMismatchError
 from replica.model.stop_strings import scan_stop_strings
 
@@ -72,12 +74,13 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         adapter_id: str | None = None,
+        trace: AdmissionTrace | None = None,
     ) -> Sequence:
         """Queue a request; it joins the running batch at the next step."""
         self.check_request(prompt_token_ids, params)
         if request_id in self.seqs:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight", param="request_id")
-        seq = Sequence(request_id, list(prompt_token_ids), params, adapter_id)
+        seq = Sequence(request_id, list(prompt_token_ids), params, adapter_id, trace=trace)
         seq.generator = make_generator(params)
         seq.detokenizer = self.detokenizer_factory() if self.detokenizer_factory else None
         self.seqs[request_id] = seq
@@ -97,6 +100,7 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         """Admit, run one forward pass over every running sequence, sample, and report what happened."""
+        started = time.perf_counter()
         seqs, failed = self.scheduler.schedule()
         outputs = [self._final(s, "", error=s.error) for s in failed]
         for s in failed:
@@ -120,6 +124,10 @@ class LLMEngine:
             s.num_cached = s.num_tokens
             s.output_token_ids.append(token)
             outputs.append(self._advance(s, token))
+        ended = time.perf_counter()
+        for s in seqs:
+            if s.trace is not None:  # its first step: the prefill
+                s.trace.step_start, s.trace.step_end, s.trace = started, ended, None
         return outputs
 
     def _slot_holds_its_adapter(self, s: Sequence) -> bool:

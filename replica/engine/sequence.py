@@ -9,6 +9,7 @@ from typing import Protocol
 import torch
 
 from replica.engine.sampler import SamplingParams
+from replica.engine.trace import AdmissionTrace
 from replica.lora.slots import SlotRef
 
 
@@ -45,6 +46,7 @@ class Sequence:
     emitted: int = 0  # characters of text already sent
     finish_reason: str | None = None
     error: str | None = None
+    trace: AdmissionTrace | None = None  # stamped by the engine until its first step ends
 
     @property
     def num_tokens(self) -> int:
