@@ -128,10 +128,12 @@ def admission(
     emit(asyncio.run(run(cfg)), out)
 
 
-def _gateway_command() -> None:
+def _gateway_commands() -> None:
     from bench.gateway import gateway
+    from bench.standin import standin
 
     app.command("gateway")(gateway)
+    app.command("standin")(standin)
 
 
-_gateway_command()
+_gateway_commands()

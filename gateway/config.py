@@ -60,6 +60,8 @@ class GatewaySettings(BaseSettings):
     replica_service_token: SecretStr = SecretStr("dev-service-token")
     replica_connect_timeout_s: float = Field(default=2.0, gt=0)
     replica_read_timeout_s: float = Field(default=60.0, gt=0)
+    # When set, the public gateway runs under cProfile (CPU time) and writes its stats here when it stops.
+    profile_path: Path | None = None
 
     @field_validator("max_adapter_bytes", "max_config_bytes")
     @classmethod

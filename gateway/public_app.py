@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import cProfile
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -91,9 +93,15 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
         )
         app.state.online = online
         tasks = await _start_consumers(online, config)
+        profiler = cProfile.Profile(time.process_time) if settings.profile_path is not None else None
+        if profiler is not None:
+            profiler.enable()
         try:
             yield
         finally:
+            if profiler is not None and settings.profile_path is not None:
+                profiler.disable()
+                profiler.dump_stats(settings.profile_path)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
