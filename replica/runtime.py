@@ -228,13 +228,14 @@ class Replica:
             replica_id=s.replica_id,
             url=s.url(),
             gpu_adapters=gpu,
+            merged_adapter_id=self.merged_adapter_id,
             queue_depth=load.queue_depth,
             tokens_in_flight=load.tokens_in_flight,
         )
 
     def state(self) -> StateResponse:
         """The body of GET /state: the replica.state fields plus the base model and merged mode."""
-        return StateResponse.of(self.replica_state(), self.base_model_hash, self.merged_adapter_id)
+        return StateResponse.of(self.replica_state(), self.base_model_hash)
 
 
 def build_replica(settings: ReplicaSettings) -> Replica:

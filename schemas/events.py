@@ -127,6 +127,8 @@ class ReplicaStateBody(BaseModel):
     # how far warming has got: adapters placed on this replica, and how many of them it holds in a tier
     owned_adapters: NonNegativeInt = 0
     warm_adapters: NonNegativeInt = 0
+    # a merged replica: this one adapter is folded into its base weights, and it serves nothing else
+    merged_adapter_id: AdapterId | None = None
 
 
 class ReplicaState(Event, ReplicaStateBody):
@@ -205,6 +207,24 @@ class Alert(Event):
     threshold: float
 
 
+MergeReason = Literal["promote", "demote", "alias_moved", "retired"]
+
+
+class MergedTarget(Event):
+    """How many merged replicas one adapter version should have (0: none): a desired state, not a command.
+
+    The placement worker writes it with its merged_targets row (outbox); the actuator keeps the latest per
+    adapter and starts or drains dedicated merged replicas until the fleet matches, so a replay or a restart
+    converges to the same fleet. tokens_per_s is the window traffic the decision was made on."""
+
+    topic: ClassVar[topics.Topic] = topics.MERGED_TARGETS
+    type: Literal["merged.target"] = "merged.target"
+    adapter_id: AdapterId
+    desired_replicas: NonNegativeInt
+    tokens_per_s: NonNegativeFloat = 0.0
+    reason: MergeReason
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.model_fields["type"].default: cls
     for cls in (
@@ -218,6 +238,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         AdapterStats,
         AutoscaleSignal,
         Alert,
+        MergedTarget,
     )
 }
 
@@ -231,7 +252,8 @@ AnyEvent = Annotated[
     | RequestCompleted
     | AdapterStats
     | AutoscaleSignal
-    | Alert,
+    | Alert
+    | MergedTarget,
     Field(discriminator="type"),
 ]
 _ANY = TypeAdapter(AnyEvent)

@@ -143,20 +143,16 @@ class UnloadResponse(BaseModel):
 
 
 class StateResponse(ReplicaStateBody):
-    """GET .../state: what replica.state reports, plus the base checkpoint and the merged adapter."""
+    """GET .../state: what replica.state reports (merged_adapter_id included), plus the base checkpoint."""
 
     base_model_hash: Sha256
-    merged_adapter_id: AdapterId | None = None
 
     @classmethod
-    def of(
-        cls, state: ReplicaStateBody, base_model_hash: str, merged_adapter_id: str | None
-    ) -> StateResponse:
+    def of(cls, state: ReplicaStateBody, base_model_hash: str) -> StateResponse:
         """The state body around a replica.state event (or any ReplicaStateBody)."""
         return cls(
             **{name: getattr(state, name) for name in ReplicaStateBody.model_fields},
             base_model_hash=base_model_hash,
-            merged_adapter_id=merged_adapter_id,
         )
 
     def replica_state(self) -> ReplicaState:

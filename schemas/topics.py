@@ -25,6 +25,8 @@ REQUESTS_COMPLETED = Topic("requests.completed", 8, "adapter_id")
 ADAPTER_STATS = Topic("adapter.stats", 8, "adapter_id")
 AUTOSCALE_SIGNALS = Topic("autoscale.signals", 1, "fleet")
 ALERTS = Topic("alerts", 4, "subject")
+# Desired merged replicas per adapter version, a level (compacted: the latest target per key is the state).
+MERGED_TARGETS = Topic("merged.targets", 8, "adapter_id", compacted=True)
 
 ALL_TOPICS: tuple[Topic, ...] = (
     ADAPTERS_REGISTERED,
@@ -37,6 +39,7 @@ ALL_TOPICS: tuple[Topic, ...] = (
     ADAPTER_STATS,
     AUTOSCALE_SIGNALS,
     ALERTS,
+    MERGED_TARGETS,
 )
 
 BY_NAME: dict[str, Topic] = {t.name: t for t in ALL_TOPICS}

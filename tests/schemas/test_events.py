@@ -46,6 +46,9 @@ def samples() -> list[events.Event]:
             replica_id="r1", command="load", adapter_id="acme-support-v7", target_tier="gpu"
         ),
         events.ReplicaState(replica_id="r1", url="http://127.0.0.1:8101", gpu_adapters=["a"], queue_depth=2),
+        events.ReplicaState(
+            replica_id="m1", url="http://127.0.0.1:8201", gpu_adapters=["a"], merged_adapter_id="a"
+        ),
         events.ReplicaEvent(
             replica_id="r1",
             kind="load",
@@ -85,6 +88,7 @@ def samples() -> list[events.Event]:
         events.Alert(
             subject="acme", kind="slo_ttft", message="p95 TTFT 1.4s > 1.0s", value=1.4, threshold=1.0
         ),
+        events.MergedTarget(adapter_id="a", desired_replicas=1, tokens_per_s=900.0, reason="promote"),
     ]
 
 
@@ -133,3 +137,11 @@ def test_unknown_event_types_and_garbage_are_rejected() -> None:
         parse_event(b"not json")
     with pytest.raises(EventValidationError):
         parse_event(b'{"type": "alias.changed", "alias": "acme/x:prod"}')
+
+
+def test_a_merged_target_is_keyed_by_its_adapter_and_refuses_a_negative_count() -> None:
+    target = events.MergedTarget(adapter_id="acme-v7", desired_replicas=0, reason="demote")
+    assert target.key() == "acme-v7"
+    assert topics.MERGED_TARGETS.compacted
+    with pytest.raises(EventValidationError, match="desired_replicas"):
+        validate_payload("merged.target", {"adapter_id": "a", "desired_replicas": -1, "reason": "promote"})

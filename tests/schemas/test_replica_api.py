@@ -113,12 +113,9 @@ def test_the_state_body_and_replica_state_are_one_model() -> None:
         evictions_per_min=1.5,
         loads_per_min=3.0,
     )
-    body = StateResponse.of(event, HASH, None)
+    body = StateResponse.of(event, HASH)
     wire = StateResponse.model_validate_json(body.model_dump_json())
-    assert set(StateResponse.model_fields) == set(ReplicaStateBody.model_fields) | {
-        "base_model_hash",
-        "merged_adapter_id",
-    }
+    assert set(StateResponse.model_fields) == set(ReplicaStateBody.model_fields) | {"base_model_hash"}
     again = wire.replica_state()
     shared = set(ReplicaStateBody.model_fields)
     assert again.model_dump(include=shared) == event.model_dump(include=shared)
