@@ -44,9 +44,10 @@ def build_app(platform: PlatformSettings, settings: StatsStreamSettings) -> faus
 
     @app.on_partitions_assigned.connect
     async def measure_backlog(app: faust.App, /, *args: Any, **kwargs: Any) -> None:
-        # before the new assignment is fetched: what is waiting on the sources belongs to open windows
+        # what is waiting on the sources belongs to open windows; measured beside the rebalance, which a
+        # retry must not hold up (an end measured after fetching began only makes the backlog longer)
         sources = {tp for tp in app.consumer.assignment() if tp.topic in topics.sources}
-        await measure(catchup, platform, app.conf.id, sources)
+        app.add_future(measure(catchup, platform, app.conf.id, sources, catchup.assignment))
 
     @app.on_rebalance_complete.connect
     async def recount(app: faust.App, /, *args: Any, **kwargs: Any) -> None:

@@ -24,8 +24,8 @@ async def source_offsets(
 ) -> tuple[dict[Partition, int], dict[Partition, int]]:
     """(end offset, committed offset or the log start where none) per partition, for the group."""
     consumer = make_consumer(platform, group_id=group_id)
-    await consumer.start()
     try:
+        await consumer.start()
         tps = list(partitions)
         ends = await consumer.end_offsets(tps) if tps else {}
         begins = await consumer.beginning_offsets(tps) if tps else {}
@@ -43,16 +43,21 @@ async def measure(
     platform: PlatformSettings,
     group_id: str,
     partitions: Collection[TopicPartition],
-    attempts: int = 3,
+    assignment: int,
+    retry_s: float = 1.0,
+    max_retry_s: float = 30.0,
 ) -> None:
-    """Start the catch-up rule on a new assignment; while unmeasured, no window closes on idleness."""
-    for attempt in range(1, attempts + 1):
+    """Start the catch-up rule on an assignment (`catchup.assignment` when it was made), once measured."""
+    # no window closes until the backlog is measured: a failure is retried until the assignment moves on
+    delay = retry_s
+    while catchup.assignment == assignment:
         try:
             ends, starts = await source_offsets(platform, group_id, partitions)
         except KafkaError as exc:
-            log.warning("measuring the source backlog failed (attempt %d): %s", attempt, exc)
-            await asyncio.sleep(1.0)
+            log.warning("measuring the source backlog failed (retrying in %.0f s): %s", delay, exc)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, max_retry_s)
             continue
-        catchup.start(ends, starts)
+        if catchup.assignment == assignment:  # not revoked while Kafka was asked
+            catchup.start(ends, starts)
         return
-    log.error("source backlog unmeasured: windows close by event time only until the next assignment")

@@ -23,6 +23,11 @@ class CatchUp:
         self._ends: dict[Partition, int] | None = None  # None: no assignment measured yet
         self._next: dict[Partition, int] = {}  # the next offset to read, per partition
 
+    @property
+    def assignment(self) -> int:
+        """Changes on every revocation and measured assignment: a measurement made under another is stale."""
+        return self._generation
+
     def start(self, ends: Mapping[Partition, int], starts: Mapping[Partition, int]) -> None:
         """A new assignment: each partition's end offset now, and the offset its reading resumes from."""
         self._generation += 1
