@@ -2,7 +2,8 @@
 
 It runs inside the fleet agent's stream iteration (faust allows table writes only there). Windows close
 only on a tick from the timer (every tick_s), which keeps per-event work to one small table write. A tick
-arms the idle close only when it vouches that the sources' backlog is already on the fleet topic before it.
+arms the window clock only when it vouches that the sources' backlog is already on the fleet topic before
+it; any other tick disarms it, and an unarmed clock closes no window, by event time or by idleness.
 """
 
 from __future__ import annotations

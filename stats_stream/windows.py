@@ -4,9 +4,10 @@ Times are integer milliseconds since the epoch. A window [start, start + size) c
 event time has passed its end by the grace period; when no events arrive for `idle_close_ms` of wall
 clock, the wall clock stands in for event time so a quiet fleet still gets its last window closed.
 Event time is capped at the wall clock, so one producer with a fast clock cannot close windows early.
-The wall clock stands in only while the clock is armed, that is while no input is left unread: a quiet
-stream with a backlog behind it (after a start or a rebalance) is not a quiet fleet, and the unread
-events may belong to an open window.
+No window closes, by event time or by the wall clock, while the clock is unarmed, that is while input is
+left unread: the backlog waiting after a start or a rebalance is read from many partitions at once and in
+no order, so an event of a later window read on one partition says nothing of an open window's events
+still unread on another; and a quiet stream with a backlog behind it is not a quiet fleet.
 """
 
 from __future__ import annotations
@@ -53,14 +54,16 @@ class WindowClock:
             self.last_event_wall_ms = max(wall_ms, self.last_event_wall_ms or wall_ms)
 
     def disarm(self) -> None:
-        """Input is unread: no window closes by the wall clock until the clock is armed again."""
+        """Input is unread: no window closes until the clock is armed again."""
         self.armed = False
 
     def horizon(self, wall_ms: int) -> int | None:
-        """Windows ending at or before this time may close; None before any time is known."""
+        """Windows ending at or before this time may close; None before any time is known or while unarmed."""
+        if not self.armed:
+            return None
         candidates = [] if self.max_event_ms is None else [self.max_event_ms]
         last = self.last_event_wall_ms
-        if self.armed and last is not None and wall_ms - last >= self.idle_close_ms:
+        if last is not None and wall_ms - last >= self.idle_close_ms:
             candidates.append(wall_ms)
         return max(candidates) - self.grace_ms if candidates else None
 

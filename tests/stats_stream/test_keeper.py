@@ -9,7 +9,7 @@ from stats_stream.config import StatsStreamSettings
 from stats_stream.keeper import WindowKeeper
 from stats_stream.topics import tick
 from stats_stream.windows import to_ms
-from tests.stats_stream.builders import T0, request
+from tests.stats_stream.builders import T0, request, state
 
 
 class RebalanceDuringWrite:
@@ -29,18 +29,20 @@ async def test_a_rebalance_while_a_window_is_written_still_closes_it() -> None:
     sinks = RebalanceDuringWrite()
     settings = StatsStreamSettings(window_s=1.0, grace_s=0.0, idle_close_s=60.0)
     table: dict[str, object] = {}
-    keeper = WindowKeeper(table, sinks, settings, CatchUp())
+    catchup = CatchUp()
+    catchup.start(ends={}, starts={})  # no backlog
+    keeper = WindowKeeper(table, sinks, settings, catchup)
     sinks.keeper = keeper
     start_ms = to_ms(T0)
     await keeper.handle(request(t=0.5).to_bytes(), start_ms + 500)
     await keeper.handle(request(t=1.5).to_bytes(), start_ms + 1500)  # moves event time past the first window
-    await keeper.handle(tick(start_ms + 1600, None), start_ms + 1600)
+    await keeper.handle(tick(start_ms + 1600, catchup.token()), start_ms + 1600)
     assert [r.window_ms for r in sinks.reports] == [start_ms]
     assert table[tb.CLOSED_THROUGH] == start_ms
     assert [tb.window_of(k) for k in table if tb.window_of(k) is not None] == [start_ms + 1000]
 
     await keeper.handle(request(t=2.5).to_bytes(), start_ms + 2500)  # counted against the recount
-    await keeper.handle(tick(start_ms + 2600, None), start_ms + 2600)
+    await keeper.handle(tick(start_ms + 2600, catchup.token()), start_ms + 2600)
     assert [r.window_ms for r in sinks.reports] == [start_ms, start_ms + 1000]
     assert [r.costs["acme"].tokens for r in sinks.reports] == [110, 110]  # one request each
 
@@ -87,3 +89,29 @@ async def test_after_a_restart_a_window_waits_for_the_backlog_before_closing_on_
     assert [r.window_ms for r in sinks.reports] == [start_ms]
     [stats] = sinks.reports[0].adapter_stats
     assert (stats.requests, stats.gpu_hit_rate) == (12, 7 / 12)
+
+
+async def test_after_a_restart_a_later_window_read_first_does_not_close_the_backlogs_window() -> None:
+    sinks = Reports()
+    settings = StatsStreamSettings(window_s=2.0, grace_s=0.5, idle_close_s=5.0)
+    start_ms = to_ms(T0)
+    table: dict[str, object] = {tb.CLOSED_THROUGH: start_ms - 2000}  # restored from the changelog
+    catchup = CatchUp()
+    keeper = WindowKeeper(table, sinks, settings, catchup)
+    ours, theirs = ("requests.completed", 3), ("replica.state", 5)
+    catchup.start(ends={ours: 5, theirs: 1}, starts={ours: 0, theirs: 0})  # published while it was down
+    wall = start_ms + 20_000
+    await keeper.handle(request(t=1.0).to_bytes(), wall)  # window 0, the first of its five
+    catchup.read(ours, 0)
+    await keeper.handle(state(t=9.0).to_bytes(), wall)  # window 8000, from the other partition
+    catchup.read(theirs, 0)
+    await keeper.handle(tick(wall, catchup.token()), wall)  # event time is past window 0, its backlog is not
+    assert sinks.reports == []
+
+    for offset in range(1, 5):
+        await keeper.handle(request(t=1.0, tier="ram").to_bytes(), wall)
+        catchup.read(ours, offset)
+    await keeper.handle(tick(wall, catchup.token()), wall)
+    assert [r.window_ms for r in sinks.reports] == [start_ms]
+    [stats] = sinks.reports[0].adapter_stats
+    assert (stats.requests, stats.gpu_hit_rate) == (5, 1 / 5)

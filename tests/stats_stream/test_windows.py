@@ -13,6 +13,7 @@ def test_milliseconds_round_trip_through_datetimes() -> None:
 
 def test_a_window_closes_only_after_event_time_passes_its_end_plus_grace() -> None:
     clock = WindowClock(size_ms=1000, grace_ms=200, idle_close_ms=10_000)
+    clock.arm(0)
     clock.observe(1100, wall_ms=1100)
     assert clock.due([0, 1000], wall_ms=1100) == []
     clock.observe(1200, wall_ms=1200)
@@ -52,6 +53,15 @@ def test_a_window_never_closes_by_the_wall_clock_while_input_is_unread() -> None
     assert clock.due([0], wall_ms=63_000) == [0]
 
 
+def test_a_window_never_closes_by_event_time_while_input_is_unread() -> None:
+    clock = WindowClock(size_ms=1000, grace_ms=200, idle_close_ms=60_000)
+    clock.observe(500, wall_ms=9000)  # a backlog: this window's events on one partition...
+    clock.observe(5000, wall_ms=9000)  # ...a later window's on another, read first
+    assert clock.due([0, 5000], wall_ms=9000) == []  # the rest of window 0 may still be unread
+    clock.arm(9000)  # every partition is read to the end it had at the start
+    assert clock.due([0, 5000], wall_ms=9000) == [0]
+
+
 def test_disarming_stops_the_idle_close_and_arming_again_restarts_its_timer() -> None:
     clock = WindowClock(size_ms=1000, grace_ms=0, idle_close_ms=3000)
     clock.arm(1000)
@@ -65,12 +75,14 @@ def test_disarming_stops_the_idle_close_and_arming_again_restarts_its_timer() ->
 
 def test_a_producer_with_a_fast_clock_cannot_close_windows_early() -> None:
     clock = WindowClock(size_ms=1000, grace_ms=0, idle_close_ms=60_000)
+    clock.arm(500)
     clock.observe(999_999, wall_ms=500)
     assert clock.due([0, 1000], wall_ms=500) == []
 
 
 def test_due_windows_come_oldest_first() -> None:
     clock = WindowClock(size_ms=1000, grace_ms=0, idle_close_ms=60_000)
+    clock.arm(5000)
     clock.observe(5000, wall_ms=5000)
     assert clock.due([3000, 1000, 2000, 4000, 5000], wall_ms=5000) == [1000, 2000, 3000, 4000]
 
