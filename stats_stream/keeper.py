@@ -70,9 +70,9 @@ class WindowKeeper:
             return
         if self.catchup.vouches(tick_token(raw)):
             self.clock.arm(wall_ms)
+            metrics.TICKS.inc()  # the stream is live: its backlog is read
         else:
             self.clock.disarm()
-        metrics.TICKS.inc()
         for window_ms in self.clock.due(open_windows, wall_ms):
             await self._close(window_ms)
         metrics.OPEN_EVENTS.set(sum(self._open_windows().values()))

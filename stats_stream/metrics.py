@@ -15,7 +15,10 @@ EVENTS = Counter(
     "Events seen by the stats stream, by source topic and outcome",
     ["topic", "outcome"],
 )
-TICKS = Counter("lorafleet_stats_ticks", "Clock ticks the window agent has handled (it is live once > 0)")
+TICKS = Counter(
+    "lorafleet_stats_ticks",
+    "Clock ticks the window agent has handled with the sources' backlog read (it is live once > 0)",
+)
 WINDOWS_CLOSED = Counter("lorafleet_stats_windows_closed", "Windows the stats stream has closed")
 CLOSE_SECONDS = Histogram(
     "lorafleet_stats_window_close_seconds", "Time to close a window and write its outputs"
