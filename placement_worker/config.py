@@ -6,6 +6,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from lorafleet.config import PlatformSettings
+from placement_worker.merge_policy import MergePolicy
 from placement_worker.planner import Policy
 
 
@@ -36,11 +37,25 @@ class PlacementSettings(BaseSettings):
     decay_check_s: float = Field(default=10.0, gt=0)
     # A spill copy (an adapter a replica holds without owning it) unused this long is unloaded there.
     spill_idle_s: float = Field(default=600.0, gt=0)
+    # Merged replicas: an adapter version whose own window traffic is over merge_tokens_per_s (default:
+    # replica_capacity_tokens_per_s, it fills a replica) for merge_windows consecutive windows gets a
+    # dedicated merged replica; under demote_tokens_per_s (default: half the merge threshold) for
+    # demote_windows consecutive windows it loses it. merge_check_s: how often silent adapters are looked at.
+    merge_tokens_per_s: float | None = Field(default=None, gt=0)
+    demote_tokens_per_s: float | None = Field(default=None, ge=0)
+    merge_windows: int = Field(default=3, ge=1)
+    demote_windows: int = Field(default=3, ge=1)
+    merge_check_s: float = Field(default=1.0, gt=0)
     # Only replicas whose id starts with this belong to the fleet this worker places for.
     replica_id_prefix: str = ""
     tick_s: float = Field(default=1.0, gt=0)
     metrics_port: int = Field(default=9462, ge=0, description="Prometheus /metrics; 0 disables it")
     metrics_host: str = "127.0.0.1"  # 0.0.0.0 in a container
+
+    def merge_policy(self) -> MergePolicy:
+        promote = self.merge_tokens_per_s or self.replica_capacity_tokens_per_s
+        demote = promote / 2 if self.demote_tokens_per_s is None else min(self.demote_tokens_per_s, promote)
+        return MergePolicy(promote, demote, self.merge_windows, self.demote_windows)
 
 
 class PlacementConfig:

@@ -41,6 +41,7 @@ from lorafleet.outbox.idempotency import apply_once
 from placement_worker import producer, store
 from placement_worker.config import PlacementSettings
 from placement_worker.membership import members
+from placement_worker.merging import Merging
 from placement_worker.planner import Change, Policy, desired, diff, touches_gpu_share
 from placement_worker.spill import idle, resident_tiers
 from schemas.events import AdapterStats, AdapterValidated, AliasChanged, Event, ReplicaState, RequestCompleted
@@ -68,6 +69,7 @@ class PlacementWorker:
         self._next_dirty = 0.0
         self._next_expiry = 0.0
         self._next_decay = time.monotonic() + settings.decay_check_s
+        self._merging = Merging(settings.merge_policy(), settings.merge_check_s)
 
     async def handle(self, event: Event) -> None:
         """Apply the event with its type's handler; the worker ignores other event types."""
@@ -131,6 +133,7 @@ class PlacementWorker:
             )
         if new:
             self._dirty.add(event.adapter_id)
+        await self._merging.on_stats(self._pool, event)
 
     async def on_alias_changed(self, event: AliasChanged) -> None:
         async def effect(conn: Connection) -> None:
@@ -140,6 +143,7 @@ class PlacementWorker:
             changes = await self.replan(conn, sorted(set(moved)))
             if changes:
                 log.info("alias %s moved to %s: %d changes", event.alias, served, len(changes))
+            await self._merging.on_alias_changed(conn, event)
             for adapter_id in served:
                 owners = await store.owners_of(conn, adapter_id, self._s.replica_id_prefix)
                 await producer.emit_prewarm(conn, adapter_id, owners)
@@ -149,6 +153,8 @@ class PlacementWorker:
 
     async def on_replica_state(self, event: ReplicaState) -> None:
         if not event.replica_id.startswith(self._s.replica_id_prefix):
+            return
+        if event.merged_adapter_id is not None:  # serves only its merged adapter: never a placement target
             return
         async with self._pool.acquire() as conn, conn.transaction():
             newer = await store.upsert_heartbeat(
@@ -172,6 +178,7 @@ class PlacementWorker:
         every decay_check_s, the ones whose traffic shaped their placement (it may have aged out); at most
         once a second, unload spill copies that went idle."""
         changes = await self._expire_spills()
+        await self._merging.tick(self._pool)
         beats = await store.heartbeats(self._pool, self._s.replica_id_prefix)
         now_members = members(beats, time.time(), self._s.membership_ttl_s)
         slots = {b.replica_id: b.gpu_slots for b in beats if b.replica_id in now_members}
