@@ -13,6 +13,7 @@ from gateway.alias_cache import AliasCache
 from gateway.auth import KeyAuthenticator
 from gateway.completions import CompletionPublisher
 from gateway.config import GatewaySettings
+from gateway.merged_routing import merged_first
 from gateway.metrics import GatewayMetrics
 from gateway.rate_limit import Decision, Limits, RateLimiter
 from gateway.replica_client import ReplicaClient, UpstreamStream
@@ -73,7 +74,7 @@ class Online:
         self.publisher = publisher
         self.metrics = metrics
         self.limiter = RateLimiter()
-        self.route = ROUTING_MODES[settings.routing_mode]
+        self.route = merged_first(ROUTING_MODES[settings.routing_mode])
         self.policy = RouterPolicy(
             settings.owners_k, settings.spill_threshold_tokens, settings.gpu_preference_tokens
         )

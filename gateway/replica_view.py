@@ -81,6 +81,7 @@ class ReplicaView:
                     tokens_in_flight=max(e.state.tokens_in_flight, self.inflight(rid)),
                     resident=frozenset(e.state.gpu_adapters) | frozenset(e.state.ram_adapters),
                     gpu=frozenset(e.state.gpu_adapters),
+                    merged=e.state.merged_adapter_id,
                 )
             )
         return out

@@ -28,6 +28,7 @@ class ReplicaLoad:
     tokens_in_flight: int
     resident: frozenset[str] = field(default_factory=frozenset)  # adapter ids in GPU or RAM
     gpu: frozenset[str] = field(default_factory=frozenset)
+    merged: str | None = None  # a merged replica serves only this adapter (gateway/merged_routing.py)
 
 
 @dataclass(frozen=True)

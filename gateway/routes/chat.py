@@ -123,6 +123,8 @@ async def chat_completions(request: Request, caller: PublicCaller) -> Response:
         "x-adapter-tier": rec.tier or "ram",
         "x-request-id": rec.request_id,
     }
+    if upstream.replica.merged is not None:  # the adapter folded into that replica's weights served it
+        headers["x-lorafleet-merged"] = "true"
     if body.stream:
         stream = sse_chunks(rec, upstream, body.model, body.wants_usage_chunk(), online.finish)
         return EventSourceResponse(stream, headers=headers, ping=15)
