@@ -10,68 +10,47 @@ response instead. Each request is finished exactly once: ok, error with its code
 from __future__ import annotations
 
 import contextlib
-import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import anyio
 from fastapi import Response
 from fastapi.responses import JSONResponse
 
+from gateway.chunk_encoder import DONE, ChunkEncoder, error_frame
 from gateway.errors import GatewayError
 from gateway.online import RequestRecord
 from gateway.replica_client import UpstreamStream
 from gateway.upstream_events import completion_events
 from schemas.events import RequestStatus
-from schemas.openai import (
-    AssistantMessage,
-    ChatCompletion,
-    ChatCompletionChunk,
-    Choice,
-    ChunkChoice,
-    Delta,
-    FinishReason,
-)
+from schemas.openai import AssistantMessage, ChatCompletion, Choice
 from schemas.replica_api import DoneEvent
 
 Finish = Callable[[RequestRecord, RequestStatus, str | None], Awaitable[None]]  # Online.finish
 
 
-def _chunk(rec: RequestRecord, model: str, delta: Delta, finish: FinishReason | None = None) -> str:
-    choice = ChunkChoice(delta=delta, finish_reason=finish)
-    return ChatCompletionChunk(
-        id=rec.completion_id, created=rec.created, model=model, choices=[choice]
-    ).model_dump_json(exclude_none=False)
-
-
-def _error_event(exc: GatewayError) -> dict[str, str]:
-    return {"event": "error", "data": json.dumps(exc.body())}
-
-
 async def sse_chunks(
     rec: RequestRecord, upstream: UpstreamStream, model: str, usage_chunk: bool, finish: Finish
-) -> AsyncIterator[dict[str, str] | str]:
-    """The SSE events of a streamed chat completion (see the module doc)."""
+) -> AsyncGenerator[bytes, None]:
+    """The framed SSE messages of a streamed chat completion (see the module doc)."""
     status: RequestStatus = "error"
     code: str | None = "replica_lost"
+    encoder = ChunkEncoder(rec.completion_id, rec.created, model)
     first = True
     try:
         async with contextlib.aclosing(completion_events(upstream, rec)) as events:
             async for ev in events:
                 if first or ev.text:
-                    delta = Delta(role="assistant", content=ev.text) if first else Delta(content=ev.text)
-                    yield _chunk(rec, model, delta)
+                    yield encoder.content(ev.text, first)
                     first = False
                 if isinstance(ev, DoneEvent):
-                    yield _chunk(rec, model, Delta(), ev.finish_reason)
+                    yield encoder.finish(ev.finish_reason)
                     if usage_chunk:
-                        yield ChatCompletionChunk(
-                            id=rec.completion_id, created=rec.created, model=model, choices=[], usage=ev.usage
-                        ).model_dump_json()
-                    yield "[DONE]"
+                        yield encoder.usage(ev.usage)
+                    yield DONE
                     status, code = "ok", None
     except GatewayError as exc:
         status, code = "error", exc.code
-        yield _error_event(exc)
+        yield error_frame(exc)
     except BaseException:
         status, code = "cancelled", "client_disconnected"
         raise

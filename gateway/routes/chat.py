@@ -12,7 +12,6 @@ import time
 
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
-from sse_starlette.sse import EventSourceResponse
 
 from gateway.chat_relay import completion_response, sse_chunks
 from gateway.deps import PublicCaller
@@ -20,6 +19,7 @@ from gateway.errors import BadRequest, NotFound, PayloadTooLarge, RateLimited, S
 from gateway.online import Online, RequestRecord
 from gateway.rate_limit import retry_after_header
 from gateway.replica_client import ReplicaRejected, ReplicaUnavailable
+from gateway.sse_response import SseResponse
 from schemas.openai import ChatCompletionRequest
 from schemas.replica_api import ChatMessage, GenerateRequest
 
@@ -127,5 +127,5 @@ async def chat_completions(request: Request, caller: PublicCaller) -> Response:
         headers["x-lorafleet-merged"] = "true"
     if body.stream:
         stream = sse_chunks(rec, upstream, body.model, body.wants_usage_chunk(), online.finish)
-        return EventSourceResponse(stream, headers=headers, ping=15)
+        return SseResponse(stream, headers=headers, ping_s=15)
     return await completion_response(rec, upstream, body.model, headers, online.finish)

@@ -10,11 +10,13 @@ import httpx
 import pytest
 from fastapi import FastAPI, Response
 from httpx_sse import aconnect_sse
-from sse_starlette.sse import EventSourceResponse
+from sse_starlette.event import ServerSentEvent
 
 from gateway.chat_relay import completion_response, sse_chunks
 from gateway.errors import install_error_handlers
 from gateway.online import RequestRecord
+from gateway.sse_response import SseResponse
+from schemas.openai import ChatCompletionChunk, ChunkChoice, Delta, Usage
 from tests.gateway.replica_lines import failed, outputs, record, replica_bytes, upstream
 
 MODEL = "acme/support:prod"
@@ -45,7 +47,7 @@ async def relay() -> AsyncIterator[tuple[httpx.AsyncClient, dict[str, bytes], Fi
     async def chat(stream: bool) -> Response:
         up, rec = upstream(bodies["next"], chunk=7), record()
         if stream:
-            return EventSourceResponse(sse_chunks(rec, up, MODEL, True, finished))
+            return SseResponse(sse_chunks(rec, up, MODEL, True, finished))
         return await completion_response(rec, up, MODEL, {"x-request-id": rec.request_id}, finished)
 
     transport = httpx.ASGITransport(app=app)
@@ -70,6 +72,31 @@ async def test_streamed_completion_relays_every_token_then_usage_and_done(relay)
     assert text == "Hello 世界"
     assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+    assert finished.calls == [("ok", None)]
+
+
+async def test_streamed_bytes_are_the_models_json_in_sse_frames(relay) -> None:
+    client, bodies, finished = relay
+    bodies["next"] = GOOD
+    async with client.stream("POST", "/chat", params={"stream": "true"}) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        assert resp.headers["cache-control"] == "no-store"
+        raw = await resp.aread()
+    first = json.loads(raw[len(b"data: ") : raw.index(b"\r\n")])
+
+    def frame(choices: list[ChunkChoice], usage: Usage | None = None) -> bytes:
+        chunk = ChatCompletionChunk(
+            id=first["id"], created=first["created"], model=MODEL, choices=choices, usage=usage
+        )
+        return ServerSentEvent(data=chunk.model_dump_json(exclude_none=False)).encode()
+
+    expected = frame([ChunkChoice(delta=Delta(role="assistant", content="Hel"))])
+    for text in ("lo", " 世", "界"):
+        expected += frame([ChunkChoice(delta=Delta(content=text))])
+    expected += frame([ChunkChoice(delta=Delta(), finish_reason="stop")])
+    expected += frame([], Usage(prompt_tokens=5, completion_tokens=4, total_tokens=9))
+    assert raw == expected + ServerSentEvent(data="[DONE]").encode()
+    assert first["id"].startswith("chatcmpl-")
     assert finished.calls == [("ok", None)]
 
 
