@@ -81,11 +81,15 @@ class AsyncEngine:
                 self._commands.put(("abort", (request_id,)))
                 self._wake.set()
 
-    def _deliver(self, out: StepOutput) -> None:
-        target = self._streams.get(out.request_id)
-        if target is not None:
-            loop, stream = target
-            loop.call_soon_threadsafe(stream.put_nowait, out)
+    def _deliver(self, outputs: list[StepOutput]) -> None:
+        """Hand a step's outputs to their streams: one thread-safe wake-up per event loop, not per output."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[StepOutput], StepOutput]]] = {}
+        for out in outputs:
+            target = self._streams.get(out.request_id)
+            if target is not None:
+                batches.setdefault(target[0], []).append((target[1], out))
+        for loop, batch in batches.items():
+            loop.call_soon_threadsafe(_put_all, batch)
 
     def _apply_commands(self) -> None:
         while True:
@@ -103,13 +107,13 @@ class AsyncEngine:
             try:
                 self.engine.add_request(*args)
             except Exception as exc:  # checked before queueing; a late failure still ends that stream only
-                self._deliver(StepOutput(request_id, None, "", True, "error", len(args[1]), 0, str(exc)))
+                self._deliver([StepOutput(request_id, None, "", True, "error", len(args[1]), 0, str(exc))])
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._apply_commands()
             if not self.engine.has_work():
-                self._wake.wait(timeout=0.5)
+                self._wake.wait()  # set by every add, abort and stop: no idle timer to wait out
                 self._wake.clear()
                 continue
             try:
@@ -132,5 +136,10 @@ class AsyncEngine:
                         )
                     )
             self._step_end = time.perf_counter()
-            for out in outputs:
-                self._deliver(out)
+            self._deliver(outputs)
+
+
+def _put_all(batch: list[tuple[asyncio.Queue[StepOutput], StepOutput]]) -> None:
+    """On the event loop: one step's outputs into their streams."""
+    for stream, out in batch:
+        stream.put_nowait(out)
