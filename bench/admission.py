@@ -255,7 +255,9 @@ def summarize(samples: list[dict[str, float]], prompt_tokens: int, bare: list[fl
         b = median(bare)
         out["bare_forward_ms"] = _ms(b)
         out["ttft_over_bare"] = round(median([s["client_ttft"] for s in samples]) / b, 3)
-        out["prefill_over_bare"] = round(median([s["prefill"] for s in samples]) / b, 3)
+        # paired: each probe over the bare forward timed just before it (both see the same machine load)
+        pairs = [s["prefill"] / f for s, f in zip(samples, bare, strict=True)]
+        out["prefill_over_bare"] = round(median(pairs), 3)
     return out
 
 
@@ -286,10 +288,11 @@ async def run(cfg: AdmissionBenchConfig) -> dict[str, Any]:
             bare: dict[int, list[float]] = {n: [] for _, n in prompts}
             for _ in range(cfg.repeats):
                 for text, n in prompts:
-                    bare[n].append(bare_model.seconds(ids[n]))
+                    forward = bare_model.seconds(ids[n])
                     await asyncio.sleep(SETTLE_S)
                     if (got := await probe.measure(text)) is not None:
                         idle[n].append(got)
+                        bare[n].append(forward)
             result["idle"] = [summarize(idle[n], n, bare[n]) for _, n in prompts]
             loaded: dict[int, list[dict[str, float]]] = {n: [] for _, n in prompts}
             stop = asyncio.Event()
