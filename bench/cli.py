@@ -137,3 +137,12 @@ def _gateway_commands() -> None:
 
 
 _gateway_commands()
+
+
+def _scaleup_command() -> None:
+    from bench.scaleup import scaleup
+
+    app.command("scaleup")(scaleup)
+
+
+_scaleup_command()

@@ -25,15 +25,19 @@ from pathlib import Path
 
 import asyncpg
 import httpx
+from aiokafka import TopicPartition
 
 from gateway.demo_adapters import make_peft_adapters
 from gateway.tenants import create_key, create_tenant
 from lorafleet.autoscale.records import Records
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
+from lorafleet.kafka import make_consumer
 from lorafleet.model.base_hash import base_model_hash
 from lorafleet.model.prepare import ensure_default_model
+from schemas import topics
 from schemas.replica_api import StateResponse
+from schemas.topics import Topic
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "scaleup-replica-token"
@@ -52,6 +56,7 @@ class ScaleupConfig:
     max_replicas: int = 2
     stats_min_replicas: int = 1  # the signal's floor; above `unmanaged` the autoscaler starts one at once
     cooldown_s: float = 5.0
+    scale_down_windows: int = 60  # the signal's hysteresis: no scale-down within a run
     start_timeout_s: float = 150.0
     gateway: bool = True
 
@@ -229,6 +234,20 @@ async def _seed(database_url: str, base_hash: str) -> str:
         await pool.close()
 
 
+async def start_groups_at_end(platform: PlatformSettings, groups: dict[str, tuple[Topic, ...]]) -> None:
+    """Commit each new consumer group at its topics' end: a fresh worker skips every other run's history."""
+    for group, names in groups.items():
+        consumer = make_consumer(platform, group_id=group)
+        await consumer.start()
+        try:
+            tps = [TopicPartition(t.name, p) for t in names for p in range(t.partitions)]
+            consumer.assign(tps)
+            ends = await consumer.end_offsets(tps)
+            await consumer.commit({tp: offset for tp, offset in ends.items()})
+        finally:
+            await consumer.stop()
+
+
 async def _drop(admin_url: str, name: str) -> None:
     admin = await asyncpg.connect(admin_url)
     try:
@@ -269,6 +288,9 @@ def _env(
         "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": prefix,
         "LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN": TOKEN,
         "LORAFLEET_GATEWAY_REPLICA_STALE_S": "1.5",
+        # a replica holding the adapter in a GPU slot goes first unless it is this many tokens busier: scaled
+        # to requests of a few hundred tokens, as the queue threshold is
+        "LORAFLEET_GATEWAY_GPU_PREFERENCE_TOKENS": "200",
         "LORAFLEET_GATEWAY_PUBLIC_PORT": str(ports),
         "LORAFLEET_GATEWAY_INTERNAL_PORT": str(ports + 1),
         "LORAFLEET_PLACEMENT_REPLICA_ID_PREFIX": prefix,
@@ -290,6 +312,7 @@ def _env(
         "LORAFLEET_STATS_METRICS_PORT": str(ports + 2),
         "LORAFLEET_STATS_QUEUE_PER_REPLICA": str(cfg.queue_per_replica),
         "LORAFLEET_STATS_MIN_REPLICAS": str(cfg.stats_min_replicas),
+        "LORAFLEET_STATS_SCALE_DOWN_WINDOWS": str(cfg.scale_down_windows),
         "LORAFLEET_STATS_MAX_REPLICAS": str(cfg.max_replicas),
         "LORAFLEET_AUTOSCALE_FLEET": f"fleet-{run}",
         "LORAFLEET_AUTOSCALE_REPLICA_ID_PREFIX": prefix,
@@ -333,6 +356,19 @@ async def scaleup_stack(
     )
     try:
         stack.key = await _seed(database_url, base_hash)
+        sources = (topics.REPLICA_STATE, topics.REPLICA_EVENTS, topics.REQUESTS_COMPLETED)
+        placement = (topics.ADAPTERS_VALIDATED, topics.ALIASES_CHANGED, topics.ADAPTER_STATS, *sources)
+        await start_groups_at_end(
+            platform,
+            {
+                env["LORAFLEET_STATS_APP_ID"]: sources,
+                env["LORAFLEET_PLACEMENT_GROUP_ID"]: placement,
+                **{
+                    f"replica-{stack.replica_id(i)}": (topics.REPLICA_COMMANDS,)
+                    for i in range(cfg.max_replicas)
+                },
+            },
+        )
         replica0 = ["replica", "serve", "--replica-id", stack.replica_id(0), "--port", str(first_port)]
         wanted = {"replica-0": replica0, "stats-stream": ["stats-stream"]}
         if cfg.gateway:
