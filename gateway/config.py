@@ -47,12 +47,15 @@ class GatewaySettings(BaseSettings):
     default_max_tokens: int = Field(default=256, ge=1)
     key_cache_ttl_s: float = Field(default=5.0, ge=0)
     alias_cache_ttl_s: float = Field(default=10.0, ge=0)
-    # Router: affinity | random (the A/B baseline); owners per adapter; spill when owners are this busy.
+    # Router: affinity | cost | random (the A/B baseline); owners per adapter; spill past this many tokens.
     routing_mode: str = "affinity"
     owners_k: int = Field(default=2, ge=1)
     spill_threshold_tokens: int = Field(default=32_000, ge=0)
     # Prefer an owner that has the adapter in a GPU slot unless it is this many tokens busier.
     gpu_preference_tokens: int = Field(default=8_000, ge=0)
+    # Cost routing: tokens in flight a replica finishes per second, and a GPU load's price in seconds.
+    drain_tokens_per_s: float = Field(default=2_560.0, gt=0)
+    slot_cost_s: float = Field(default=3.0, ge=0)
     replica_stale_s: float = Field(default=3.0, gt=0)
     # Route only to replicas whose id starts with this (the placement worker's replica_id_prefix).
     replica_id_prefix: str = ""

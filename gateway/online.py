@@ -76,7 +76,11 @@ class Online:
         self.limiter = RateLimiter()
         self.route = merged_first(ROUTING_MODES[settings.routing_mode])
         self.policy = RouterPolicy(
-            settings.owners_k, settings.spill_threshold_tokens, settings.gpu_preference_tokens
+            settings.owners_k,
+            settings.spill_threshold_tokens,
+            settings.gpu_preference_tokens,
+            drain_tokens_per_s=settings.drain_tokens_per_s,
+            slot_cost_s=settings.slot_cost_s,
         )
         self.rng = random.Random()
 

@@ -7,16 +7,28 @@ unless one that already holds the adapter in a GPU slot is at most gpu_preferenc
 one goes first, so a hot adapter does not take a slot on every owner. When the chosen replica is over the
 spill threshold, the least-loaded live replica goes first instead. The rest follow in load order, so a
 connection failure before the first byte retries on the next one.
+Cost: every owner (and, past the spill threshold, every live replica) is priced in expected seconds: its
+tokens in flight over drain_tokens_per_s (how long it needs to finish what it holds), plus, where the
+adapter is not in a GPU slot there, the load time of the tier it is in and the price of the slot. A load
+evicts an adapter another request comes back for: one slot_cost_s. The adapter's home is its first
+rendezvous owner, where the placement planner puts its GPU copy and where its traffic goes while the home
+is not busier; a load anywhere else also makes a second copy that later requests, sent home, leave unused:
+twice the price. So a cold adapter's traffic stays on its home until the home is slot_cost_s of queue
+busier than a second owner, one already in a slot keeps it until the home is as much busier, and a hot
+adapter spreads over the replicas that hold it in a slot. The cheapest goes first, ties in owner order;
+the rest follow in cost order.
 Random: a uniformly random live replica first (the A/B baseline).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from schemas.rendezvous import owners
+
+LOAD_S = {"gpu": 0.0, "ram": 0.008, "disk": 0.040, "remote": 0.4}  # the brief's load time per tier
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,11 @@ class RouterPolicy:
     # About one full batch of the brief's requests (32 x (750 + 250) tokens); below it an owner has room.
     spill_threshold_tokens: int = 32_000
     gpu_preference_tokens: int = 8_000
+    # cost routing: a full batch of the brief's requests (32 x 1,000 tokens) drains in about 12.5 s
+    drain_tokens_per_s: float = 2_560.0
+    # the price of the slot a GPU load takes, in seconds of queue (3 s: about 7,700 tokens in flight)
+    slot_cost_s: float = 3.0
+    load_s: Mapping[str, float] = field(default_factory=lambda: dict(LOAD_S))  # tier -> seconds
 
 
 def _load_order(replicas: Sequence[ReplicaLoad]) -> list[ReplicaLoad]:
@@ -75,6 +92,52 @@ def route_affinity(
     return RoutePlan((*candidates, *rest), "owner")
 
 
+def tier_on(adapter_id: str, replica: ReplicaLoad, owner: bool) -> str:
+    """Where the adapter is on a replica, as its state report shows it: an owner keeps it on local disk."""
+    if adapter_id in replica.gpu:
+        return "gpu"
+    if adapter_id in replica.resident:
+        return "ram"
+    return "disk" if owner else "remote"
+
+
+def expected_cost_s(
+    adapter_id: str, replica: ReplicaLoad, home: bool, owner: bool, policy: RouterPolicy
+) -> float:
+    """Seconds of queue, load and slot price a request for the adapter costs on this replica."""
+    tier = tier_on(adapter_id, replica, owner)
+    cost = replica.tokens_in_flight / policy.drain_tokens_per_s + policy.load_s.get(tier, 0.0)
+    if tier == "gpu":
+        return cost
+    return cost + policy.slot_cost_s * (1 if home else 2)
+
+
+def route_cost(
+    adapter_id: str, live: Sequence[ReplicaLoad], policy: RouterPolicy, rng: random.Random
+) -> RoutePlan:
+    if not live:
+        return RoutePlan((), "none")
+    by_id = {r.replica_id: r for r in live}
+    ranked_owners = owners(adapter_id, by_id, policy.owners_k)
+    order = {rid: i for i, rid in enumerate(ranked_owners)}
+    for r in live:
+        if adapter_id in r.resident and r.replica_id not in order:
+            order[r.replica_id] = len(order)
+    home = ranked_owners[0]
+
+    def price(r: ReplicaLoad) -> tuple[float, int, str]:
+        owner = r.replica_id in order
+        cost = expected_cost_s(adapter_id, r, r.replica_id == home, owner, policy)
+        return cost, order.get(r.replica_id, len(order)), r.replica_id
+
+    candidates = sorted((by_id[i] for i in order), key=price)
+    rest = sorted((r for r in live if r.replica_id not in order), key=price)
+    best = candidates[0]
+    if best.tokens_in_flight > policy.spill_threshold_tokens and rest and price(rest[0]) < price(best):
+        return RoutePlan((rest[0], *candidates, *rest[1:]), "spill")
+    return RoutePlan((*candidates, *rest), "owner")
+
+
 def route_random(
     adapter_id: str, live: Sequence[ReplicaLoad], policy: RouterPolicy, rng: random.Random
 ) -> RoutePlan:
@@ -86,5 +149,6 @@ def route_random(
 
 ROUTING_MODES: dict[str, Callable[[str, Sequence[ReplicaLoad], RouterPolicy, random.Random], RoutePlan]] = {
     "affinity": route_affinity,
+    "cost": route_cost,
     "random": route_random,
 }

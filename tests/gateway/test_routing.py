@@ -1,10 +1,24 @@
-"""Router policy: rendezvous owners first by load, spill when owners are busy, random mode."""
+"""Router policy: rendezvous owners first by load, spill when owners are busy, cost and random modes."""
 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
+from typing import Any, cast
 
-from gateway.routing import ReplicaLoad, RouterPolicy, route_affinity, route_random
+import pytest
+
+from gateway.config import GatewaySettings
+from gateway.online import Online
+from gateway.routing import (
+    ROUTING_MODES,
+    ReplicaLoad,
+    RouterPolicy,
+    expected_cost_s,
+    route_affinity,
+    route_cost,
+    route_random,
+)
 from schemas.rendezvous import owners
 
 IDS = [f"r{i}" for i in range(6)]
@@ -89,3 +103,93 @@ def test_an_owner_with_the_adapter_in_a_gpu_slot_goes_first_unless_much_busier()
     assert plan(3000, 100).replicas[0].replica_id == a
     # a is far busier than b: load balance wins over the warm slot
     assert plan(12000, 100).replicas[0].replica_id == b
+
+
+def _live(load: dict[str, int], gpu: dict[str, set[str]], resident: dict[str, set[str]] | None = None):
+    resident = resident or {}
+    return [
+        ReplicaLoad(
+            i,
+            f"http://{i}",
+            load.get(i, 0),
+            frozenset(resident.get(i, set()) | gpu.get(i, set())),
+            frozenset(gpu.get(i, set())),
+        )
+        for i in IDS
+    ]
+
+
+COST = RouterPolicy(drain_tokens_per_s=1000.0, slot_cost_s=2.0)  # a load's slot: 2,000 tokens of queue
+
+
+def test_cost_keeps_a_cold_adapter_on_its_home_until_the_home_is_a_slot_busier() -> None:
+    home, second = owners("x", IDS, 2)
+    in_ram = {home: {"x"}, second: {"x"}}
+    # the second owner is 1,500 tokens less busy: still cheaper than a second GPU copy
+    plan = route_cost("x", _live({home: 1600, second: 100}, {}, in_ram), COST, random.Random(0))
+    assert plan.reason == "owner" and plan.replicas[0].replica_id == home
+    # 2,500 tokens less busy: past one slot's price, the second owner loads it
+    plan = route_cost("x", _live({home: 2600, second: 100}, {}, in_ram), COST, random.Random(0))
+    assert plan.replicas[0].replica_id == second
+
+
+def test_cost_keeps_an_adapter_where_it_is_in_a_slot_until_a_load_at_home_pays() -> None:
+    home, second = owners("x", IDS, 2)
+    gpu, in_ram = {second: {"x"}}, {home: {"x"}}
+    plan = route_cost("x", _live({home: 0, second: 1900}, gpu, in_ram), COST, random.Random(0))
+    assert plan.replicas[0].replica_id == second
+    plan = route_cost("x", _live({home: 0, second: 2100}, gpu, in_ram), COST, random.Random(0))
+    assert plan.replicas[0].replica_id == home
+
+
+def test_cost_spreads_a_hot_adapter_over_the_replicas_that_hold_it_in_a_slot() -> None:
+    home, second = owners("x", IDS, 2)
+    gpu = {home: {"x"}, second: {"x"}}
+    plan = route_cost("x", _live({home: 300, second: 200}, gpu), COST, random.Random(0))
+    assert [r.replica_id for r in plan.replicas[:2]] == [second, home]
+    tied = route_cost("x", _live({home: 200, second: 200}, gpu), COST, random.Random(0))
+    assert tied.replicas[0].replica_id == home  # ties in owner order
+
+
+def test_cost_prices_each_tier_by_its_load_time() -> None:
+    policy = RouterPolicy(load_s={"gpu": 0.0, "ram": 0.01, "disk": 0.05, "remote": 0.5})
+    r = ReplicaLoad("r", "http://r", 0, frozenset({"ram"}), frozenset({"gpu"}))
+    costs = {
+        tier: expected_cost_s(tier, r, home=True, owner=True, policy=policy) - policy.slot_cost_s
+        for tier in ("ram", "disk")
+    }
+    assert expected_cost_s("gpu", r, home=False, owner=True, policy=policy) == 0.0
+    assert costs == pytest.approx({"ram": 0.01, "disk": 0.05})
+    remote = expected_cost_s("other", r, home=False, owner=False, policy=policy)
+    assert remote == pytest.approx(0.5 + 2 * policy.slot_cost_s)
+
+
+def test_cost_spills_past_the_threshold_to_the_cheapest_other_replica() -> None:
+    home, second = owners("x", IDS, 2)
+    others = [i for i in IDS if i not in (home, second)]
+    load = {i: 20_000 for i in IDS} | {home: 40_000, second: 40_000, others[0]: 5_000, others[1]: 5_000}
+    plan = route_cost("x", _live(load, {}, {others[1]: {"x"}}), COST, random.Random(0))
+    # others[1] holds x in RAM, so it joins the candidates and wins without a spill
+    assert plan.reason == "owner" and plan.replicas[0].replica_id == others[1]
+    plan = route_cost("x", _live(load, {}), COST, random.Random(0))
+    assert plan.reason == "spill" and plan.replicas[0].replica_id == others[0]
+    below = route_cost("x", _live(load, {}), replace(COST, spill_threshold_tokens=50_000), random.Random(0))
+    assert below.reason == "owner" and below.replicas[0].replica_id == home
+
+
+def test_cost_plans_every_live_replica_once_and_is_a_routing_mode() -> None:
+    plan = route_cost("x", fleet(), RouterPolicy(), random.Random(0))
+    assert sorted(r.replica_id for r in plan.replicas) == IDS
+    assert route_cost("x", [], RouterPolicy(), random.Random(0)).replicas == ()
+    assert ROUTING_MODES["cost"] is route_cost
+
+
+def test_the_gateway_routes_with_the_configured_mode_and_prices() -> None:
+    settings = GatewaySettings(routing_mode="cost", drain_tokens_per_s=1000.0, slot_cost_s=2.0)
+    online = Online(settings, *([cast(Any, None)] * 6))
+    assert (online.policy.drain_tokens_per_s, online.policy.slot_cost_s) == (1000.0, 2.0)
+    home, second = owners("x", IDS, 2)
+    live = _live({home: 1600, second: 100}, {}, {home: {"x"}, second: {"x"}})
+    # the cold adapter stays home, where affinity would take the less busy owner
+    assert online.route("x", live, online.policy, random.Random(0)).replicas[0].replica_id == home
+    assert route_affinity("x", live, online.policy, random.Random(0)).replicas[0].replica_id == second
