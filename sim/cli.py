@@ -21,6 +21,8 @@ from sim.workload import Request, WorkloadConfig, generate, load, save
 
 log = logging.getLogger(__name__)
 
+AB_MODES = ("cost", "affinity", "random")  # the new router, today's, and the baseline
+
 
 def _run(cfg: SimConfig, timing: TimingModel, trace: list[Request], gpu_hour_usd: float) -> dict[str, Any]:
     start = time.perf_counter()
@@ -70,7 +72,7 @@ def simulate_cmd(
     adapters: Annotated[int, typer.Option(help="Adapters in the Zipf mix.")] = 5000,
     rate: Annotated[float, typer.Option(help="Requests per second (Poisson).")] = 40.0,
     zipf: Annotated[float, typer.Option(help="Zipf exponent s of adapter popularity.")] = 1.0,
-    routing: Annotated[str, typer.Option(help="affinity | random")] = "affinity",
+    routing: Annotated[str, typer.Option(help="affinity | cost | random")] = "affinity",
     duration: Annotated[float, typer.Option(help="Simulated seconds of arrivals.")] = 3600.0,
     warmup: Annotated[float, typer.Option(help="Seconds of arrivals left out of the report.")] = 60.0,
     seed: Annotated[int, typer.Option()] = 0,
@@ -99,7 +101,9 @@ def simulate_cmd(
         Path | None, typer.Option(help="Replay this JSONL trace instead of generating.")
     ] = None,
     trace_out: Annotated[Path | None, typer.Option(help="Save the trace as JSONL.")] = None,
-    ab: Annotated[bool, typer.Option("--ab", help="Run affinity and random on the same trace.")] = False,
+    ab: Annotated[
+        bool, typer.Option("--ab", help="Run cost, affinity and random routing on the same trace.")
+    ] = False,
     find: Annotated[bool, typer.Option("--find-replicas", help="Smallest fleet that holds the SLO.")] = False,
     slo_p95_ttft: Annotated[float, typer.Option(help="p95 TTFT target for --find-replicas, s.")] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole report as JSON.")] = False,
@@ -129,11 +133,8 @@ def simulate_cmd(
     if find:
         result = find_replicas(cfg, timing, trace, slo_p95_ttft, gpu_hour_usd)
     elif ab:
-        runs = {
-            mode: _run(replace(cfg, routing=mode), timing, trace, gpu_hour_usd)
-            for mode in ("affinity", "random")
-        }
-        result = {"comparison": report.compare(runs["affinity"], runs["random"]), "runs": runs}
+        runs = {mode: _run(replace(cfg, routing=mode), timing, trace, gpu_hour_usd) for mode in AB_MODES}
+        result = {"comparison": report.compare(runs), "runs": runs}
     else:
         result = _run(cfg, timing, trace, gpu_hour_usd)
     text = json.dumps(result, indent=2)

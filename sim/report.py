@@ -124,6 +124,7 @@ def build(result: SimResult, gpu_hour_usd: float = 2.5, headroom: float = 0.3) -
                 "mean_batch",
             )
         },
+        "probe": result.probe.summary(len(measured), cfg.sizes.gpu_slots),
         "adapters_with_raised_owners": sum(1 for k in result.owners_per_adapter.values() if k > cfg.owners_k),
         "gpus_needed": gpus_needed(result, headroom),
         "cost": {
@@ -135,8 +136,8 @@ def build(result: SimResult, gpu_hour_usd: float = 2.5, headroom: float = 0.3) -
     }
 
 
-def compare(affinity: dict[str, Any], random_: dict[str, Any]) -> dict[str, Any]:
-    """The routing A/B on one trace: hit rate and p95 TTFT side by side."""
+def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A routing A/B on one trace: routing mode -> hit rates, TTFT percentiles and loads side by side."""
     return {
         mode: {
             "gpu_hit_rate": rep["gpu_hit_rate"],
@@ -146,5 +147,5 @@ def compare(affinity: dict[str, Any], random_: dict[str, Any]) -> dict[str, Any]
             "p99_ttft_s": rep["ttft"]["p99_s"],
             "gpu_loads_per_min_per_replica": rep["per_replica"]["gpu_loads_per_min"]["mean"],
         }
-        for mode, rep in (("affinity", affinity), ("random", random_))
+        for mode, rep in runs.items()
     }

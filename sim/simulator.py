@@ -21,6 +21,7 @@ from typing import cast
 from gateway.routing import ROUTING_MODES, ReplicaLoad, RouterPolicy
 from placement_worker.planner import Placements, Policy, desired, diff
 from sim.host import SharedHost
+from sim.probe import FleetProbe
 from sim.replica import FETCHED, LOAD_DONE, STEP, CacheSizes, SimReplica, SimRequest
 from sim.timing import TimingModel
 from sim.workload import Request
@@ -53,6 +54,7 @@ class SimConfig:
     host_contention: float | None = None
     # per replica (in order): (GPU adapters, least recently used first; RAM adapters) at the start
     initial: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
+    probe_window_s: float = 60.0  # sim.probe's window for active sets and GPU copies
 
 
 @dataclass
@@ -63,6 +65,7 @@ class SimResult:
     replicas: list[SimReplica]
     duration_s: float
     owners_per_adapter: dict[str, int]
+    probe: FleetProbe
 
 
 def demand_from_trace(trace: list[Request], duration_s: float) -> dict[str, float]:
@@ -107,6 +110,7 @@ class Simulation:
         self.demand: dict[str, float] = {}  # adapter -> tokens/s of its latest window with traffic
         self.latest: dict[str, float] = {}  # adapter -> end of that window
         self.replans = 0
+        self.probe = FleetProbe(self.replicas, cfg.probe_window_s, cfg.warmup_s)
 
     def _schedule(self, t: float, kind: int, payload: object) -> None:
         self.seq += 1
@@ -201,6 +205,7 @@ class Simulation:
             if now >= next_report:
                 self._publish()
                 next_report = now + self.cfg.report_interval_s
+                self.probe.tick(now)
                 if on_progress is not None:
                     on_progress(now)
             # Each kind has one payload type, fixed where it is scheduled; the casts name it.
@@ -233,12 +238,13 @@ class Simulation:
                     replica.check()
         for replica in replicas:
             replica.finish_busy(now)
-        return SimResult(self.cfg, self.timing, self.done, replicas, now, self.owners_per_adapter)
+        return SimResult(self.cfg, self.timing, self.done, replicas, now, self.owners_per_adapter, self.probe)
 
     def _arrive(self, sr: SimRequest, now: float) -> None:
         plan = self.route(sr.req.adapter_id, self._live(), self.policy, self.rng)
         target = plan.replicas[0].replica_id
         sr.route_reason = plan.reason
+        self.probe.on_route(sr, target)
         self.inflight[target] += sr.req.prompt_tokens + sr.req.output_tokens
         self.dirty.add(target)
         if self.timing.admit_s > 0:

@@ -68,8 +68,22 @@ def test_affinity_beats_random_on_gpu_hit_rate(trace) -> None:
     affinity = report.build(simulate(fleet, TimingModel(), trace))
     random_ = report.build(simulate(replace(fleet, routing="random"), TimingModel(), trace))
     assert affinity["gpu_hit_rate"] > random_["gpu_hit_rate"] + 0.1
-    ab = report.compare(affinity, random_)
+    ab = report.compare({"affinity": affinity, "random": random_})
     assert ab["affinity"]["p95_ttft_s"] <= ab["random"]["p95_ttft_s"]
+
+
+def test_probe_splits_every_gpu_miss_into_the_fleets_or_the_routings(trace) -> None:
+    fleet = replace(CFG, replicas=8, sizes=replace(SIZES, gpu_slots=50, ram_bytes=80 * 100), check_every=0)
+    for mode in ("affinity", "random"):
+        rep = report.build(simulate(replace(fleet, routing=mode), TimingModel(), trace))
+        misses = rep["probe"]["gpu_miss_share"]
+        assert misses["fleet"] + misses["routing"] == pytest.approx(1 - rep["gpu_hit_rate"], abs=1e-4)
+        assert misses["routing"] > 0 and misses["fleet"] > 0
+        active = rep["probe"]["active_adapters_per_window"]
+        assert (
+            0 < active["mean"] <= active["max"]
+            and rep["probe"]["gpu_copies"]["extra_copies_share_of_used_slots"] >= 0
+        )
 
 
 def test_report_has_the_briefs_metrics(trace) -> None:
