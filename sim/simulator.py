@@ -82,7 +82,7 @@ class Simulation:
     def __init__(self, cfg: SimConfig, timing: TimingModel, trace: list[Request]) -> None:
         self.cfg, self.timing, self.trace = cfg, timing, trace
         self.route = ROUTING_MODES[cfg.routing]
-        self.policy = RouterPolicy(cfg.owners_k, cfg.spill_threshold_tokens)
+        self.policy = RouterPolicy(cfg.owners_k, cfg.spill_threshold_tokens, load_s=dict(timing.load_s))
         self.rng = random.Random(cfg.seed)
         self.events: list[tuple[float, int, int, object]] = []
         self.seq = 0
@@ -128,7 +128,8 @@ class Simulation:
         With re-planning the run starts from no traffic knowledge (every adapter at its default owners, in
         RAM, GPU slots empty). Otherwise it starts from the whole trace's demand, as a fleet that has served
         this traffic for a while: after the planner's gpu placements, LRU has filled the other free slots
-        with the owners' adapters, the hottest the most recently used."""
+        with the owners' adapters, the hottest the most recently used, each adapter's home (its first
+        owner) before its other owners."""
         for replica, (gpu, ram) in zip(self.replicas.values(), self.cfg.initial, strict=False):
             replica.start_with(list(gpu), list(ram))
         demand = demand_from_trace(self.trace, duration_s)
@@ -146,10 +147,12 @@ class Simulation:
                     replica.prewarm(adapter_id, -i * 1e-6)
         if self.cfg.replan_s > 0:
             return
-        for i, adapter_id in enumerate(hottest):
-            if demand[adapter_id] > 0:
-                for replica_id in plan[adapter_id]:
-                    self.replicas[replica_id].prewarm(adapter_id, -i * 1e-6)
+        for first in (True, False):  # the homes (first owners) first, then the other owners' free slots
+            for i, adapter_id in enumerate(hottest):
+                if demand[adapter_id] > 0:
+                    for n, replica_id in enumerate(plan[adapter_id]):
+                        if (n == 0) == first:
+                            self.replicas[replica_id].prewarm(adapter_id, -i * 1e-6)
 
     def replan(self, now: float) -> None:
         """Close the traffic window and re-plan with the real planner, as the worker does: every adapter

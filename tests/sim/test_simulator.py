@@ -72,6 +72,20 @@ def test_affinity_beats_random_on_gpu_hit_rate(trace) -> None:
     assert ab["affinity"]["p95_ttft_s"] <= ab["random"]["p95_ttft_s"]
 
 
+def test_cost_routing_keeps_each_adapter_on_its_home_and_beats_affinity(trace) -> None:
+    # the trace's adapters seen per replica outgrow its 30 slots when both owners take each one's traffic
+    fleet = replace(CFG, replicas=8, sizes=replace(SIZES, gpu_slots=30, ram_bytes=80 * 100), check_every=0)
+    runs = {
+        m: report.build(simulate(replace(fleet, routing=m), TimingModel(), trace))
+        for m in ("affinity", "cost")
+    }
+    affinity, cost = runs["affinity"], runs["cost"]
+    assert cost["gpu_hit_rate"] > affinity["gpu_hit_rate"] + 0.02
+    assert cost["probe"]["gpu_miss_share"]["routing"] < affinity["probe"]["gpu_miss_share"]["routing"]
+    served = {m: r["probe"]["adapters_served_per_replica"]["mean"] for m, r in runs.items()}
+    assert served["cost"] < served["affinity"]
+
+
 def test_probe_splits_every_gpu_miss_into_the_fleets_or_the_routings(trace) -> None:
     fleet = replace(CFG, replicas=8, sizes=replace(SIZES, gpu_slots=50, ram_bytes=80 * 100), check_every=0)
     for mode in ("affinity", "random"):
