@@ -13,6 +13,9 @@ from lorafleet.model.base_hash import base_model_hash
 from replica.adapter_cache.assemble import adapter_cache
 from replica.adapter_cache.cache import AdapterCache, Lease
 from replica.adapter_cache.gpu import GpuTier
+from replica.adapter_cache.local_source import FirstFound, LocalRecords, RecordSource
+from replica.adapter_cache.merged_fetch import fetch_adapter
+from replica.adapter_cache.object_store import ObjectStore
 from replica.adapter_cache.registry_client import RegistryClient
 from replica.adapter_cache.scrubber import scrub_forever
 from replica.config import ReplicaSettings
@@ -50,7 +53,8 @@ class Replica:
     """Everything one replica process serves; the HTTP layer calls only these methods.
 
     start() (from the event loop) starts the engine thread and opens the adapter cache: the object-store
-    client, the registry client and the tiers; stop() closes them.
+    client, the registry client and the tiers; stop() closes them. A merged replica opens the same clients
+    without the tiers, and serves its adapter once merge() has fetched it and folded it into the weights.
     """
 
     def __init__(
@@ -65,10 +69,10 @@ class Replica:
         self.local = AdapterRegistry(self.spec, settings.adapter_dirs, settings.adapter_root)
         self.merged_adapter_id = settings.merged_adapter_id
         self.gpu: GpuTier | None = None
-        if self.merged_adapter_id is not None:
-            merge_adapter(model, self.local.read(self.merged_adapter_id))
-            log.info("merged adapter %s into the base weights", self.merged_adapter_id)
-        else:
+        self.model = model
+        self.merged = False  # the merged adapter is folded into the weights: its requests are served
+        self._merge_from: tuple[RecordSource, ObjectStore] | None = None
+        if self.merged_adapter_id is None:
             layers = apply_lora(model, settings.lora_target_modules, settings.lora_slots)
             self.gpu = GpuTier(layers, settings.lora_slots)
         runner = ModelRunner(model, settings.max_num_seqs, settings.max_model_len)
@@ -90,7 +94,7 @@ class Replica:
     async def start(self) -> None:
         """Start the engine thread and open the adapter cache (idempotent)."""
         self.engine.start()
-        if self.gpu is None or self._resources is not None:
+        if self._resources is not None:
             return
         from lorafleet.s3 import async_client
 
@@ -100,6 +104,12 @@ class Replica:
         if self.settings.registry_url is not None:
             registry = RegistryClient.connect(self.settings.registry_url, self.settings.registry_token)
             resources.push_async_callback(registry.close)
+        if self.gpu is None:
+            local = LocalRecords(self.local.dirs)
+            source = FirstFound([local] if registry is None else [local, registry])
+            self._merge_from = (source, ObjectStore(s3, local.roots))
+            self._resources = resources
+            return
         self.cache = adapter_cache(
             self.spec,
             self.gpu,
@@ -128,6 +138,18 @@ class Replica:
         if self._resources is not None:
             await self._resources.aclose()
             self._resources = None
+
+    async def merge(self) -> None:
+        """Fetch the merged adapter (checksum verified, every adapter rule applied) and fold it into the
+        base weights; idempotent. Until it returns, requests for the adapter are refused."""
+        if self.merged or self.merged_adapter_id is None:
+            return
+        assert self._merge_from is not None, "start() opens the clients merge() fetches with"
+        source, store = self._merge_from
+        weights = await fetch_adapter(self.merged_adapter_id, source, store, self.spec)
+        await asyncio.to_thread(merge_adapter, self.model, weights)
+        self.merged = True
+        log.info("merged adapter %s into the base weights", self.merged_adapter_id)
 
     # adapters
 
@@ -161,6 +183,8 @@ class Replica:
                     f"this replica serves only adapter {self.merged_adapter_id!r} (merged)",
                     param="adapter_id",
                 )
+            if not self.merged:
+                raise AdapterNotServedError(f"adapter {adapter_id!r} is not merged yet", param="adapter_id")
             return AdapterUse(None, adapter_id, "gpu")
         if adapter_id is None:
             return AdapterUse(None, None, None)
@@ -223,10 +247,11 @@ class Replica:
         if self.cache is not None:
             return build_state(s.replica_id, s.url(), "ready", self.cache, self.gpu_slots, self.load())
         load = self.load()
-        gpu = [self.merged_adapter_id] if self.merged_adapter_id is not None else []
+        gpu = [self.merged_adapter_id] if self.merged_adapter_id is not None and self.merged else []
         return ReplicaState(
             replica_id=s.replica_id,
             url=s.url(),
+            status="ready" if self.merged else "warming",  # routed to once its adapter is folded in
             gpu_adapters=gpu,
             merged_adapter_id=self.merged_adapter_id,
             queue_depth=load.queue_depth,

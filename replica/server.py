@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from replica.arrival import StampArrival, arrived
+from replica.control.merged_mode import merge_until_done, publish_forever
 from replica.control.supervisor import supervise_control
 from replica.engine.sampler import SamplingParams
 from replica.engine.trace import AdmissionTrace
@@ -76,12 +77,21 @@ def create_app(replica: Replica) -> FastAPI:
                 ),
                 name="replica-control",
             )
+        merged: list[asyncio.Task[None]] = []
+        if replica.merged_adapter_id is not None:
+            merged.append(asyncio.create_task(_merge(replica, shutdown), name="replica-merge"))
+            if settings.control_enabled:
+                state = publish_forever(
+                    settings.platform, replica.replica_state, shutdown, settings.state_interval_s
+                )
+                merged.append(asyncio.create_task(state, name="replica-merged-state"))
         try:
             yield
         finally:
             shutdown.set()
             if control is not None:
                 await asyncio.gather(control, return_exceptions=True)
+            await asyncio.gather(*merged, return_exceptions=True)
             await replica.stop()
 
     app = FastAPI(title="lorafleet replica", lifespan=lifespan)
@@ -171,6 +181,10 @@ def create_app(replica: Replica) -> FastAPI:
         return replica.state()
 
     return app
+
+
+async def _merge(replica: Replica, shutdown: asyncio.Event) -> None:
+    await merge_until_done(replica.merge, shutdown, lambda: None, retry_s=2.0)
 
 
 class LeasedStream(StreamingResponse):

@@ -100,12 +100,21 @@ def read_adapter(
         raise adapter_error(missing)
     weights_file = weights_path(path)
     config = read_config(path)
-    data = bytearray(weights_file.read_bytes())
+    buf = torch.frombuffer(bytearray(weights_file.read_bytes()), dtype=torch.uint8)  # [file bytes]
+    return adapter_from_bytes(config, buf, adapter_id, spec, base_model_hash)
+
+
+def adapter_from_bytes(
+    config: bytes, buf: torch.Tensor, adapter_id: str, spec: AdapterSpec, base_model_hash: str | None
+) -> AdapterWeights:
+    """Validate a PEFT adapter's two files held in memory (buf [file bytes] uint8, its weights file) by the
+    same rules as read_adapter and return its weights; raise an AdapterError subclass otherwise."""
     try:
-        checked = check_artifact(config, data, spec, spec.max_rank, spec.base_model_hash, base_model_hash)
+        checked = check_artifact(
+            config, buf.numpy().data, spec, spec.max_rank, spec.base_model_hash, base_model_hash
+        )
     except AdapterRejected as exc:
         raise adapter_error(exc) from exc
-    buf = torch.frombuffer(data, dtype=torch.uint8)  # [file bytes]
     modules = {
         key: ModuleLora(
             typed(buf, m.a).view(m.a.shape).clone(), typed(buf, m.b).view(m.b.shape).clone(), m.scale

@@ -41,11 +41,16 @@ async def test_merged_replica_equals_unmerged(tiny_model_dir: Path, tmp_path: Pa
     for r in (unmerged, merged):
         await r.start()
     try:
+        with pytest.raises(AdapterNotServedError, match="not merged yet"):
+            await merged.acquire("heavy")
+        await merged.merge()
         base = await _tokens(unmerged, None)
         assert await _tokens(merged, "heavy") == await _tokens(unmerged, "heavy") != base
         with pytest.raises(AdapterNotServedError):
             await merged.acquire(None)
         assert merged.state().gpu_adapters == ["heavy"]
+        assert merged.state().merged_adapter_id == "heavy"
+        assert unmerged.state().merged_adapter_id is None
     finally:
         for r in (unmerged, merged):
             await r.stop()
