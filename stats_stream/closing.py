@@ -58,7 +58,12 @@ def close_window(
     requests = [e for e in unique if isinstance(e, RequestCompleted)]
     ours = settings.replica_id_prefix
     replica_events = [e for e in unique if isinstance(e, ReplicaEvent) and e.replica_id.startswith(ours)]
-    states = [e for e in unique if isinstance(e, ReplicaState) and e.replica_id.startswith(ours)]
+    # the fleet the autoscale signal sizes: a merged replica serves one adapter and has its own actuator
+    states = [
+        e
+        for e in unique
+        if isinstance(e, ReplicaState) and e.replica_id.startswith(ours) and e.merged_adapter_id is None
+    ]
     window_s = settings.window_s
     start, end = from_ms(window_ms), from_ms(window_ms + int(window_s * 1000))
 

@@ -66,3 +66,10 @@ def test_only_the_fleets_own_replicas_count_towards_its_size_load_and_churn() ->
     assert report.load.queue_depth == 30
     assert report.autoscale.desired_replicas == 6  # ceil(30 queued / 5 per replica)
     assert set(report.churn) == {"rep-1"}
+
+
+def test_merged_replicas_are_not_counted_in_the_fleet_the_signal_sizes() -> None:
+    merged = state("rep-9", queue=50, tokens=1000).model_copy(update={"merged_adapter_id": "a-hot"})
+    report = close_window(W, [*busy_window(), merged], ScaleState(), S)
+    assert report.autoscale.current_replicas == 2
+    assert report.load.queue_depth == 50
