@@ -6,6 +6,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from lorafleet.autoscale.decide import Limits
+from lorafleet.autoscale.merged_decide import MergedLimits
 
 
 class AutoscaleSettings(BaseSettings):
@@ -27,6 +28,17 @@ class AutoscaleSettings(BaseSettings):
     signal_max_age_s: float = Field(default=180.0, gt=0, description="older signals are not acted on")
     tick_s: float = Field(default=1.0, gt=0)
     replica_service_token: SecretStr = SecretStr("dev-service-token")  # the replicas' service token
+    # Merged replicas (merged.targets from the placement worker): ids <replica_id_prefix>merged-<index>,
+    # ports merged_first_port + index, at most merged_max_replicas of them.
+    merged_enabled: bool = True
+    merged_max_replicas: int = Field(default=2, ge=0)
+    merged_first_port: int = 18300
+
+    def merged_replica_id_prefix(self) -> str:
+        return f"{self.replica_id_prefix}merged-"
+
+    def merged_limits(self) -> MergedLimits:
+        return MergedLimits(self.merged_max_replicas, self.start_timeout_s, self.drain_grace_s)
 
     def limits(self) -> Limits:
         return Limits(

@@ -129,6 +129,11 @@ async def run(platform: PlatformSettings, settings: AutoscaleSettings) -> None:
     """Follow the fleet's signal and act on it, one action at a time, until cancelled."""
     follower = SignalFollower(platform, settings.fleet, settings.signal_max_age_s)
     following = asyncio.create_task(follower.run(), name="autoscale-signals")
+    merged: asyncio.Task[None] | None = None
+    if settings.merged_enabled:
+        from lorafleet.autoscale import merged_local  # it builds on LocalFleet
+
+        merged = asyncio.create_task(merged_local.run(platform, settings), name="autoscale-merged")
     limits = settings.limits()
     said = ""
     try:
@@ -150,4 +155,6 @@ async def run(platform: PlatformSettings, settings: AutoscaleSettings) -> None:
             following.result()
     finally:
         following.cancel()
-        await asyncio.gather(following, return_exceptions=True)
+        if merged is not None:
+            merged.cancel()
+        await asyncio.gather(following, *([merged] if merged else []), return_exceptions=True)
