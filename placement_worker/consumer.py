@@ -69,7 +69,7 @@ class PlacementWorker:
         self._next_dirty = 0.0
         self._next_expiry = 0.0
         self._next_decay = time.monotonic() + settings.decay_check_s
-        self._merging = Merging(settings.merge_policy(), settings.merge_check_s)
+        self._merging = Merging(settings.merge_policy(), settings.replica_id_prefix, settings.merge_check_s)
 
     async def handle(self, event: Event) -> None:
         """Apply the event with its type's handler; the worker ignores other event types."""

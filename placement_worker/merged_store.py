@@ -33,9 +33,9 @@ async def merged(conn: Connection) -> dict[str, MergeState]:
     return {r["adapter_id"]: MergeState(**{k: r[k] for k in r.keys() if k != "adapter_id"}) for r in rows}
 
 
-async def save(conn: Connection, adapter_id: str, before: MergeState, after: MergeState) -> bool:
-    """Write the row; when the decision changed, its merged.target event goes in the same transaction.
-    True when it did."""
+async def save(conn: Connection, adapter_id: str, before: MergeState, after: MergeState, fleet: str) -> bool:
+    """Write the row; when the decision changed, its merged.target event (for the fleet: the replica id
+    prefix) goes in the same transaction. True when it did."""
     if after == before:
         return False
     await conn.execute(
@@ -60,6 +60,7 @@ async def save(conn: Connection, adapter_id: str, before: MergeState, after: Mer
             desired_replicas=after.desired_replicas,
             tokens_per_s=after.tokens_per_s,
             reason=after.reason,
+            fleet=fleet,
         ),
     )
     return True

@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 
 
 class Merging:
-    def __init__(self, policy: MergePolicy, check_s: float = 1.0) -> None:
+    def __init__(self, policy: MergePolicy, fleet: str, check_s: float = 1.0) -> None:
         self.policy = policy
+        self.fleet = fleet  # the worker's replica id prefix, named in each merged.target
         self.check_s = check_s
         self._next_check = 0.0
 
@@ -37,7 +38,7 @@ class Merging:
             after = observe(
                 before, event.window_start, event.window_seconds, event.tokens_per_s, self.policy, retired
             )
-            if await merged_store.save(conn, event.adapter_id, before, after):
+            if await merged_store.save(conn, event.adapter_id, before, after, self.fleet):
                 log.info(
                     "merged replicas of %s: %d -> %d (%s, %.0f tok/s)",
                     event.adapter_id,
@@ -57,8 +58,8 @@ class Merging:
         if old is None or new is None:
             return
         old_after, new_after = moved_alias(old, new)
-        await merged_store.save(conn, previous, old, old_after)
-        await merged_store.save(conn, event.adapter_id, new, new_after)
+        await merged_store.save(conn, previous, old, old_after, self.fleet)
+        await merged_store.save(conn, event.adapter_id, new, new_after, self.fleet)
         if old_after != old:
             log.info("alias %s moved: merged replica %s -> %s", event.alias, previous, event.adapter_id)
 
@@ -75,5 +76,5 @@ class Merging:
             retired = await store.retired(conn, list(current))
             for adapter_id, before in current.items():
                 after = silent(before, now, self.policy, adapter_id in retired)
-                if await merged_store.save(conn, adapter_id, before, after):
+                if await merged_store.save(conn, adapter_id, before, after, self.fleet):
                     log.info("merged replicas of %s: demoted (%s)", adapter_id, after.reason)

@@ -215,7 +215,9 @@ class MergedTarget(Event):
 
     The placement worker writes it with its merged_targets row (outbox); the actuator keeps the latest per
     adapter and starts or drains dedicated merged replicas until the fleet matches, so a replay or a restart
-    converges to the same fleet. tokens_per_s is the window traffic the decision was made on."""
+    converges to the same fleet. tokens_per_s is the window traffic the decision was made on. fleet is the
+    placement worker's replica id prefix: an actuator acts only on the targets of its own fleet, since
+    several stacks may share one Kafka."""
 
     topic: ClassVar[topics.Topic] = topics.MERGED_TARGETS
     type: Literal["merged.target"] = "merged.target"
@@ -223,6 +225,7 @@ class MergedTarget(Event):
     desired_replicas: NonNegativeInt
     tokens_per_s: NonNegativeFloat = 0.0
     reason: MergeReason
+    fleet: str = ""
 
 
 EVENT_TYPES: dict[str, type[Event]] = {

@@ -81,7 +81,7 @@ class MergedFleet(LocalFleet):
 
 async def run(platform: PlatformSettings, settings: AutoscaleSettings) -> None:
     """Follow merged.targets and act on it, one action at a time, until cancelled."""
-    follower = TargetFollower(platform)
+    follower = TargetFollower(platform, settings.replica_id_prefix)
     following = asyncio.create_task(follower.run(), name="autoscale-merged-targets")
     limits = settings.merged_limits()
     said = ""

@@ -3,7 +3,7 @@
 The topic is compacted and each event is a level (an adapter's desired merged replicas now), so every
 start reads it from the beginning and keeps the newest target per adapter; until that first read reaches
 the end offsets the targets are not known (None), so a restarted actuator never drains a merged replica
-whose target it has not read yet.
+whose target it has not read yet. Only the targets of its own fleet (the replica id prefix) are kept.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ log = logging.getLogger(__name__)
 
 
 class TargetFollower:
-    def __init__(self, platform: PlatformSettings) -> None:
-        self.platform = platform
+    def __init__(self, platform: PlatformSettings, fleet: str) -> None:
+        self.platform, self.fleet = platform, fleet
         self.latest: dict[str, MergedTarget] = {}
         self.caught_up = False
 
@@ -39,7 +39,7 @@ class TargetFollower:
         except EventValidationError as exc:
             log.warning("skipping an invalid merged target: %s", exc)
             return None
-        if not isinstance(event, MergedTarget):
+        if not isinstance(event, MergedTarget) or event.fleet != self.fleet:
             return None
         known = self.latest.get(event.adapter_id)
         if known is not None and event.occurred_at < known.occurred_at:
