@@ -2,10 +2,10 @@
 
 adapters.validated -> place that adapter (if ready); adapter.stats -> mark the window planned on, and when
 its tokens/s is news the next tick replans every adapter with a new window together; replica.state ->
-heartbeat (with the replica's GPU slots), replan everything when the member set or its slots changed;
-aliases.changed -> replan the new target, its canary, the previous target and any retired version still
-placed, then prewarm the target and the canary on their owners. Placement rows and their replica.commands
-commit together (outbox), under one lock.
+heartbeat (with the replica's GPU slots), replan everything when the member set or its slots changed or a
+warming replica joins; aliases.changed -> replan the new target, its canary, the previous target and any
+retired version still placed, then prewarm the target and the canary on their owners. Placement rows and
+their replica.commands commit together (outbox), under one lock.
 
 GPU tiers are a ranking (planner.py: each replica's share of its slots goes to its hottest owned adapters),
 so a replan that may move an adapter into or out of a GPU share plans every adapter with traffic: one
@@ -13,6 +13,12 @@ rising pushes another out. Stats windows arrive in bursts (every active adapter 
 they are replanned together at most once per tick_s, not one ranking per event; a crash before the tick loses
 nothing, as a restart replans everything. A replan of adapters without GPU-worthy traffic and without GPU
 placements (a registration, most alias moves) moves no GPU share and plans just them.
+
+Warming and draining (membership.py): a warming replica is a member, so it owns adapters before it is
+routed to; a draining one is not, so its placements move to the others as soon as its state says draining.
+A full replan re-sends the loads of a joining replica (warming, not yet counted in since its warming began)
+and records on every member's row that it was counted in (replicas.planned_through): the warming replica
+reads that row and its placements, and turns ready once it holds every adapter placed on it.
 
 Old versions: every replan reads retired_versions (the truth, not the event, so replays and reordered events
 agree; a trigger on aliases keeps it, schemas/sql/003) and gives a retired version (an alias moved away from
@@ -40,9 +46,9 @@ from lorafleet.db.conn import Connection
 from lorafleet.outbox.idempotency import apply_once
 from placement_worker import producer, store
 from placement_worker.config import PlacementSettings
-from placement_worker.membership import members
+from placement_worker.membership import joining, members
 from placement_worker.merging import Merging
-from placement_worker.planner import Change, Policy, desired, diff, touches_gpu_share
+from placement_worker.planner import Change, Policy, desired, diff, resend_owned, touches_gpu_share
 from placement_worker.spill import idle, resident_tiers
 from schemas.events import AdapterStats, AdapterValidated, AliasChanged, Event, ReplicaState, RequestCompleted
 
@@ -108,7 +114,11 @@ class PlacementWorker:
         changes += await store.take_spills(
             conn, await store.spills_of(conn, unowned, self._s.replica_id_prefix)
         )
-        await producer.emit_changes(conn, changes)
+        resent: list[Change] = []
+        if adapter_ids is None:  # a full replan: every member has heard of everything it owns
+            resent = resend_owned(target, joining(beats, fleet), changes)
+            await store.mark_planned(conn, fleet)
+        await producer.emit_changes(conn, changes + resent)
         return changes
 
     async def on_validated(self, event: AdapterValidated) -> None:
@@ -187,7 +197,7 @@ class PlacementWorker:
             shaped = await store.traffic_shaped(self._pool, self._s.replica_id_prefix, self._s.default_owners)
             self._dirty.update(shaped)  # replanned below with this tick's new windows
         dirty = sorted(self._dirty)
-        if slots == self._members:
+        if slots == self._members and not joining(beats, now_members):
             if dirty and time.monotonic() >= self._next_dirty:  # tick() also runs on every replica.state
                 async with self._pool.acquire() as conn, conn.transaction():
                     changes += await self.replan(conn, dirty)

@@ -144,3 +144,16 @@ def diff(current: Placements, target: Placements) -> list[Change]:
         for replica_id in sorted(set(have) - set(want)):
             changes.append(Change(adapter_id, replica_id, "unload", have[replica_id]))
     return changes
+
+
+def resend_owned(target: Placements, joiners: list[str], changes: list[Change]) -> list[Change]:
+    """A load for every placement of a joining replica that this replan does not already send: a replica
+    that restarted under its id owns them still, but holds none of them."""
+    sent = {(c.adapter_id, c.replica_id) for c in changes}
+    wanted = set(joiners)
+    return [
+        Change(adapter_id, replica_id, "load", tier)
+        for adapter_id, want in sorted(target.items())
+        for replica_id, tier in sorted(want.items())
+        if replica_id in wanted and (adapter_id, replica_id) not in sent
+    ]

@@ -20,14 +20,20 @@ PLAN_LOCK_KEY = 0x706C616E  # "plan"
 async def upsert_heartbeat(
     conn: Connection, replica_id: str, url: str, status: str, at: datetime, gpu_slots: int = 0
 ) -> bool:
-    """Record a replica.state; an older (replayed) one changes nothing. True when the row changed."""
+    """Record a replica.state; an older (replayed) one changes nothing. True when the row changed.
+    warming_since keeps the first heartbeat of a warming run (NULL outside one)."""
     return bool(
         await conn.fetchval(
-            """INSERT INTO replicas (replica_id, url, last_seen, status, gpu_slots)
-               VALUES ($1, $2, $3, $4, $5)
+            """INSERT INTO replicas (replica_id, url, last_seen, status, gpu_slots, warming_since)
+               VALUES ($1, $2, $3, $4, $5, CASE WHEN $4 = 'warming' THEN $3::timestamptz END)
                ON CONFLICT (replica_id) DO UPDATE
                    SET url = EXCLUDED.url, last_seen = EXCLUDED.last_seen, status = EXCLUDED.status,
-                       gpu_slots = EXCLUDED.gpu_slots
+                       gpu_slots = EXCLUDED.gpu_slots,
+                       warming_since = CASE
+                           WHEN EXCLUDED.status <> 'warming' THEN NULL
+                           WHEN replicas.status = 'warming'
+                               THEN coalesce(replicas.warming_since, EXCLUDED.last_seen)
+                           ELSE EXCLUDED.last_seen END
                    WHERE replicas.last_seen < EXCLUDED.last_seen
                RETURNING true""",
             replica_id,
@@ -41,10 +47,22 @@ async def upsert_heartbeat(
 
 async def heartbeats(conn: Connection | asyncpg.Pool, prefix: str) -> list[Heartbeat]:
     rows = await conn.fetch(
-        "SELECT replica_id, status, last_seen, gpu_slots FROM replicas WHERE starts_with(replica_id, $1)",
+        """SELECT replica_id, status, last_seen, gpu_slots, status = 'warming'
+                  AND (planned_through IS NULL OR planned_through < warming_since) AS joining
+           FROM replicas WHERE starts_with(replica_id, $1)""",
         prefix,
     )
-    return [Heartbeat(r["replica_id"], r["status"], r["last_seen"].timestamp(), r["gpu_slots"]) for r in rows]
+    return [
+        Heartbeat(r["replica_id"], r["status"], r["last_seen"].timestamp(), r["gpu_slots"], r["joining"])
+        for r in rows
+    ]
+
+
+async def mark_planned(conn: Connection, member_ids: list[str]) -> None:
+    """A full replan counted these members in: each one's newest heartbeat is planned for."""
+    await conn.execute(
+        "UPDATE replicas SET planned_through = last_seen WHERE replica_id = ANY($1::text[])", member_ids
+    )
 
 
 async def record_stats(

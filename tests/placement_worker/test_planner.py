@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from placement_worker.membership import Heartbeat, members
+from placement_worker.membership import Heartbeat, joining, members
 from placement_worker.planner import (
     Change,
     Policy,
@@ -13,6 +13,7 @@ from placement_worker.planner import (
     diff,
     gpu_budget,
     owner_count,
+    resend_owned,
     touches_gpu_share,
 )
 from schemas.rendezvous import owners
@@ -141,15 +142,31 @@ def test_a_joining_replica_only_gains_placements() -> None:
     assert 0.7 * expected < len(loads) < 1.3 * expected
 
 
-def test_members_are_ready_recent_and_in_the_fleet() -> None:
+def test_members_are_warming_or_ready_recent_and_in_the_fleet() -> None:
     beats = [
         Heartbeat("r0", "ready", 100.0),
         Heartbeat("r1", "ready", 80.0),  # too old
-        Heartbeat("r2", "draining", 100.0),
+        Heartbeat("r2", "draining", 100.0),  # its adapters move before it exits
         Heartbeat("other-r3", "ready", 100.0),
         Heartbeat("r4", "starting", 100.0),
+        Heartbeat("r5", "warming", 100.0),  # owns adapters so it loads them before it is routed to
     ]
-    assert members(beats, now=105.0, ttl_s=10.0, prefix="r") == ["r0"]
+    assert members(beats, now=105.0, ttl_s=10.0, prefix="r") == ["r0", "r5"]
+
+
+def test_a_joining_member_gets_a_load_for_every_adapter_it_owns() -> None:
+    beats = [
+        Heartbeat("r0", "ready", 100.0),
+        Heartbeat("r1", "warming", 100.0, joining=True),
+        Heartbeat("r2", "warming", 50.0, joining=True),  # not a member (too old)
+    ]
+    fleet = members(beats, now=105.0, ttl_s=10.0)
+    assert joining(beats, fleet) == ["r1"]
+    target = desired({"a": 0.0, "b": 0.0, "c": 0.0}, fleet, POLICY)  # two owners: both own all three
+    already = [Change("a", "r1", "load", "ram")]  # the replan's own diff sends this one
+    resent = resend_owned(target, ["r1"], already)
+    assert resent == [Change("b", "r1", "load", "ram"), Change("c", "r1", "load", "ram")]
+    assert resend_owned(target, [], already) == []
 
 
 def test_a_retired_version_is_unloaded_from_all_its_owners() -> None:
