@@ -53,6 +53,12 @@ class ReplicaSettings(BaseSettings):
     state_interval_s: float = Field(default=1.0, gt=0)
     advertise_url: str | None = None  # the URL published in replica.state; default http://host:port
 
+    # Lifecycle: a replica warms (loads the adapters placed on it) before it reports ready, for at most
+    # warming_timeout_s; a drain ends the requests still running after drain_deadline_s with an error line.
+    warming_timeout_s: float = Field(default=120.0, gt=0)
+    drain_deadline_s: float = Field(default=30.0, gt=0)
+    lifecycle_poll_s: float = Field(default=0.25, gt=0)  # how often warming and draining look again
+
     # adapter_id -> local PEFT directory (served as file:// records, read only under these folders);
     # requests name adapters by id, never by path
     adapter_dirs: dict[str, Path] = Field(default_factory=dict)

@@ -182,3 +182,19 @@ class WrongReplicaError(ReplicaError):
 
     code = "wrong_replica"
     status = 404
+
+
+class ReplicaDrainingError(ReplicaError):
+    """The replica is draining: it takes no new request (another replica can)."""
+
+    code = "replica_draining"
+    type = "server_error"
+    status = 503
+
+
+class ReplicaNotReadyError(ReplicaError):
+    """The replica is not ready for traffic (starting, warming or draining): GET /ready answers this."""
+
+    code = "replica_not_ready"
+    type = "server_error"
+    status = 503

@@ -1,8 +1,13 @@
-"""Entry point of a replica process: settings -> replica -> uvicorn."""
+"""Entry point of a replica process: settings -> replica -> uvicorn, where SIGTERM drains before exiting."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
+import socket
+from collections.abc import Callable
+from types import FrameType
 
 import uvicorn
 
@@ -12,9 +17,34 @@ from replica.server import create_app
 
 log = logging.getLogger(__name__)
 
+SHUTDOWN_GRACE_S = 5.0  # after a drain, how long uvicorn waits for connections to close
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, except that the first SIGTERM starts a drain (the process exits when it ends); SIGINT and a
+    second SIGTERM stop at once as uvicorn does."""
+
+    def __init__(self, config: uvicorn.Config, start_drain: Callable[[], object]) -> None:
+        super().__init__(config)
+        self._start_drain = start_drain
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and not self._draining and self._loop is not None and self.started:
+            self._draining = True
+            log.info("SIGTERM: draining")
+            self._loop.call_soon_threadsafe(self._start_drain)
+            return
+        super().handle_exit(sig, frame)
+
 
 def serve(settings: ReplicaSettings) -> None:
-    """Load the base model, then serve HTTP until interrupted."""
+    """Load the base model, then serve HTTP until drained or interrupted."""
     replica = build_replica(settings)
     log.info(
         "replica %s serving %s (base %s) on %s:%d",
@@ -24,4 +54,17 @@ def serve(settings: ReplicaSettings) -> None:
         settings.host,
         settings.port,
     )
-    uvicorn.run(create_app(replica), host=settings.host, port=settings.port, log_level="info")
+
+    def exit_drained() -> None:
+        server.should_exit = True
+
+    app = create_app(replica, on_drained=exit_drained)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
+    )
+    server = DrainingServer(config, lambda: app.state.drain.start())
+    server.run()

@@ -25,6 +25,7 @@ from replica.engine.engine import LLMEngine
 from replica.engine.model_runner import ModelRunner
 from replica.engine.trace import AdmissionTrace
 from replica.errors import AdapterBaseMismatchError, AdapterNotServedError, InvalidRequestError
+from replica.lifecycle import Lifecycle
 from replica.lora.merge import merge_adapter
 from replica.lora.registry import AdapterRegistry
 from replica.lora.replace import apply_lora
@@ -84,6 +85,9 @@ class Replica:
         self.metrics.watch_engine(self.gpu_slots, self.engine_load)
         self.cache: AdapterCache | None = None
         self._resources: AsyncExitStack | None = None
+        self.lifecycle = Lifecycle()
+        self.state_changed = asyncio.Event()  # set on a new status: replica.state goes out at once
+        self.running: set[str] = set()  # request ids accepted and not yet answered in full
 
     @property
     def gpu_slots(self) -> int:
@@ -244,14 +248,24 @@ class Replica:
     def replica_state(self) -> ReplicaState:
         """This replica's replica.state event (tiers, load); a merged replica reports its one adapter."""
         s = self.settings
+        life = self.lifecycle
         if self.cache is not None:
-            return build_state(s.replica_id, s.url(), "ready", self.cache, self.gpu_slots, self.load())
+            return build_state(
+                s.replica_id,
+                s.url(),
+                life.status,
+                self.cache,
+                self.gpu_slots,
+                self.load(),
+                life.owned_adapters,
+                life.warm_adapters,
+            )
         load = self.load()
         gpu = [self.merged_adapter_id] if self.merged_adapter_id is not None and self.merged else []
         return ReplicaState(
             replica_id=s.replica_id,
             url=s.url(),
-            status="ready" if self.merged else "warming",  # routed to once its adapter is folded in
+            status=life.status,  # a merged replica warms until its adapter is folded in
             gpu_adapters=gpu,
             merged_adapter_id=self.merged_adapter_id,
             queue_depth=load.queue_depth,

@@ -1,4 +1,5 @@
-"""The replica's HTTP service: streaming generate, adapter load/unload and state, behind a service token."""
+"""The replica's HTTP service: streaming generate, adapter load/unload, state and drain, behind a service
+token; GET /ready (no token) says whether it may be routed to."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Request
@@ -19,17 +21,30 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from replica.arrival import StampArrival, arrived
+from replica.control.drain import Drain
 from replica.control.merged_mode import merge_until_done, publish_forever
+from replica.control.placements import PlacementsTable
 from replica.control.supervisor import supervise_control
+from replica.control.warming import warm_up
 from replica.engine.sampler import SamplingParams
 from replica.engine.trace import AdmissionTrace
-from replica.errors import InvalidRequestError, ReplicaError, UnauthorizedError, WrongReplicaError
+from replica.errors import (
+    InvalidRequestError,
+    ReplicaDrainingError,
+    ReplicaError,
+    ReplicaNotReadyError,
+    UnauthorizedError,
+    WrongReplicaError,
+)
 from replica.metrics import RequestTimer
 from replica.runtime import AdapterUse, Replica
 from replica.stream_events import stream_events
 from schemas.api import ErrorBody, ErrorDetail
 from schemas.ids import AdapterId
 from schemas.replica_api import (
+    DrainRequest,
+    DrainResponse,
+    ErrorEvent,
     GenerateRequest,
     LoadRequest,
     LoadResponse,
@@ -41,31 +56,47 @@ from schemas.replica_api import (
 log = logging.getLogger(__name__)
 
 
-def authorized(
-    request: Request, replica_id: str, authorization: Annotated[str | None, Header()] = None
-) -> None:
-    """Every internal route: a valid service token, addressed to this replica."""
+def service_authorized(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
+    """A valid service token."""
     settings = request.app.state.replica.settings
     expected = f"Bearer {settings.service_token}"
     if authorization is None or not hmac.compare_digest(authorization.encode(), expected.encode()):
         raise UnauthorizedError("missing or invalid service token")
+
+
+def authorized(
+    request: Request, replica_id: str, authorization: Annotated[str | None, Header()] = None
+) -> None:
+    """Every per-replica internal route: a valid service token, addressed to this replica."""
+    service_authorized(request, authorization)
+    settings = request.app.state.replica.settings
     if replica_id != settings.replica_id:
         raise WrongReplicaError(f"this is replica {settings.replica_id!r}, not {replica_id!r}")
 
 
 Authorized = Annotated[None, Depends(authorized)]
+ServiceAuthorized = Annotated[None, Depends(service_authorized)]
 
 
-def create_app(replica: Replica) -> FastAPI:
-    """Build the FastAPI app around an assembled Replica (the engine thread starts with the app)."""
+def create_app(replica: Replica, on_drained: Callable[[], None] | None = None) -> FastAPI:
+    """Build the FastAPI app around an assembled Replica (the engine thread starts with the app).
+
+    With a control plane (Kafka control loop and adapter cache) the replica warms before it turns ready;
+    without one it is ready at once. on_drained runs when a drain has finished (it stops the server)."""
+    settings = replica.settings
+    controlled = settings.control_enabled and replica.gpu is not None  # a merged replica has no cache
+    table = PlacementsTable(settings.platform.database_url, settings.replica_id) if controlled else None
+    drain = Drain(replica, table, on_drained or (lambda: log.info("drained; the process may stop now")))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await replica.start()
-        settings = replica.settings
         shutdown = asyncio.Event()
-        control = None
-        if settings.control_enabled and replica.cache is not None:
+        control: asyncio.Task[None] | None = None
+        warming: asyncio.Task[None] | None = None
+        if table is not None and replica.cache is not None:
+            replica.lifecycle.begin_warming()  # before the first replica.state goes out
+            since = datetime.now(UTC)
             control = asyncio.create_task(
                 supervise_control(
                     settings.platform,
@@ -74,9 +105,26 @@ def create_app(replica: Replica) -> FastAPI:
                     replica.replica_state,
                     shutdown,
                     settings.state_interval_s,
+                    nudge=replica.state_changed,
                 ),
                 name="replica-control",
             )
+            warming = asyncio.create_task(
+                warm_up(
+                    replica.lifecycle,
+                    table,
+                    replica.cache.tier_of,
+                    since,
+                    settings.warming_timeout_s,
+                    settings.lifecycle_poll_s,
+                    replica.state_changed.set,
+                ),
+                name="replica-warming",
+            )
+        elif replica.merged_adapter_id is not None:
+            replica.lifecycle.begin_warming()  # ready once its adapter is folded in (_merge)
+        else:
+            replica.lifecycle.become_ready()
         merged: list[asyncio.Task[None]] = []
         if replica.merged_adapter_id is not None:
             merged.append(asyncio.create_task(_merge(replica, shutdown), name="replica-merge"))
@@ -89,14 +137,19 @@ def create_app(replica: Replica) -> FastAPI:
             yield
         finally:
             shutdown.set()
-            if control is not None:
-                await asyncio.gather(control, return_exceptions=True)
+            for task in (warming, drain.task):
+                if task is not None and not task.done():
+                    task.cancel()
+            await asyncio.gather(*(t for t in (control, warming) if t is not None), return_exceptions=True)
             await asyncio.gather(*merged, return_exceptions=True)
+            if table is not None:
+                await table.close()
             await replica.stop()
 
     app = FastAPI(title="lorafleet replica", lifespan=lifespan)
     app.state.replica = replica
     app.add_middleware(StampArrival)
+    app.state.drain = drain
 
     @app.exception_handler(ReplicaError)
     async def replica_error(request: Request, exc: ReplicaError) -> JSONResponse:
@@ -119,6 +172,22 @@ def create_app(replica: Replica) -> FastAPI:
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        # no token: the Kubernetes readiness probe; ready means the router may send requests here
+        life = replica.lifecycle
+        if life.status == "ready":
+            return JSONResponse({"status": "ready"})
+        progress = f" ({life.warm_adapters}/{life.owned_adapters} owned adapters warm)"
+        err = ReplicaNotReadyError(
+            f"replica is {life.status}" + (progress if life.status == "warming" else "")
+        )
+        return JSONResponse(err.to_body().model_dump(), status_code=err.status)
+
+    @app.post("/internal/drain")
+    async def start_drain(_: ServiceAuthorized, body: DrainRequest | None = None) -> DrainResponse:
+        return drain.start(body.deadline_s if body is not None else None)
+
     @app.get("/metrics")
     async def metrics() -> Response:
         # no token: Prometheus scrapes it like vLLM's; it shows load and adapter ids, never prompts
@@ -129,6 +198,8 @@ def create_app(replica: Replica) -> FastAPI:
         request: Request, replica_id: str, body: GenerateRequest, _: Authorized
     ) -> StreamingResponse:
         trace = AdmissionTrace(arrived(request.scope), parsed=time.perf_counter())
+        if not replica.lifecycle.accepting:
+            raise ReplicaDrainingError("this replica is draining; send the request to another one")
         messages = [m.model_dump() for m in body.messages] if body.messages is not None else None
         prompt = replica.prompt_ids(messages, body.prompt_token_ids, trace)
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
@@ -156,9 +227,15 @@ def create_app(replica: Replica) -> FastAPI:
             use.tier,
             len(prompt),
         )
+        replica.running.add(request_id)
+
+        def done() -> None:
+            replica.running.discard(request_id)
+            replica.release(use)
+
         return LeasedStream(
             _stream(replica, prompt, params, use, request_id, timer, trace),
-            lambda: replica.release(use),
+            done,
             media_type="application/x-ndjson",
             headers=headers,
         )
@@ -184,7 +261,11 @@ def create_app(replica: Replica) -> FastAPI:
 
 
 async def _merge(replica: Replica, shutdown: asyncio.Event) -> None:
-    await merge_until_done(replica.merge, shutdown, lambda: None, retry_s=2.0)
+    def merged() -> None:
+        if replica.lifecycle.become_ready():  # not once a drain has begun
+            replica.state_changed.set()
+
+    await merge_until_done(replica.merge, shutdown, merged, retry_s=2.0)
 
 
 class LeasedStream(StreamingResponse):
@@ -211,6 +292,10 @@ async def _stream(
     trace: AdmissionTrace,
 ) -> AsyncIterator[bytes]:
     """NDJSON lines for one request; if the client goes away, closing this generator aborts the request."""
+    if replica.lifecycle.expired:  # accepted, but the drain's deadline passed before it started
+        err = ReplicaDrainingError("the replica is shutting down; retry the request")
+        yield encode_event(ErrorEvent(error=err.to_body().error))
+        return
     gen = replica.engine.generate(prompt, params, use.engine_adapter_id, request_id, trace)
     first = True
     async with contextlib.aclosing(gen):

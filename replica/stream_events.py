@@ -9,12 +9,16 @@ from schemas.api import ErrorDetail
 from schemas.openai import FinishReason, Usage
 from schemas.replica_api import DoneEvent, ErrorEvent, TokenEvent
 
+# A failed output's finish_reason -> the error line's code (an engine failure is generation_failed).
+FAILURE_CODES: dict[str, str] = {"drain": "replica_draining"}
+
 
 def stream_events(out: StepOutput) -> tuple[TokenEvent | DoneEvent | ErrorEvent, ...]:
     """A running request's token; a finished one's done line (after its last token on a "length"
     finish); a failed one's error line."""
     if out.error is not None:
-        err = ErrorDetail(message=out.error, type="server_error", code="generation_failed")
+        code = FAILURE_CODES.get(out.finish_reason or "", "generation_failed")
+        err = ErrorDetail(message=out.error, type="server_error", code=code)
         return (ErrorEvent(error=err),)
     if not out.finished:
         assert out.token_id is not None  # the engine emits an unfinished output only for a new token

@@ -27,6 +27,7 @@ async def run_control(
     make_state: Callable[[], ReplicaState],
     stop: asyncio.Event,
     state_interval_s: float = 1.0,
+    nudge: asyncio.Event | None = None,
 ) -> None:
     """Run until stop; each replica reads every command partition in a group of its own and filters by id."""
     producer = make_producer(platform)
@@ -40,7 +41,7 @@ async def run_control(
         tasks = [
             asyncio.create_task(consume_commands(consumer, handler, stop), name="replica-commands"),
             asyncio.create_task(
-                publish_state(producer, make_state, stop, state_interval_s), name="replica-state"
+                publish_state(producer, make_state, stop, state_interval_s, nudge), name="replica-state"
             ),
             asyncio.create_task(events.run(producer, stop), name="replica-events"),
         ]

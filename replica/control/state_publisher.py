@@ -1,4 +1,5 @@
-"""Publish this replica's state on replica.state every second (membership, tiers, load)."""
+"""Publish this replica's state on replica.state every second and on every change of status (membership,
+tiers, load, warming progress)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,14 @@ class Load:
 
 
 def build_state(
-    replica_id: str, url: str, status: ReplicaStatus, cache: AdapterCache, gpu_slots: int, load: Load
+    replica_id: str,
+    url: str,
+    status: ReplicaStatus,
+    cache: AdapterCache,
+    gpu_slots: int,
+    load: Load,
+    owned_adapters: int = 0,
+    warm_adapters: int = 0,
 ) -> ReplicaState:
     tiers = cache.state()
     return ReplicaState(
@@ -41,6 +49,8 @@ def build_state(
         tokens_in_flight=load.tokens_in_flight,
         evictions_per_min=tiers.evictions_per_min,
         loads_per_min=tiers.loads_per_min,
+        owned_adapters=owned_adapters,
+        warm_adapters=warm_adapters,
     )
 
 
@@ -49,15 +59,21 @@ async def publish_state(
     make_state: Callable[[], ReplicaState],
     stop: asyncio.Event,
     interval_s: float = 1.0,
+    nudge: asyncio.Event | None = None,
 ) -> None:
-    """Send make_state() every interval until stop; a failed send is logged and retried next tick."""
+    """Send make_state() every interval until stop, and at once when nudge is set (a new status); a failed
+    send is logged and retried next tick."""
+    nudge = nudge or asyncio.Event()
     while not stop.is_set():
+        nudge.clear()
         state = make_state()
         try:
             await producer.send(state.topic.name, state.to_bytes(), key=state.key().encode())
         except Exception:  # noqa: BLE001
             log.exception("could not publish replica state")
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(nudge.wait())]
         try:
-            await asyncio.wait_for(stop.wait(), interval_s)
-        except TimeoutError:
-            pass
+            await asyncio.wait(waits, timeout=interval_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()

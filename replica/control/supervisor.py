@@ -29,8 +29,10 @@ async def supervise_control(
     shutdown: asyncio.Event,
     state_interval_s: float = 1.0,
     retry_s: float = 2.0,
+    nudge: asyncio.Event | None = None,
 ) -> None:
-    """Run the control loop until shutdown, restarting it retry_s after each failure."""
+    """Run the control loop until shutdown, restarting it retry_s after each failure; nudge sends the
+    state at once."""
     events = EventPublisher(replica_id)
     local = cache.on_event  # the replica's metrics keep counting next to the published events
 
@@ -43,7 +45,7 @@ async def supervise_control(
         stop = asyncio.Event()  # run_control sets its stop event when it ends, so one per attempt
         forward = asyncio.create_task(_set_when(shutdown, stop))
         try:
-            await run_control(platform, replica_id, cache, events, make_state, stop, state_interval_s)
+            await run_control(platform, replica_id, cache, events, make_state, stop, state_interval_s, nudge)
         except Exception as exc:  # noqa: BLE001 - Kafka down at start: keep serving, try again
             log.warning("replica control loop failed (%s: %s); retrying", type(exc).__name__, exc)
         finally:

@@ -81,6 +81,17 @@ class AsyncEngine:
                 self._commands.put(("abort", (request_id,)))
                 self._wake.set()
 
+    def interrupt(self, request_id: str, reason: str, message: str) -> bool:
+        """End a running request's stream now with a failed output (finish_reason `reason`) and abort it in
+        the engine. Call from the event loop; False when the request has no open stream."""
+        target = self._streams.get(request_id)
+        if target is None:
+            return False
+        target[1].put_nowait(StepOutput(request_id, None, "", True, reason, 0, 0, message))
+        self._commands.put(("abort", (request_id,)))
+        self._wake.set()
+        return True
+
     def _deliver(self, outputs: list[StepOutput]) -> None:
         """Hand a step's outputs to their streams: one thread-safe wake-up per event loop, not per output."""
         batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[StepOutput], StepOutput]]] = {}

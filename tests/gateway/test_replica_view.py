@@ -1,10 +1,13 @@
-"""The gateway's live replica table: newest state wins, stale replicas drop out, other fleets are ignored."""
+"""The gateway's live replica table: newest state wins, stale replicas drop out, other fleets are ignored,
+and only ready replicas are routed to."""
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 
 from gateway.replica_view import ReplicaView
+from gateway.routing import RouterPolicy, route_affinity, route_random
 from schemas.events import ReplicaState
 
 
@@ -43,3 +46,16 @@ def test_replicas_of_another_fleet_are_never_routed_to() -> None:
     view.apply(state("replica-0"))
     view.apply(state("gwt-a"))
     assert [r.replica_id for r in view.live()] == ["replica-0"]
+
+
+def test_only_ready_replicas_are_routed_to_never_warming_or_draining_ones() -> None:
+    view = ReplicaView(stale_s=3.0, clock=Clock())
+    for replica_id, status in (("r-warming", "warming"), ("r-ready", "ready"), ("r-draining", "draining")):
+        view.apply(state(replica_id).model_copy(update={"status": status}))
+    live = view.live()
+    assert [r.replica_id for r in live] == ["r-ready"]
+    for route in (route_affinity, route_random):
+        plan = route("acme-support-v1", live, RouterPolicy(), random.Random(0))
+        assert [r.replica_id for r in plan.replicas] == ["r-ready"]
+    view.apply(state("r-warming").model_copy(update={"status": "ready"}))  # it finished warming
+    assert sorted(r.replica_id for r in view.live()) == ["r-ready", "r-warming"]

@@ -140,6 +140,8 @@ async def gateway_stack(
         "LORAFLEET_REPLICA_MAX_NUM_SEQS": "8",
         "LORAFLEET_REPLICA_BASE_MODEL_HASH": base_hash,
         "LORAFLEET_REPLICA_STATE_INTERVAL_S": "0.5",  # well inside the gateway's staleness below
+        # No placement worker here: nothing is placed on the replicas, so warming only waits out this.
+        "LORAFLEET_REPLICA_WARMING_TIMEOUT_S": "1",
         "LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN": TOKEN,
         "LORAFLEET_GATEWAY_REPLICA_STALE_S": "1.5",
         "LORAFLEET_GATEWAY_KEY_CACHE_TTL_S": "0.5",
