@@ -49,3 +49,35 @@ def serve(
 
         settings = settings.model_copy(update={"model_dir": ensure_default_model()})
     run(settings)
+
+
+@app.command()
+def drain(
+    url: Annotated[str, typer.Option(help="The replica's base URL, e.g. http://127.0.0.1:8100")],
+    deadline_s: Annotated[
+        float | None, typer.Option(help="End requests still running after this (default: the replica's)")
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option(help="Return only once the replica process no longer answers")
+    ] = False,
+    wait_extra_s: Annotated[
+        float, typer.Option(help="With --wait: how long past the deadline to wait")
+    ] = 30.0,
+) -> None:
+    """Drain a replica: no new requests, finish the running ones, move its adapters, exit (the preStop hook).
+
+    The service token is LORAFLEET_REPLICA_SERVICE_TOKEN, the one the replica checks."""
+    import httpx
+
+    from lorafleet.replica_drain import DrainFailed, request_drain, wait_gone
+    from replica.config import ReplicaSettings
+
+    try:
+        answer = request_drain(url, ReplicaSettings().service_token, deadline_s)
+    except (DrainFailed, httpx.HTTPError) as exc:
+        typer.echo(f"drain failed: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(answer.model_dump_json())
+    if wait and not wait_gone(url, answer.deadline_s + wait_extra_s):
+        typer.echo(f"{url} still answers {answer.deadline_s + wait_extra_s:.0f} s after the drain", err=True)
+        raise typer.Exit(1)
