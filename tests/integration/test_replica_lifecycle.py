@@ -132,7 +132,7 @@ async def test_a_joining_replica_warms_its_adapters_before_it_is_routed_to(stack
                 if isinstance(e, RequestCompleted) and e.request_id in before
             }
 
-        await wait_until(lambda: _true(len(completed()) == len(before)), "the completion records", 30)
+        await wait_until(lambda: _true(len(completed()) == len(before)), "the completion records", 60)
         assert {e.replica_id for e in completed().values()} == {first.replica_id}
         states = [e for e in tap.events if isinstance(e, ReplicaState) and e.replica_id == joiner.replica_id]
 
@@ -177,24 +177,26 @@ async def _busy(stack: LifecycleStack) -> str:
 async def test_scale_down_drains_a_replica_with_zero_failed_requests(stack: LifecycleStack) -> None:
     alive = {rid for rid, r in stack.replicas.items() if r.proc is not None and r.proc.poll() is None}
     assert len(alive) == 2, "the previous test leaves two ready replicas"
-    streams = [asyncio.create_task(_stream(stack, "acme", "acme/support:prod", 32)) for _ in range(6)]
+    streams = [asyncio.create_task(_stream(stack, "acme", "acme/support:prod", 12)) for _ in range(4)]
     victim = stack.replicas[await _busy(stack)]
     (keeper,) = alive - {victim.replica_id}
     env = {**stack.env, "LORAFLEET_REPLICA_SERVICE_TOKEN": TOKEN}
+    # a deadline far past what the streams need even on a loaded CPU: this drain is one that ends in time
+    drain = ["replica", "drain", "--url", victim.url, "--deadline-s", "120", "--wait"]
     cli = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "lorafleet.cli", "replica", "drain", "--url", victim.url, "--wait",
+        sys.executable, "-m", "lorafleet.cli", *drain,
         env=env, cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    later = [asyncio.create_task(_stream(stack, "acme", "acme/support:prod", 8)) for _ in range(3)]
+    later = [asyncio.create_task(_stream(stack, "acme", "acme/support:prod", 6)) for _ in range(2)]
     moved_while_alive = False
     assert victim.proc is not None
-    deadline = time.monotonic() + 45
+    deadline = time.monotonic() + 150
     while victim.proc.poll() is None and time.monotonic() < deadline:
         placed = await stack.placements()
         if victim.proc.poll() is None and not any(victim.replica_id in o for o in placed.values()):
             moved_while_alive = moved_while_alive or all(keeper in placed.get(a, set()) for a in ADAPTER_IDS)
         await asyncio.sleep(0.05)
-    out, err = await asyncio.wait_for(cli.communicate(), 30)
+    out, err = await asyncio.wait_for(cli.communicate(), 60)
     assert cli.returncode == 0, err.decode()
     assert json.loads(out.decode())["status"] == "draining"
     assert victim.proc.returncode == 0, victim.log.read_text()[-2000:]
