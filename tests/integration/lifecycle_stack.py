@@ -132,7 +132,7 @@ async def lifecycle_stack(
     placement = PlacementSettings(
         group_id=f"placement-{prefix}",
         replica_id_prefix=prefix,
-        membership_ttl_s=5.0,
+        membership_ttl_s=10.0,
         tick_s=0.2,
         metrics_port=0,
     )

@@ -111,6 +111,7 @@ async def test_a_joining_replica_warms_its_adapters_before_it_is_routed_to(stack
 
         clients = [asyncio.create_task(traffic()) for _ in range(2)]
         warming_at = ready_at = None
+        placed: dict[str, set[str]] = {}
         give_up = time.monotonic() + 120
         while ready_at is None and time.monotonic() < give_up:
             status = await _status(joiner.url)
@@ -118,6 +119,7 @@ async def test_a_joining_replica_warms_its_adapters_before_it_is_routed_to(stack
                 warming_at = time.monotonic()
             elif status == "ready":
                 ready_at = time.monotonic()
+                placed = await stack.placements()  # what it owned when it turned ready
             await asyncio.sleep(0.05)
         stop.set()
         await asyncio.gather(*clients)
@@ -140,7 +142,7 @@ async def test_a_joining_replica_warms_its_adapters_before_it_is_routed_to(stack
     turned_at = statuses.index("ready")
     assert turned_at > 0 and set(statuses[:turned_at]) == {"warming"}, statuses
     turned = states[turned_at]
-    owned = {a for a, owners in (await stack.placements()).items() if joiner.replica_id in owners}
+    owned = {a for a, owners in placed.items() if joiner.replica_id in owners}
     assert owned == set(ADAPTER_IDS)  # two owners per adapter, two replicas
     assert turned.owned_adapters == turned.warm_adapters == len(owned)
     assert owned <= set(turned.gpu_adapters) | set(turned.ram_adapters)
