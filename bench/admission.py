@@ -5,8 +5,9 @@ chat requests (max_tokens 1) straight to its generate endpoint. The replica stam
 (replica/engine/trace.py) into lorafleet_replica_admission_seconds{stage}; the bench scrapes /metrics around
 each probe, so one probe's stage times are the histogram sums' differences. Idle first, then under load:
 --streams concurrent background streams decoding, none of them being admitted while a probe is measured.
-Beside it, the same forward pass (ModelRunner on the bare model) in this process, interleaved with the idle
-probes. Medians over --repeats; prints JSON.
+Beside the idle probes, interleaved with them in this process: the same forward pass (ModelRunner on the
+bare model), and one step of the replica's own engine assembled as the replica assembles it; their ratio is
+the engine's cost over the forward, and prefill/bare the process's. Medians over --repeats; prints JSON.
 
     .venv/bin/python -m lorafleet.cli bench admission [--quick] [--out .data/bench/admission.json]
 """
@@ -115,6 +116,40 @@ class BareForward:
         start = time.perf_counter()
         logits = self.runner.run([StepInput(0, ids, 0)])
         int(logits.argmax(-1)[0])
+        return time.perf_counter() - start
+
+
+class EngineStep:
+    """The replica's own engine, assembled as the replica assembles it (LoRA wrappers, slot pools), stepping
+    one prefill in this process: beside BareForward it isolates the engine's cost from the process's."""
+
+    def __init__(self, model_dir: Path) -> None:
+        from replica.config import ReplicaSettings
+        from replica.model.loader import load_model
+        from replica.model.tokenizer import Tokenizer
+        from replica.runtime import Replica
+
+        settings = ReplicaSettings(
+            model_dir=model_dir,
+            device="cpu",
+            max_num_seqs=8,
+            max_model_len=1024,
+            base_model_hash="0" * 64,  # no adapter is loaded: skip hashing the checkpoint
+            registry_url=None,
+            control_enabled=False,
+        )
+        model = load_model(model_dir, "float32", "cpu")
+        self.engine = Replica(settings, model, Tokenizer.from_dir(model_dir)).engine.engine
+        self.count = 0
+
+    def seconds(self, ids: list[int]) -> float:
+        from replica.engine.sampler import SamplingParams
+
+        self.count += 1
+        params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        self.engine.add_request(f"bench-{self.count}", ids, params)
+        start = time.perf_counter()
+        self.engine.step()
         return time.perf_counter() - start
 
 
@@ -237,7 +272,12 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 3)
 
 
-def summarize(samples: list[dict[str, float]], prompt_tokens: int, bare: list[float]) -> dict[str, Any]:
+def summarize(
+    samples: list[dict[str, float]],
+    prompt_tokens: int,
+    bare: list[float],
+    engine_steps: list[float] | None = None,
+) -> dict[str, Any]:
     """Medians (ms) per stage, admission (every stage but the prefill) and what the stages do not cover."""
     admission = [sum(v for k, v in s.items() if k in STAGES and k != "prefill") for s in samples]
     out: dict[str, Any] = {
@@ -258,6 +298,10 @@ def summarize(samples: list[dict[str, float]], prompt_tokens: int, bare: list[fl
         # paired: each probe over the bare forward timed just before it (both see the same machine load)
         pairs = [s["prefill"] / f for s, f in zip(samples, bare, strict=True)]
         out["prefill_over_bare"] = round(median(pairs), 3)
+    if bare and engine_steps:
+        out["engine_step_in_process_ms"] = _ms(median(engine_steps))
+        pairs = [e / f for e, f in zip(engine_steps, bare, strict=True)]
+        out["engine_step_over_bare_in_process"] = round(median(pairs), 3)
     return out
 
 
@@ -275,7 +319,7 @@ async def run(cfg: AdmissionBenchConfig) -> dict[str, Any]:
     prompts = [prompt_for(n, count) for n in cfg.prompt_tokens]
     ids = {n: tokenizer.apply_chat_template([{"role": "user", "content": t}]) for t, n in prompts}
     load_before = round(os.getloadavg()[0], 2)
-    bare_model = BareForward(model_dir)
+    bare_model, engine_step = BareForward(model_dir), EngineStep(model_dir)
     result: dict[str, Any] = {"benchmark": "replica_admission", "stages": list(STAGES)}
     async with replica_process(cfg.model_dir, cfg.startup_timeout_s) as url:
         headers = {"Authorization": f"Bearer {TOKEN}"}
@@ -284,16 +328,20 @@ async def run(cfg: AdmissionBenchConfig) -> dict[str, Any]:
             for text, n in prompts:  # warm-up: first-call costs (allocator, jinja, sockets) stay out
                 await probe.stream(text, 2)
                 bare_model.seconds(ids[n])
+                engine_step.seconds(ids[n])
             idle: dict[int, list[dict[str, float]]] = {n: [] for _, n in prompts}
             bare: dict[int, list[float]] = {n: [] for _, n in prompts}
+            steps: dict[int, list[float]] = {n: [] for _, n in prompts}
             for _ in range(cfg.repeats):
                 for text, n in prompts:
+                    stepped = engine_step.seconds(ids[n])
                     forward = bare_model.seconds(ids[n])
                     await asyncio.sleep(SETTLE_S)
                     if (got := await probe.measure(text)) is not None:
                         idle[n].append(got)
                         bare[n].append(forward)
-            result["idle"] = [summarize(idle[n], n, bare[n]) for _, n in prompts]
+                        steps[n].append(stepped)
+            result["idle"] = [summarize(idle[n], n, bare[n], steps[n]) for _, n in prompts]
             loaded: dict[int, list[dict[str, float]]] = {n: [] for _, n in prompts}
             stop = asyncio.Event()
             load_text = prompts[0][0]
