@@ -7,7 +7,7 @@ joined) and the compose services built from it.
 from __future__ import annotations
 
 import ast
-import importlib
+import fnmatch
 import shlex
 
 import yaml
@@ -89,15 +89,23 @@ def test_compose_services_built_from_the_image_run_commands_the_cli_has():
             assert svc["command"][0] in commands, name
 
 
-def test_compose_python_entrypoints_import_what_exists():
-    for name, svc in built_services().items():
-        entry = svc.get("entrypoint")
-        if not entry or entry[:2] != ["python", "-c"]:
-            continue
-        for node in ast.walk(ast.parse(entry[2])):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                module = importlib.import_module(node.module)
-                assert [a.name for a in node.names if not hasattr(module, a.name)] == [], name
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    importlib.import_module(alias.name)
+def test_every_service_runs_the_images_entrypoint():
+    """Compose services and Kubernetes containers pick a `lorafleet` command; none replaces the CLI."""
+    from tests.project.k8s_files import containers
+
+    assert [name for name, svc in built_services().items() if "entrypoint" in svc] == []
+    assert [str(c) for c in containers() if "command" in c.spec] == []
+
+
+def dockerignore() -> list[str]:
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def test_the_build_context_leaves_out_local_state_and_nothing_the_image_copies():
+    patterns = dockerignore()
+    assert {".venv", ".data", ".git"} <= set(patterns)
+    for path in copied_paths():
+        assert not any(fnmatch.fnmatch(path, p) or path.startswith(p.rstrip("/") + "/") for p in patterns), (
+            path
+        )

@@ -1,0 +1,303 @@
+"""infra/k8s agrees with the code: commands resolve in the CLI, variables are settings of the process that
+reads them, ports are the ones the settings listen on, URLs name shipped Services, secrets come only from the
+Secret, replicas drain within their grace period, and the KEDA queries read series that carry their labels."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from urllib.parse import urlparse
+
+import pytest
+from pydantic import SecretStr
+
+from replica.config import ReplicaSettings
+from replica.metrics import EngineLoad, ReplicaMetrics
+from tests.project.deploy_files import (
+    ALL_SETTINGS,
+    LISTENERS,
+    PROCESS_SETTINGS,
+    env_names,
+    process_of,
+    resolve_cli,
+    settings_from,
+)
+from tests.project.k8s_files import (
+    Container,
+    config_map,
+    containers,
+    documents,
+    of_kind,
+    one,
+    readme,
+    selects,
+)
+
+SECRET_NAME = "lorafleet-secrets"
+# Secrets each process cannot run without (a missing one would fall back to a single-machine default).
+REQUIRED_SECRETS: dict[str, set[str]] = {
+    "gateway": {"LORAFLEET_DATABASE_URL", "LORAFLEET_GATEWAY_SERVICE_TOKEN"},
+    "public-gateway": {"LORAFLEET_DATABASE_URL", "LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN"},
+    "registry-validator": {"LORAFLEET_DATABASE_URL", "LORAFLEET_S3_ACCESS_KEY", "LORAFLEET_S3_SECRET_KEY"},
+    "placement-worker": {"LORAFLEET_DATABASE_URL"},
+    "relay": {"LORAFLEET_DATABASE_URL"},
+    "stats-stream": {"LORAFLEET_DATABASE_URL"},
+    "services init": {"LORAFLEET_DATABASE_URL", "LORAFLEET_S3_ACCESS_KEY", "LORAFLEET_S3_SECRET_KEY"},
+    "replica serve": {
+        "LORAFLEET_REPLICA_SERVICE_TOKEN",
+        "LORAFLEET_REPLICA_REGISTRY_TOKEN",
+        "LORAFLEET_S3_ACCESS_KEY",
+        "LORAFLEET_S3_SECRET_KEY",
+    },
+}
+# The same secret on both ends of a call: (caller's variable, caller), (callee's variable, callee).
+TOKEN_PAIRS = [
+    (
+        ("LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN", "public-gateway"),
+        ("LORAFLEET_REPLICA_SERVICE_TOKEN", "replica serve"),
+    ),
+    (("LORAFLEET_REPLICA_REGISTRY_TOKEN", "replica serve"), ("LORAFLEET_GATEWAY_SERVICE_TOKEN", "gateway")),
+]
+# URL settings -> the process that must answer behind them.
+URL_TARGETS = {
+    "LORAFLEET_REPLICA_REGISTRY_URL": "gateway",
+    "LORAFLEET_GATEWAY_INTERNAL_URL": "gateway",
+    "LORAFLEET_GATEWAY_PUBLIC_URL": "public-gateway",
+}
+
+
+def app_containers() -> list[Container]:
+    return list(containers(include_init=False))
+
+
+def secret_settings() -> set[str]:
+    """Variables whose values are secrets: SecretStr fields, tokens, keys and the database URL."""
+    out = set()
+    for cls in ALL_SETTINGS:
+        prefix = str(cls.model_config.get("env_prefix", ""))
+        for name, field in cls.model_fields.items():
+            if field.annotation is SecretStr or name.endswith(("token", "secret_key", "access_key")):
+                out.add((prefix + name).upper())
+    return out | {"LORAFLEET_DATABASE_URL"}
+
+
+def secret_ref(container: Container, variable: str) -> tuple[str, str] | None:
+    entry = container.env_entries().get(variable, {})
+    ref = entry.get("valueFrom", {}).get("secretKeyRef")
+    return (ref["name"], ref["key"]) if ref else None
+
+
+@pytest.mark.parametrize("container", list(containers()), ids=str)
+def test_each_container_runs_a_command_the_cli_resolves(container: Container) -> None:
+    assert container.spec["image"].startswith("lorafleet/lorafleet:"), "every process runs the one image"
+    assert "command" not in container.spec, "the image's entrypoint is `lorafleet`; args pick the command"
+    resolve_cli(container.argv)
+    assert process_of(container.argv) in PROCESS_SETTINGS
+
+
+@pytest.mark.parametrize("container", list(containers()), ids=str)
+def test_each_lorafleet_variable_is_a_setting_of_its_process(container: Container) -> None:
+    classes = PROCESS_SETTINGS[process_of(container.argv)]
+    names = {n for n in container.env_entries() if n.startswith("LORAFLEET_")}
+    assert sorted(names - env_names(classes)) == []
+    env = container.literal_env()
+    for cls in classes:  # the values parse as the settings' types
+        settings_from(cls, env)
+
+
+def test_the_config_map_holds_only_settings() -> None:
+    assert sorted(set(config_map()) - env_names(ALL_SETTINGS)) == []
+
+
+@pytest.mark.parametrize(
+    "container", [c for c in app_containers() if process_of(c.argv) in LISTENERS], ids=str
+)
+def test_each_listener_exposes_the_port_its_settings_listen_on(container: Container) -> None:
+    listener = LISTENERS[process_of(container.argv)]
+    settings = settings_from(listener.settings, container.literal_env())
+    (port,) = container.spec["ports"]
+    assert port["containerPort"] == getattr(settings, listener.port)
+    if listener.host:
+        assert getattr(settings, listener.host) == "0.0.0.0", "a loopback listener is unreachable in a pod"
+
+
+@pytest.mark.parametrize("container", app_containers(), ids=str)
+def test_probes_name_ports_the_container_has(container: Container) -> None:
+    names = {p["name"] for p in container.spec.get("ports", [])}
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        if spec := container.spec.get(probe):
+            action = spec.get("httpGet") or spec.get("tcpSocket")
+            assert action["port"] in names, probe
+
+
+def service_backends() -> dict[str, tuple[Container, dict[int, int]]]:
+    """Service name -> (the container behind it, service port -> container port)."""
+    out = {}
+    for svc in of_kind("Service"):
+        (backend,) = [
+            c
+            for c in app_containers()
+            if selects({"matchLabels": svc.body["spec"]["selector"]}, c.pod_labels)
+        ]
+        ports = {p["port"]: backend.port(p["targetPort"]) for p in svc.body["spec"]["ports"]}
+        out[svc.name] = (backend, ports)
+    return out
+
+
+def test_each_service_selects_one_workload_on_its_named_ports() -> None:
+    backends = service_backends()
+    assert {"gateway", "public-gateway"} <= set(backends)
+
+
+def test_in_cluster_urls_name_a_shipped_service_on_its_port() -> None:
+    backends = service_backends()
+    values = dict(config_map())
+    for c in app_containers():
+        values.update(c.literal_env())
+    for variable, process in URL_TARGETS.items():
+        url = urlparse(values[variable])
+        backend, ports = backends[url.hostname or ""]
+        assert process_of(backend.argv) == process, variable
+        listener = LISTENERS[process]
+        listen_port = getattr(settings_from(listener.settings, backend.literal_env()), listener.port)
+        assert ports[url.port or 80] == listen_port, variable
+
+
+def readme_secret_keys() -> set[str]:
+    """The keys the README's `kubectl create secret generic lorafleet-secrets` command creates."""
+    (command,) = re.findall(
+        r"kubectl [^\n]*create secret generic " + SECRET_NAME + r"(?:[^\n]*\\\n)*[^\n]*", readme()
+    )
+    words = shlex.split(command.replace("\\\n", " "))
+    return {w.split("=", 1)[1].split("=", 1)[0] for w in words if w.startswith("--from-literal=")}
+
+
+def test_secret_values_come_only_from_the_secret() -> None:
+    secrets = secret_settings()
+    assert sorted(secrets & set(config_map())) == []
+    used_keys = set()
+    for c in containers():
+        for name, entry in c.env_entries().items():
+            if name in secrets:
+                assert "value" not in entry, f"{c}: {name} is a literal"
+                ref = secret_ref(c, name)
+                assert ref and ref[0] == SECRET_NAME, f"{c}: {name}"
+                used_keys.add(ref[1])
+    assert used_keys == readme_secret_keys()
+
+
+@pytest.mark.parametrize("container", app_containers(), ids=str)
+def test_each_process_gets_the_secrets_it_needs(container: Container) -> None:
+    needed = REQUIRED_SECRETS.get(process_of(container.argv), set())
+    assert sorted(n for n in needed if secret_ref(container, n) is None) == []
+
+
+def test_both_ends_of_each_authenticated_call_read_the_same_secret() -> None:
+    def keys(variable: str, process: str) -> set[tuple[str, str] | None]:
+        return {secret_ref(c, variable) for c in app_containers() if process_of(c.argv) == process}
+
+    for (caller_var, caller), (callee_var, callee) in TOKEN_PAIRS:
+        (caller_key,) = keys(caller_var, caller)
+        assert keys(callee_var, callee) == {caller_key}
+
+
+def replicas() -> list[Container]:
+    return [c for c in app_containers() if process_of(c.argv) == "replica serve"]
+
+
+@pytest.mark.parametrize("container", replicas(), ids=str)
+def test_replicas_are_ready_only_when_ready_and_drain_before_they_stop(container: Container) -> None:
+    spec, settings = container.spec, settings_from(ReplicaSettings, container.literal_env())
+    assert spec["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert spec["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert spec["startupProbe"]["httpGet"]["path"] == spec["livenessProbe"]["httpGet"]["path"] == "/health"
+    hook = spec["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[0] == "lorafleet"
+    drain = resolve_cli(hook[1:])
+    assert hook[1:3] == ["replica", "drain"]
+    assert urlparse(drain["url"]).port == settings.port
+    deadline = drain.get("deadline_s") or settings.drain_deadline_s
+    # The kubelet kills at the grace period: after the drain deadline, and after the hook's own wait.
+    hook_wait = deadline + drain.get("wait_extra_s", 0) if drain.get("wait") else 0
+    assert container.pod["terminationGracePeriodSeconds"] > max(deadline, hook_wait)
+    assert urlparse(settings.url()).port == settings.port
+    assert (
+        container.env_entries()["LORAFLEET_REPLICA_REPLICA_ID"]["valueFrom"]["fieldRef"]["fieldPath"]
+        == "metadata.name"
+    )
+
+
+def test_the_merged_replica_template_serves_one_adapter_outside_the_scaled_pool() -> None:
+    merged = [c for c in replicas() if resolve_cli(c.argv).get("merged_adapter_id")]
+    assert merged
+    target = one("Deployment", scaled_object()["spec"]["scaleTargetRef"]["name"])
+    pool = target.body["spec"]["template"]["metadata"]["labels"]["pool"]
+    assert all(c.pod_labels["pool"] != pool for c in merged)
+
+
+@pytest.mark.parametrize("container", [c for c in containers() if c.spec["name"] == "model-prepare"], ids=str)
+def test_the_model_is_prepared_where_the_process_reads_it(container: Container) -> None:
+    out = resolve_cli(container.argv)["out"]
+    (main,) = [c for c in app_containers() if c.doc == container.doc]
+    env = main.literal_env()
+    if process_of(main.argv) == "replica serve":
+        model_dir = settings_from(ReplicaSettings, env).model_dir
+    else:
+        from gateway.config import GatewaySettings
+
+        model_dir = settings_from(GatewaySettings, env).served_model_dir
+    assert model_dir == out
+
+    def mounts(c: Container) -> dict[str, str]:
+        return {m["mountPath"]: m["name"] for m in c.spec.get("volumeMounts", [])}
+
+    shared = {p: n for p, n in mounts(container).items() if mounts(main).get(p) == n}
+    assert any(out.is_relative_to(p) for p in shared)
+
+
+def scaled_object() -> dict:
+    (doc,) = of_kind("ScaledObject")
+    return doc.body
+
+
+def replica_series_labels() -> dict[str, set[str]]:
+    """metric name -> its label names, from the replica's real registry."""
+    metrics = ReplicaMetrics("base")
+    metrics.watch_engine(4, lambda: EngineLoad(1, 1, 0.5, 10, ("a",), ("b",)))
+    out: dict[str, set[str]] = {}
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            out.setdefault(sample.name, set()).update(sample.labels)
+        out.setdefault(family.name, set())
+    return out
+
+
+def test_keda_queries_read_replica_series_with_the_labels_they_filter_on() -> None:
+    obj = scaled_object()
+    target = one("Deployment", obj["spec"]["scaleTargetRef"]["name"])
+    pod_labels = target.body["spec"]["template"]["metadata"]["labels"]
+    attached: set[str] = set()
+    for monitor in of_kind("PodMonitor"):
+        if selects(monitor.body["spec"]["selector"], pod_labels):
+            ports = {
+                p["name"] for c in target.body["spec"]["template"]["spec"]["containers"] for p in c["ports"]
+            }
+            assert {e["port"] for e in monitor.body["spec"]["podMetricsEndpoints"]} <= ports
+            attached |= set(monitor.body["spec"].get("podTargetLabels", []))
+    exposed = replica_series_labels()
+    for trigger in obj["spec"]["triggers"]:
+        selectors = re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}", trigger["metadata"]["query"])
+        assert selectors, trigger["name"]
+        for name, matchers in selectors:
+            assert name in exposed, name
+            for label, value in re.findall(r'(\w+)\s*=\s*"([^"]*)"', matchers):
+                if label not in exposed[name]:
+                    assert label in attached, f"{name}: nothing gives it a {label} label"
+                    assert pod_labels[label] == value, (
+                        f"{name}: the scaled pods have {label}={pod_labels[label]}"
+                    )
+
+
+def test_every_workload_document_is_in_the_lorafleet_namespace_by_kustomize() -> None:
+    assert all("namespace" not in d.body["metadata"] for d in documents() if d.kind != "Namespace")
+    assert {d.name for d in of_kind("Namespace")} == {"lorafleet"}
