@@ -229,7 +229,7 @@ def gateway(
     max_tokens: Annotated[int, typer.Option(help="tokens per request")] = 250,
     token_rate: Annotated[float, typer.Option(help="the stand-in's tokens per second per stream")] = 100.0,
     ttft_ms: Annotated[float, typer.Option(help="the stand-in's delay before a first token")] = 0.0,
-    duration_s: Annotated[float, typer.Option(help="seconds of arrivals per phase")] = 8.0,
+    duration_s: Annotated[float, typer.Option(help="seconds of arrivals per phase")] = 6.0,
     repeats: Annotated[int, typer.Option(help="repeats of every (rate, path) phase; medians reported")] = 3,
     warmup_s: Annotated[float, typer.Option(help="unrecorded seconds at the lowest rate on each path")] = 2.0,
     pin: Annotated[bool, typer.Option(help="pin processes to cores with taskset")] = True,
