@@ -195,9 +195,15 @@ def prometheus_targets(path: str) -> dict[str, list[tuple[str, int, dict]]]:
 
 
 def autoscaled_ports(env: dict[str, str]) -> set[int]:
-    """The ports of the replicas `lorafleet autoscale --local` may start: first_port + index."""
+    """The ports of the fleet replicas `lorafleet autoscale --local` may start: first_port + index."""
     s = settings_from(AutoscaleSettings, env)
     return {s.first_port + i for i in range(s.unmanaged_replicas, s.max_replicas)}
+
+
+def merged_ports(env: dict[str, str]) -> set[int]:
+    """The ports of the merged replicas it may start: merged_first_port + index."""
+    s = settings_from(AutoscaleSettings, env)
+    return {s.merged_first_port + i for i in range(s.merged_max_replicas)} if s.merged_enabled else set()
 
 
 def test_compose_prometheus_scrapes_every_metrics_listener_by_service_name() -> None:
@@ -206,7 +212,7 @@ def test_compose_prometheus_scrapes_every_metrics_listener_by_service_name() -> 
     scraped = {(host, port) for job in targets.values() for host, port, _ in job}
     (scaler,) = [s for s in svcs.values() if s.process == "autoscale"]
     expected = {(s.name, s.listen_port()) for s in built().values() if s.process in METRICS_PROCESSES}
-    expected |= {(scaler.name, port) for port in autoscaled_ports(scaler.env())}
+    expected |= {(scaler.name, port) for port in autoscaled_ports(scaler.env()) | merged_ports(scaler.env())}
     assert scraped == expected
 
 
@@ -216,19 +222,25 @@ def test_local_prometheus_scrapes_every_metrics_listener_the_stack_starts() -> N
         process = Service("", {"command": argv}).process
         if process in METRICS_PROCESSES:
             ports.add(Service("", {"command": argv}).listen_port())
-    ports |= autoscaled_ports({})
+    ports |= autoscaled_ports({}) | merged_ports({})
     targets = prometheus_targets("prometheus.yml")
     assert {host for job in targets.values() for host, _, _ in job} == {"127.0.0.1"}
     assert {port for job in targets.values() for _, port, _ in job} == ports
 
 
 @pytest.mark.parametrize("path", ["prometheus.yml", "prometheus.compose.yml"])
-def test_replica_targets_carry_the_pool_label_the_keda_queries_filter_on(path: str) -> None:
+def test_replica_targets_carry_the_pool_labels_the_kubernetes_pods_have(path: str) -> None:
+    """Fleet replicas in the pool the KEDA queries filter on; merged ones in the merged template's pool."""
     import yaml
 
-    keda = yaml.safe_load((ROOT / "infra/k8s/keda-scaledobject.yaml").read_text())
-    pools = {
+    k8s = ROOT / "infra/k8s"
+    keda = yaml.safe_load((k8s / "keda-scaledobject.yaml").read_text())
+    (pool,) = {
         m for t in keda["spec"]["triggers"] for m in re.findall(r'pool="([^"]*)"', t["metadata"]["query"])
     }
-    assert len(pools) == 1
-    assert {labels.get("pool") for _, _, labels in prometheus_targets(path)["replica"]} == pools
+    merged = yaml.safe_load((k8s / "replica-merged.yaml").read_text())["spec"]["template"]["metadata"][
+        "labels"
+    ]
+    for _, port, labels in prometheus_targets(path)["replica"]:
+        assert labels.get("pool") == (merged["pool"] if port in merged_ports({}) else pool), port
+    assert merged["pool"] != pool
