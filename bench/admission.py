@@ -5,9 +5,10 @@ chat requests (max_tokens 1) straight to its generate endpoint. The replica stam
 (replica/engine/trace.py) into lorafleet_replica_admission_seconds{stage}; the bench scrapes /metrics around
 each probe, so one probe's stage times are the histogram sums' differences. Idle first, then under load:
 --streams concurrent background streams decoding, none of them being admitted while a probe is measured.
-Beside the idle probes, interleaved with them in this process: the same forward pass (ModelRunner on the
-bare model), and one step of the replica's own engine assembled as the replica assembles it; their ratio is
-the engine's cost over the forward, and prefill/bare the process's. Medians over --repeats; prints JSON.
+Beside the idle probes, interleaved with them in this process and on a second thread as in the replica: the
+same forward pass (ModelRunner on the bare model), and one step of the replica's own engine assembled as the
+replica assembles it; their ratio is the engine's cost over the forward, and prefill/bare the process's.
+Medians over --repeats; prints JSON.
 
     .venv/bin/python -m lorafleet.cli bench admission [--quick] [--out .data/bench/admission.json]
 """
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -320,6 +322,16 @@ async def run(cfg: AdmissionBenchConfig) -> dict[str, Any]:
     ids = {n: tokenizer.apply_chat_template([{"role": "user", "content": t}]) for t, n in prompts}
     load_before = round(os.getloadavg()[0], 2)
     bare_model, engine_step = BareForward(model_dir), EngineStep(model_dir)
+    # In-process steps run as the replica runs its steps: loaded on the main thread, stepped on another. That
+    # gives the process two OpenMP teams, more threads than CPUs on a small host, and libgomp then spins only
+    # briefly at its barriers: the replica's regime. One team spins long (faster on idle cores, much slower on
+    # shared ones), which would compare two regimes instead of two code paths.
+    stepper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench-step")
+    loop = asyncio.get_running_loop()
+
+    async def on_stepper(fn: Callable[[list[int]], float], prompt: list[int]) -> float:
+        return await loop.run_in_executor(stepper, fn, prompt)
+
     result: dict[str, Any] = {"benchmark": "replica_admission", "stages": list(STAGES)}
     async with replica_process(cfg.model_dir, cfg.startup_timeout_s) as url:
         headers = {"Authorization": f"Bearer {TOKEN}"}
@@ -327,15 +339,15 @@ async def run(cfg: AdmissionBenchConfig) -> dict[str, Any]:
             probe = Probe(client, url)
             for text, n in prompts:  # warm-up: first-call costs (allocator, jinja, sockets) stay out
                 await probe.stream(text, 2)
-                bare_model.seconds(ids[n])
-                engine_step.seconds(ids[n])
+                await on_stepper(bare_model.seconds, ids[n])
+                await on_stepper(engine_step.seconds, ids[n])
             idle: dict[int, list[dict[str, float]]] = {n: [] for _, n in prompts}
             bare: dict[int, list[float]] = {n: [] for _, n in prompts}
             steps: dict[int, list[float]] = {n: [] for _, n in prompts}
             for _ in range(cfg.repeats):
                 for text, n in prompts:
-                    stepped = engine_step.seconds(ids[n])
-                    forward = bare_model.seconds(ids[n])
+                    stepped = await on_stepper(engine_step.seconds, ids[n])
+                    forward = await on_stepper(bare_model.seconds, ids[n])
                     await asyncio.sleep(SETTLE_S)
                     if (got := await probe.measure(text)) is not None:
                         idle[n].append(got)
@@ -364,6 +376,7 @@ async def run(cfg: AdmissionBenchConfig) -> dict[str, Any]:
                 "decode_step_ms": _ms(median(probe.gaps)),
                 "results": [summarize(loaded[n], n, []) for _, n in prompts],
             }
+    stepper.shutdown()
     result["environment"] = {
         "model_dir": str(model_dir),
         "cpu_count": os.cpu_count(),
