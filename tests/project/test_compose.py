@@ -16,7 +16,10 @@ from urllib.parse import urlparse
 import jsonschema
 import pytest
 
+from gateway.config import GatewaySettings
 from lorafleet.autoscale.config import AutoscaleSettings
+from lorafleet.config import PlatformSettings
+from lorafleet.model.prepare import DEFAULT_MODEL_NAME
 from lorafleet.services.stack import APP_PROCESSES, FLEET_ENV
 from replica.config import ReplicaSettings
 from tests.project.compose_files import (
@@ -161,8 +164,11 @@ def test_depends_on_names_services_that_exist() -> None:
 def test_services_that_read_the_model_share_the_volume_it_is_prepared_in() -> None:
     svcs = built()
     prepare = next(s for s in svcs.values() if s.argv == ["demo", "--prepare-only"])
-    model_dir = Path(compose()[ANCHOR_ENV]["LORAFLEET_REPLICA_MODEL_DIR"])
-    assert model_dir.is_relative_to(compose()[ANCHOR_ENV]["LORAFLEET_DATA_DIR"])
+    # `demo --prepare-only` prepares the default model under its data folder; the services read it there.
+    data_dir = settings_from(PlatformSettings, prepare.env()).data_dir
+    prepared = data_dir / "models" / DEFAULT_MODEL_NAME
+    assert settings_from(ReplicaSettings, prepare.env()).model_dir == prepared
+    assert settings_from(GatewaySettings, prepare.env()).served_model_dir == prepared
     for s in svcs.values():
         if s.process in ("gateway", "registry-validator", "replica serve", "autoscale", "demo"):
             assert set(s.spec["volumes"]) == set(prepare.spec["volumes"]) == {"data:/data"}, s.name
