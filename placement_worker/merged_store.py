@@ -7,7 +7,10 @@ from lorafleet.outbox.writer import emit
 from placement_worker.merge_policy import MergeState
 from schemas.events import MergedTarget
 
-_COLUMNS = "desired_replicas, above, below, last_window_start, window_seconds, tokens_per_s, reason"
+_COLUMNS = (
+    "desired_replicas, above, below, last_window_start, window_seconds, tokens_per_s, reason,"
+    " updated_at AS seen_at"
+)
 
 
 async def lock(conn: Connection, adapter_id: str) -> MergeState | None:
@@ -40,7 +43,7 @@ async def save(conn: Connection, adapter_id: str, before: MergeState, after: Mer
         return False
     await conn.execute(
         """UPDATE merged_targets SET desired_replicas = $2, above = $3, below = $4, last_window_start = $5,
-               window_seconds = $6, tokens_per_s = $7, reason = $8, updated_at = now()
+               window_seconds = $6, tokens_per_s = $7, reason = $8, updated_at = coalesce($9, now())
            WHERE adapter_id = $1""",
         adapter_id,
         after.desired_replicas,
@@ -50,6 +53,7 @@ async def save(conn: Connection, adapter_id: str, before: MergeState, after: Mer
         after.window_seconds,
         after.tokens_per_s,
         after.reason,
+        after.seen_at,
     )
     if after.desired_replicas == before.desired_replicas or after.reason is None:
         return False

@@ -36,7 +36,13 @@ class Merging:
                 return
             retired = event.adapter_id in await store.retired(conn, [event.adapter_id])
             after = observe(
-                before, event.window_start, event.window_seconds, event.tokens_per_s, self.policy, retired
+                before,
+                event.window_start,
+                event.window_seconds,
+                event.tokens_per_s,
+                self.policy,
+                datetime.now(UTC),
+                retired,
             )
             if await merged_store.save(conn, event.adapter_id, before, after, self.fleet):
                 log.info(
@@ -57,7 +63,7 @@ class Merging:
         new = await merged_store.lock(conn, event.adapter_id)
         if old is None or new is None:
             return
-        old_after, new_after = moved_alias(old, new)
+        old_after, new_after = moved_alias(old, new, datetime.now(UTC))
         await merged_store.save(conn, previous, old, old_after, self.fleet)
         await merged_store.save(conn, event.adapter_id, new, new_after, self.fleet)
         if old_after != old:
