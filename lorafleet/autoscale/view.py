@@ -17,6 +17,14 @@ def records(platform: PlatformSettings, settings: AutoscaleSettings | None = Non
     return Records(platform, s.replica_id_prefix, s.first_port)
 
 
+def all_records(platform: PlatformSettings, settings: AutoscaleSettings | None = None) -> list[Records]:
+    """The fleet replicas' records and the merged replicas' (their own ids and ports)."""
+    s = settings or AutoscaleSettings()
+    from lorafleet.autoscale.merged_local import merged_records  # it builds on the actuator's fleet
+
+    return [records(platform, s), merged_records(platform, s)]
+
+
 def replica_rows(
     platform: PlatformSettings, settings: AutoscaleSettings | None = None
 ) -> list[dict[str, object]]:
@@ -25,7 +33,7 @@ def replica_rows(
     token = s.replica_service_token.get_secret_value()
     rows: list[dict[str, object]] = []
     with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=1.0) as client:
-        for r in records(platform, s).live():
+        for r in (r for recs in all_records(platform, s) for r in recs.live()):
             status = None
             try:
                 resp = client.get(f"http://{s.host}:{r.port}/internal/replicas/{r.replica_id}/state")
@@ -39,8 +47,8 @@ def replica_rows(
 
 def stop_replicas(platform: PlatformSettings, report: Callable[[str], None]) -> None:
     """SIGTERM (then SIGKILL) every live replica the autoscaler started, by its pid file, and forget it."""
-    recs = records(platform)
-    for r in recs.live():
-        stopped = recs.process(r.index).stop()
-        recs.forget(r.index)
-        report(f"  {r.replica_id}: {'stopped' if stopped else 'not running'} (started by the autoscaler)")
+    for recs in all_records(platform):
+        for r in recs.live():
+            stopped = recs.process(r.index).stop()
+            recs.forget(r.index)
+            report(f"  {r.replica_id}: {'stopped' if stopped else 'not running'} (started by the autoscaler)")
