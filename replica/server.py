@@ -130,7 +130,11 @@ def create_app(replica: Replica, on_drained: Callable[[], None] | None = None) -
             merged.append(asyncio.create_task(_merge(replica, shutdown), name="replica-merge"))
             if settings.control_enabled:
                 state = publish_forever(
-                    settings.platform, replica.replica_state, shutdown, settings.state_interval_s
+                    settings.platform,
+                    replica.replica_state,
+                    shutdown,
+                    settings.state_interval_s,
+                    nudge=replica.state_changed,
                 )
                 merged.append(asyncio.create_task(state, name="replica-merged-state"))
         try:

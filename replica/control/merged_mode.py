@@ -45,14 +45,16 @@ async def publish_forever(
     make_state: Callable[[], ReplicaState],
     shutdown: asyncio.Event,
     interval_s: float,
+    nudge: asyncio.Event | None = None,
     retry_s: float = 2.0,
 ) -> None:
-    """Publish make_state() every interval until shutdown, with a new producer after Kafka fails."""
+    """Publish make_state() every interval (and at once when nudge is set: a new status) until shutdown,
+    with a new producer after Kafka fails."""
     while not shutdown.is_set():
         producer = make_producer(platform)
         try:
             await producer.start()
-            await publish_state(producer, make_state, shutdown, interval_s)
+            await publish_state(producer, make_state, shutdown, interval_s, nudge)
         except Exception as exc:  # noqa: BLE001 - Kafka down: keep serving, try again
             log.warning("merged replica state loop failed (%s: %s); retrying", type(exc).__name__, exc)
         finally:
