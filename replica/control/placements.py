@@ -15,7 +15,7 @@ from schemas.events import ResidentTier
 
 
 class PlacementsTable:
-    """Reads over a one-connection pool of its own, opened at the first read; close() at shutdown."""
+    """Reads over a one-connection pool of its own, opened at a read when none is open; close() ends it."""
 
     def __init__(self, database_url: str, replica_id: str) -> None:
         self._url = database_url

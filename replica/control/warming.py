@@ -31,6 +31,22 @@ async def warm_up(
 ) -> None:
     """Poll every poll_s until the replica is ready (or no longer warming); `changed` on every new status
     or progress, so replica.state goes out at once. `since`: when warming began (wall clock, UTC)."""
+    try:
+        await _watch(lifecycle, table, tier_of, since, timeout_s, poll_s, changed)
+    finally:
+        if lifecycle.status == "ready":  # a ready replica holds no database connection; a drain opens one
+            await table.close()
+
+
+async def _watch(
+    lifecycle: Lifecycle,
+    table: PlacementsTable,
+    tier_of: Callable[[str], Tier],
+    since: datetime,
+    timeout_s: float,
+    poll_s: float,
+    changed: Callable[[], None],
+) -> None:
     started = time.monotonic()
     while lifecycle.status == "warming":
         planned, owned = False, dict[str, ResidentTier]()
