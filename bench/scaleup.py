@@ -180,9 +180,10 @@ async def run_scaleup(
     work: Path,
     cfg: ScaleupConfig,
     clients: int = 6,
-    max_tokens: int = 128,
+    max_tokens: int = 48,
     settle_s: float = 2.0,
     timeout_s: float = 240.0,
+    tail_s: float = 0.0,
 ) -> dict[str, Any]:
     """Run the load until the new replica serves and the queue is back under the threshold (or timeout)."""
     rec, results = Recorded(), list[dict]()
@@ -209,11 +210,14 @@ async def run_scaleup(
                     started_at = live[0].started_at
                 done = timeline(stack, rec, t0, started_at)["milestones_s"]
                 if done["first_request_served"] is not None and done["queue_under_threshold"] is not None:
+                    await asyncio.sleep(tail_s)  # the load goes on: the queue stays under the threshold
                     break
                 assert autoscaler.alive, autoscaler.tail()
                 await asyncio.sleep(0.5)
         finally:
             stop.set()
+            for loop in loops:  # ends the streams in flight: waiting for them would take a request's length
+                loop.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
             await asyncio.sleep(1.0)  # the last requests.completed
             recorder.cancel()
@@ -260,17 +264,27 @@ def plot(result: dict[str, Any], path: Path) -> None:
     )
     ax.axhline(result["threshold_queue_depth"], color="grey", linestyle=":", label="threshold")
     top = max([q for _, q in series] + [result["threshold_queue_depth"]]) or 1.0
+    ax.set_ylim(0, top * 1.9)  # the upper part holds the milestone labels
     colours = plt.get_cmap("tab10")
     for i, (key, label) in enumerate(LABELS.items()):
         t = result["milestones_s"].get(key)
         if t is None:
             continue
         ax.axvline(t, color=colours(i), linewidth=1.2)
-        ax.text(t, top * (1.02 - 0.09 * i), f" {label} {t:.1f}s", color=colours(i), fontsize=8, va="top")
+        ax.text(
+            t,
+            0.97 - 0.06 * i,
+            f" {label} {t:.1f}s",
+            color=colours(i),
+            fontsize=8,
+            va="top",
+            transform=ax.get_xaxis_transform(),
+            bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1},
+        )
     ax.set_xlabel("seconds from the start of the load")
     ax.set_ylabel("requests queued (sum over replicas)")
     ax.set_title("Scale-up timeline: one local replica to two (SmolLM2 on CPU)")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="center left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -279,11 +293,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def scaleup(
     out_dir: Path = typer.Option(Path("bench/results"), help="writes scaleup.json and scaleup.png here"),
     clients: int = typer.Option(6, help="streaming requests kept in flight through the gateway"),
-    max_tokens: int = typer.Option(128),
+    max_tokens: int = typer.Option(48),
     queue_per_replica: float = typer.Option(3.0, help="the stats stream's per-replica queue threshold"),
     max_num_seqs: int = typer.Option(2, help="rows per replica; the rest of the requests queue"),
     window_s: float = typer.Option(2.0, help="the stats stream's window"),
     timeout_s: float = typer.Option(240.0),
+    tail_s: float = typer.Option(10.0, help="load kept on after the queue is back under the threshold"),
 ) -> None:
     """Sustained load on a fresh local stack until the autoscaler adds a replica: timeline JSON + PNG."""
     from bench._util import emit
@@ -293,7 +308,9 @@ def scaleup(
 
     cfg = ScaleupConfig(queue_per_replica=queue_per_replica, window_s=window_s, max_num_seqs=max_num_seqs)
     work = Path(tempfile.mkdtemp(prefix="lorafleet-scaleup-"))
-    result = asyncio.run(run_scaleup(get_settings(), work, cfg, clients, max_tokens, timeout_s=timeout_s))
+    result = asyncio.run(
+        run_scaleup(get_settings(), work, cfg, clients, max_tokens, timeout_s=timeout_s, tail_s=tail_s)
+    )
     result["logs"] = str(work)
     out_dir.mkdir(parents=True, exist_ok=True)
     series = {k: result.pop(k) for k in ("queue_series", "signal_series")}

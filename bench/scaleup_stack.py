@@ -3,7 +3,7 @@
 Its own database (migrated, one tenant with a key, ready adapters with aliases), replica ids with a run
 prefix (`as<run>-<index>`) that its gateway, placement worker and stats stream alone count, its own fleet
 name, data folder and ports. Processes: replica 0 (not the autoscaler's), the stats stream with short
-windows, the autoscaler, and with `gateway=True` the public gateway, the relay and the placement worker.
+windows, the relay, the placement worker, the autoscaler, and with `gateway=True` the public gateway.
 Every process is started and stopped here by its own pid.
 """
 
@@ -324,6 +324,7 @@ def _env(
         "LORAFLEET_AUTOSCALE_START_TIMEOUT_S": str(cfg.start_timeout_s),
         "LORAFLEET_AUTOSCALE_TICK_S": "0.3",
         "LORAFLEET_AUTOSCALE_REPLICA_SERVICE_TOKEN": TOKEN,
+        "LORAFLEET_AUTOSCALE_MERGED_ENABLED": "false",  # no merged replicas in a scale-up run
         "LORAFLEET_AUTOSCALE_SIGNAL_MAX_AGE_S": str(max(10 * cfg.window_s, 20.0)),
     }
 
@@ -370,13 +371,15 @@ async def scaleup_stack(
             },
         )
         replica0 = ["replica", "serve", "--replica-id", stack.replica_id(0), "--port", str(first_port)]
-        wanted = {"replica-0": replica0, "stats-stream": ["stats-stream"]}
+        # the placement worker and the relay place and load the adapters a replica warms before it is ready
+        wanted = {
+            "replica-0": replica0,
+            "stats-stream": ["stats-stream"],
+            "relay": ["relay"],
+            "placement-worker": ["placement-worker"],
+        }
         if cfg.gateway:
-            wanted |= {
-                "relay": ["relay"],
-                "placement-worker": ["placement-worker"],
-                "gateway": ["public-gateway"],
-            }
+            wanted["gateway"] = ["public-gateway"]
         for proc_name, args in wanted.items():
             proc = Proc(proc_name, lorafleet(*args), env, work / f"{proc_name}.log")
             stack.procs[proc_name] = proc

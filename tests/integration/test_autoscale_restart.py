@@ -1,7 +1,8 @@
 """The autoscaler killed mid-start comes back from its records: one new replica, never two.
 
 A real stack: replica 0 (not the autoscaler's) publishing replica.state, the stats stream whose signal
-floor of two replicas makes it ask for one more, and the autoscaler. The autoscaler is SIGKILLed after it
+floor of two replicas makes it ask for one more, the placement worker and relay a new replica warms
+through, and the autoscaler. The autoscaler is SIGKILLed after it
 started replica 1 and before that replica is ready, then started again.
 """
 
