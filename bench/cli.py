@@ -146,3 +146,12 @@ def _scaleup_command() -> None:
 
 
 _scaleup_command()
+
+
+def _simgrid_command() -> None:
+    from bench.simgrid import simgrid
+
+    app.command("simgrid")(simgrid)
+
+
+_simgrid_command()

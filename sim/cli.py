@@ -32,9 +32,17 @@ def _run(cfg: SimConfig, timing: TimingModel, trace: list[Request], gpu_hour_usd
 
 
 def find_replicas(
-    cfg: SimConfig, timing: TimingModel, trace: list[Request], slo_p95_s: float, gpu_hour_usd: float
+    cfg: SimConfig,
+    timing: TimingModel,
+    trace: list[Request],
+    slo_p95_s: float,
+    gpu_hour_usd: float,
+    lo: int = 0,
 ) -> dict[str, Any]:
-    """Smallest fleet whose p95 TTFT is within slo_p95_s (binary search; doubles the top until it holds)."""
+    """Smallest fleet whose p95 TTFT is within slo_p95_s (binary search; doubles the top until it holds).
+
+    lo: a fleet size expected to miss the target, where the search starts; if it holds after all, the
+    search goes on below it from 0."""
     tried: dict[int, dict[str, Any]] = {}
 
     def ok(n: int) -> bool:
@@ -49,7 +57,9 @@ def find_replicas(
         if hi >= 1024:
             raise typer.BadParameter(f"no fleet up to {hi} replicas holds p95 TTFT <= {slo_p95_s} s")
         hi *= 2
-    lo = 0  # 0 replicas never holds
+    if 0 < lo < hi and ok(lo):
+        hi, lo = lo, 0
+    lo = lo if lo < hi else 0  # 0 replicas never holds
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if ok(mid):

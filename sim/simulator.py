@@ -55,6 +55,9 @@ class SimConfig:
     # per replica (in order): (GPU adapters, least recently used first; RAM adapters) at the start
     initial: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
     probe_window_s: float = 60.0  # sim.probe's window for active sets and GPU copies
+    # the cost router's prices (the gateway's LORAFLEET_GATEWAY_DRAIN_TOKENS_PER_S and _SLOT_COST_S)
+    drain_tokens_per_s: float = RouterPolicy.drain_tokens_per_s
+    slot_cost_s: float = RouterPolicy.slot_cost_s
 
 
 @dataclass
@@ -82,7 +85,13 @@ class Simulation:
     def __init__(self, cfg: SimConfig, timing: TimingModel, trace: list[Request]) -> None:
         self.cfg, self.timing, self.trace = cfg, timing, trace
         self.route = ROUTING_MODES[cfg.routing]
-        self.policy = RouterPolicy(cfg.owners_k, cfg.spill_threshold_tokens, load_s=dict(timing.load_s))
+        self.policy = RouterPolicy(
+            cfg.owners_k,
+            cfg.spill_threshold_tokens,
+            drain_tokens_per_s=cfg.drain_tokens_per_s,
+            slot_cost_s=cfg.slot_cost_s,
+            load_s=dict(timing.load_s),
+        )
         self.rng = random.Random(cfg.seed)
         self.events: list[tuple[float, int, int, object]] = []
         self.seq = 0

@@ -1,0 +1,68 @@
+"""`lorafleet bench simgrid` end to end on a two-cell grid: sized fleets, every routing mode, JSON and PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from bench.simgrid import MODES, simgrid, slot_bound
+from sim.cli import find_replicas
+from sim.simulator import SimConfig
+from sim.timing import TimingModel
+from sim.workload import WorkloadConfig, generate
+
+app = typer.Typer()
+app.command("simgrid")(simgrid)
+app.command("noop")(lambda: None)  # two commands, so typer keeps the command name
+
+
+def test_a_two_cell_grid_sizes_each_fleet_and_runs_every_mode(tmp_path: Path) -> None:
+    args = ["simgrid", "--adapters", "200", "--zipf", "1.0", "--rates", "2,4", "--duration", "90"]
+    result = CliRunner().invoke(app, [*args, "--warmup", "15", "--jobs", "2", "--out-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    grid = json.loads((tmp_path / "simgrid.json").read_text())
+    assert (tmp_path / "simgrid.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [(c["adapters"], c["zipf"], c["rate"]) for c in grid["cells"]] == [
+        (200, 1.0, 2.0),
+        (200, 1.0, 4.0),
+    ]
+    for cell in grid["cells"]:
+        assert set(cell["modes"]) == set(MODES)
+        sizing = {int(n): t for n, t in cell["sizing"].items()}
+        n = cell["replicas"]
+        assert (
+            sizing[n]["p95_ttft_s"] <= 1.0
+            and cell["modes"]["affinity"]["p95_ttft_s"] == sizing[n]["p95_ttft_s"]
+        )
+        assert n - 1 not in sizing or sizing[n - 1]["p95_ttft_s"] > 1.0
+        for mode in MODES:
+            rep = cell["modes"][mode]
+            assert 0 <= rep["gpu_hit_rate"] <= 1 and rep["p95_ttft_s"] > 0
+            assert rep["goal_met"] == (rep["gpu_hit_rate"] >= 0.95 and rep["p95_ttft_s"] < 1.0)
+    assert grid["summary"]["cells"] == 2
+    assert grid["cells"][1]["replicas"] >= grid["cells"][0]["replicas"]
+
+
+def test_slot_bound_is_the_share_of_the_most_popular_adapters() -> None:
+    assert slot_bound(100, 1.0, 100) == pytest.approx(1.0)
+    assert slot_bound(100, 0.0, 25) == pytest.approx(0.25)
+    assert slot_bound(1000, 1.2, 100) > slot_bound(1000, 0.8, 100)
+
+
+def test_find_replicas_from_a_lower_bound_finds_what_the_full_search_finds() -> None:
+    trace = generate(WorkloadConfig(adapters=100, rate=6.0, duration_s=90.0, seed=3))
+    cfg = SimConfig(replicas=8, warmup_s=15.0)
+    full = find_replicas(cfg, TimingModel(), trace, 1.0, 0.0)
+    assert (
+        find_replicas(cfg, TimingModel(), trace, 1.0, 0.0, lo=full["replicas"] - 1)["replicas"]
+        == full["replicas"]
+    )
+    # a lower bound that holds after all: the search goes on below it
+    assert (
+        find_replicas(cfg, TimingModel(), trace, 1.0, 0.0, lo=full["replicas"] + 1)["replicas"]
+        == full["replicas"]
+    )
