@@ -7,7 +7,7 @@ from typing import Any
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    """Rows: adapters x Zipf; columns: rate. Top: GPU hit (and the cell's slot bound); bottom: p95 TTFT."""
+    """Rows: adapters x Zipf; columns: rate. Top: GPU hit (fleet size, <= slot bound); bottom: p95 TTFT."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -19,7 +19,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     rows = [(a, z) for a in cfg["adapters"] for z in cfg["zipf"]]
     rates = list(cfg["rates"])
     at = {(c["adapters"], c["zipf"], c["rate"]): c for c in cells}
-    fig, axes = plt.subplots(2, len(modes), figsize=(4.2 * len(modes), 11), squeeze=False)
+    fig, axes = plt.subplots(2, len(modes), figsize=(5.0 * len(modes), 11), squeeze=False)
     for col, mode in enumerate(modes):
         hit = np.full((len(rows), len(rates)), np.nan)
         p95 = np.full((len(rows), len(rates)), np.nan)
@@ -42,7 +42,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
                         continue
                     text = f"{values[i, j]:.1%}" if values is hit else f"{values[i, j]:.2f}"
                     if values is hit:
-                        text += f"\n{c['replicas']} rep, bound {c['slot_bound']:.0%}"
+                        text += f"\n{c['replicas']} rep, <={c['slot_bound']:.0%}"
                     ax.text(j, i, text, ha="center", va="center", fontsize=7)
             ax.set_xticks(range(len(rates)), [f"{r:g}/s" for r in rates])
             ax.set_yticks(range(len(rows)), [f"{a:,} s={z:g}" for a, z in rows])
