@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -195,6 +196,7 @@ async def replica_process(model_dir: Path | None, timeout_s: float) -> AsyncIter
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+    shutil.rmtree(work, ignore_errors=True)  # kept, with the replica's log, when the run failed
 
 
 class Probe:
