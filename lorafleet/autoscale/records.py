@@ -8,6 +8,8 @@ a restart comes from these files and from the live processes, never from memory.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -57,10 +59,20 @@ class Records:
         return sorted(int(m.group(1)) for m in found if m is not None)
 
     def reap(self) -> list[int]:
-        """Forget the replicas whose process has exited; their indices."""
-        gone = [i for i in self.indices() if self.process(i).pid() is None]
-        for i in gone:
-            self.forget(i)
+        """Forget the replicas whose process has exited (collecting the exit of our own children); their
+        indices."""
+        gone = []
+        for i in self.indices():
+            proc = self.process(i)
+            recorded: int | None = None
+            with contextlib.suppress(OSError, ValueError):
+                recorded = int(proc.pid_file.read_text().strip())
+            if proc.pid() is None:
+                if recorded is not None:
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(recorded, os.WNOHANG)  # a zombie child of this autoscaler
+                self.forget(i)
+                gone.append(i)
         return gone
 
     def live(self) -> list[Record]:
