@@ -91,7 +91,9 @@ class LocalFleet:
         rid, port = self.records.replica_id(index), self.records.port(index)
         env = {k: v for k, v in FLEET_ENV.items() if k not in os.environ}
         proc = self.records.process(index)
+        self.records.intend(index)
         pid = proc.start(replica_argv(rid, port), env=env, cwd=REPO_ROOT)
+        self.records.spawned(index)
         log.info("%s: started on port %d (pid %d, log %s)", rid, port, pid, proc.log_file)
 
     async def drain(self, action: Drain) -> None:
@@ -139,6 +141,11 @@ async def run(platform: PlatformSettings, settings: AutoscaleSettings) -> None:
     try:
         async with httpx.AsyncClient() as client:
             fleet = LocalFleet(platform, settings, client)
+            for index in fleet.records.adopt():
+                log.warning(
+                    "%s: started before a restart, adopted by its command line",
+                    fleet.records.replica_id(index),
+                )
             while not following.done():
                 observed = await fleet.observe()
                 now = time.time()

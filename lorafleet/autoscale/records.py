@@ -1,7 +1,8 @@
 """The autoscaler's records on disk: what it started and how far each action got, under the run folder.
 
 Per replica it started, `autoscale-<replica id>.pid` (written at the spawn; its mtime is the start time),
-`.ready` once it was seen ready, and `.drain` holding the drain's deadline (epoch seconds). `autoscale.last`
+`.starting` from just before the spawn until its pid file exists, `.ready` once it was seen ready, and
+`.drain` holding the drain's deadline (epoch seconds). `autoscale.last`
 holds the time of the last action or completion, for the cooldown. Everything the autoscaler knows after
 a restart comes from these files and from the live processes, never from memory.
 """
@@ -17,7 +18,22 @@ from pathlib import Path
 
 from lorafleet.config import PlatformSettings
 from lorafleet.services.paths import log_dir, run_dir
-from lorafleet.services.process import ManagedProcess
+from lorafleet.services.process import ManagedProcess, pid_alive
+
+
+def serving_pid(replica_id: str, port: int) -> int | None:
+    """The live process whose command line serves replica_id on port, from /proc (None if there is none)."""
+    want = [b"--replica-id", replica_id.encode(), b"--port", str(port).encode()]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(argv[k : k + 4] == want for k in range(len(argv))) and pid_alive(int(entry.name)):
+            return int(entry.name)
+    return None
 
 
 @dataclass(frozen=True)
@@ -108,8 +124,32 @@ class Records:
         self._marker(index, "drain").write_text(f"{deadline:.3f}")
 
     def forget(self, index: int) -> None:
-        for suffix in ("ready", "drain", "pid"):
+        for suffix in ("ready", "drain", "pid", "starting"):
             self._marker(index, suffix).unlink(missing_ok=True)
+
+    def intend(self, index: int) -> None:
+        """Record a start about to happen: a crash between the spawn and its pid file leaves this behind."""
+        self.run.mkdir(parents=True, exist_ok=True)
+        self._marker(index, "starting").touch()
+
+    def spawned(self, index: int) -> None:
+        self._marker(index, "starting").unlink(missing_ok=True)
+
+    def adopt(self) -> list[int]:
+        """After a restart: a start recorded as intended but with no pid file is found by its command line
+        (this id on this port) and gets its pid file; indices adopted. Call before acting."""
+        pattern = re.compile(rf"autoscale-{re.escape(self.prefix)}(\d+)\.starting")
+        found = (pattern.fullmatch(p.name) for p in self.run.glob("autoscale-*.starting"))
+        adopted = []
+        for i in sorted(int(m.group(1)) for m in found if m is not None):
+            proc = self.process(i)
+            if proc.pid() is None:
+                pid = serving_pid(self.replica_id(i), self.port(i))
+                if pid is not None:
+                    proc.pid_file.write_text(str(pid))
+                    adopted.append(i)
+            self.spawned(i)
+        return adopted
 
     @property
     def _last(self) -> Path:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 from lorafleet.autoscale.config import AutoscaleSettings
 from lorafleet.autoscale.local import replica_argv
-from lorafleet.autoscale.records import Records
+from lorafleet.autoscale.records import Records, serving_pid
 from lorafleet.autoscale.view import stop_replicas
 from lorafleet.config import PlatformSettings
 from lorafleet.services.process import ManagedProcess, pid_alive, wait_until
@@ -64,3 +65,20 @@ def test_services_down_stops_the_autoscalers_replicas_and_no_other_process(tmp_p
     finally:
         ours.stop(timeout=2)
         stranger.stop(timeout=2)
+
+
+def test_a_start_cut_off_before_its_pid_file_is_adopted_by_its_command_line(tmp_path: Path) -> None:
+    recs = Records(PlatformSettings(data_dir=tmp_path), "t-adopt-", 18100)
+    recs.intend(2)
+    serving = ["--replica-id", "t-adopt-2", "--port", "18102"]
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *serving])
+    recs.intend(3)  # a start that never spawned
+    try:
+        assert wait_until(lambda: serving_pid("t-adopt-2", 18102) == orphan.pid, 10)
+        assert recs.adopt() == [2]
+        assert [(r.index, r.pid) for r in recs.live()] == [(2, orphan.pid)]
+        assert list(tmp_path.glob("run/*.starting")) == []
+        assert recs.adopt() == []  # nothing left to adopt
+    finally:
+        orphan.kill()
+        orphan.wait(5)
