@@ -93,8 +93,9 @@ def moved_alias(previous: MergeState, target: MergeState, now: datetime) -> tupl
     """An alias moved from a merged version to another one: the old one is demoted at once and the new one
     is promoted at once, since the same traffic now resolves to it (it is served unmerged until its merged
     replica is ready). The new version's streaks start from zero, and its missed windows count from now, in
-    the old version's window length while it has none of its own."""
-    if previous.desired_replicas == 0:
+    the old version's window length while it has none of its own. A previous version already demoted as
+    retired counts as merged: the alias row retires it before its aliases.changed event is handled."""
+    if previous.desired_replicas == 0 and previous.reason != "retired":
         return previous, target
     old = replace(previous, desired_replicas=0, above=0, reason="alias_moved", seen_at=now)
     new = target

@@ -215,7 +215,9 @@ async def merged_stack(
         merge_tokens_per_s=MERGE_TOKENS_PER_S,
         demote_tokens_per_s=DEMOTE_TOKENS_PER_S,
         merge_windows=2,
-        demote_windows=2,
+        # a merged replica's start slows the CPU replicas' answers below the demote threshold for a few
+        # windows; four keep the promotion through it
+        demote_windows=4,
         merge_check_s=0.5,
     )
     actuator = AutoscaleSettings(

@@ -111,7 +111,8 @@ async def test_promotion_alias_flip_and_demotion(stack: MergedStack) -> None:
         await wait_until(lambda: _served(load, v2), "the gateway serving v2", timeout=30)
         acknowledged = min(a.started for a in load.answers if a.adapter_id == v2)
         await wait_until(lambda: _has(stack, (v2, 1, "alias_moved")), "v2 promoted at the flip", 30)
-        assert await _has(stack, (v1, 0, "alias_moved"))
+        # the alias row retires v1 at once; the worker demotes it on that or on the alias event
+        assert {(a, d) for a, d, r in await stack.targets() if r in ("alias_moved", "retired")} >= {(v1, 0)}
         await wait_until(lambda: _served_merged(load, v2), "a request served by v2's merged replica", 240)
     finally:
         await load.stop()

@@ -63,9 +63,11 @@ async def test_promotion_demotion_and_an_alias_move_go_through_the_outbox(pool: 
     )
     await pool.execute("UPDATE aliases SET adapter_id = $1, revision = 2 WHERE alias = 'acme/x'", v2)
     moved = AliasChanged(alias="acme/x", tenant_id="acme", adapter_id=v2, previous_adapter_id=v1, revision=2)
+    await worker.tick()  # sees v1 retired by the alias row before the alias event arrives
+    assert await _targets(pool) == [(v1, 1, "promote"), (v1, 0, "retired")]
     await worker.handle(moved)
     await worker.handle(moved)  # exactly once
-    assert await _targets(pool) == [(v1, 1, "promote"), (v1, 0, "alias_moved"), (v2, 1, "alias_moved")]
+    assert await _targets(pool) == [(v1, 1, "promote"), (v1, 0, "retired"), (v2, 1, "alias_moved")]
 
     await worker.handle(_window(v1, start + timedelta(seconds=3 * WS), 900))  # retired: never again
     await worker.handle(_window(v2, start + timedelta(seconds=3 * WS), 100))

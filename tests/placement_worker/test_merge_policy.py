@@ -87,3 +87,12 @@ def test_a_new_version_that_never_gets_traffic_is_demoted_by_silence() -> None:
     _, new = moved_alias(windows(MergeState(), [700, 700, 700]), MergeState(), at(3))
     assert silent(new, at(3) + timedelta(seconds=2.9 * WS), POLICY).desired_replicas == 1
     assert silent(new, at(3) + timedelta(seconds=3 * WS), POLICY).desired_replicas == 0
+
+
+def test_the_handoff_holds_when_the_retirement_was_seen_before_the_alias_event() -> None:
+    merged = windows(MergeState(), [700, 700, 700])
+    retired = silent(merged, at(3), POLICY, retired=True)
+    old, new = moved_alias(retired, MergeState(), at(3))
+    assert (old.desired_replicas, new.desired_replicas, new.reason) == (0, 1, "alias_moved")
+    demoted = windows(MergeState(), [700, 700, 700, 100, 100])
+    assert moved_alias(demoted, MergeState(), at(6)) == (demoted, MergeState())
