@@ -75,7 +75,9 @@ class MergedFleet(LocalFleet):
         proc.run_dir.mkdir(parents=True, exist_ok=True)
         proc.pid_file.with_suffix(".adapter").write_text(adapter_id)  # before the pid file: never unnamed
         env = {k: v for k, v in FLEET_ENV.items() if k not in os.environ}
+        self.records.intend(index)
         pid = proc.start(merged_argv(rid, port, adapter_id), env=env, cwd=REPO_ROOT)
+        self.records.spawned(index)
         log.info("%s: merged replica of %s started on port %d (pid %d)", rid, adapter_id, port, pid)
 
 
@@ -88,6 +90,8 @@ async def run(platform: PlatformSettings, settings: AutoscaleSettings) -> None:
     try:
         async with httpx.AsyncClient() as client:
             fleet = MergedFleet(platform, settings, client)
+            for index in fleet.records.adopt():  # spawned just before a crash: found by its command line
+                log.warning("%s: started before a restart, adopted", fleet.records.replica_id(index))
             while not following.done():
                 targets = follower.targets()
                 observed = await fleet.observe_merged()
