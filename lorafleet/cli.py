@@ -66,6 +66,8 @@ def _mount(only: str | None = None) -> None:
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request at INFO: on the gateway that is a line per proxied request on the hot path
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     first = sys.argv[1] if len(sys.argv) > 1 else None
     _mount(first if first in SUBCOMMANDS or first in COMMANDS else None)
     app()
