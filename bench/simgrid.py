@@ -2,7 +2,8 @@
 
 Each cell generates one trace, sizes the fleet with the simulator's --find-replicas search (today's
 affinity routing, p95 TTFT within the SLO), and runs every routing mode on that trace and fleet: cost
-(the new one), affinity (today's) and random (the baseline). Cells run in parallel processes.
+(the new one), table (a fixed score table, GIE's LoRA-affinity manner), affinity (today's) and random (the
+baseline). Cells run in parallel processes.
 
 slot_bound is the GPU hit rate a fleet of that many slots could reach at best if every adapter took one
 slot and traffic were stationary: the popularity of the replicas x gpu_slots most popular adapters. A
@@ -30,7 +31,7 @@ from sim.simulator import SimConfig, simulate
 from sim.timing import TimingModel
 from sim.workload import WorkloadConfig, generate, zipf_weights
 
-MODES = ("cost", "affinity", "random")  # the new router, today's (sizes the fleet), the baseline
+MODES = ("cost", "table", "affinity", "random")  # new; a fixed table; today's (sizes the fleet); baseline
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def simgrid(
     jobs: int = typer.Option(os.cpu_count() or 1, help="cells simulated in parallel processes"),
     out_dir: Path = typer.Option(Path("bench/results"), help="writes simgrid.json and simgrid.png here"),
 ) -> None:
-    """Cost vs affinity vs random routing over adapters x Zipf x rate, each cell sized by --find-replicas."""
+    """Cost vs table vs affinity vs random routing over adapters x Zipf x rate, fleets by --find-replicas."""
     from bench._util import emit
     from bench.simgrid_plot import plot
 

@@ -82,6 +82,7 @@ class ReplicaView:
                     resident=frozenset(e.state.gpu_adapters) | frozenset(e.state.ram_adapters),
                     gpu=frozenset(e.state.gpu_adapters),
                     merged=e.state.merged_adapter_id,
+                    gpu_slots=e.state.gpu_slots,
                 )
             )
         return out

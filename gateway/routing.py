@@ -17,6 +17,10 @@ twice the price. So a cold adapter's traffic stays on its home until the home is
 busier than a second owner, one already in a slot keeps it until the home is as much busier, and a hot
 adapter spreads over the replicas that hold it in a slot. The cheapest goes first, ties in owner order;
 the rest follow in cost order.
+Table: a fixed score table in the manner of the Gateway API Inference Extension's LoRA-affinity scorer,
+over every live replica: 1.0 where the adapter is in a GPU slot, 0.8 where a slot is free, 0.6 where it is
+in host RAM (the nearest thing to GIE's "waiting"), plus a queue score from 1 (least tokens in flight) to 0
+(most); the highest first, ties at random (a comparison for the simulator, not a production mode).
 Random: a uniformly random live replica first (the A/B baseline).
 """
 
@@ -41,6 +45,7 @@ class ReplicaLoad:
     resident: frozenset[str] = field(default_factory=frozenset)  # adapter ids in GPU or RAM
     gpu: frozenset[str] = field(default_factory=frozenset)
     merged: str | None = None  # a merged replica serves only this adapter (gateway/merged_routing.py)
+    gpu_slots: int = 0  # the GPU slots its state reports (0: unknown)
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,33 @@ def route_cost(
     return RoutePlan((*candidates, *rest), "owner")
 
 
+TABLE = {"gpu": 1.0, "free": 0.8, "ram": 0.6}
+
+
+def table_score(adapter_id: str, replica: ReplicaLoad, least: int, most: int) -> float:
+    """The fixed table's LoRA score plus the queue score, normalised over the fleet's least..most load."""
+    if adapter_id in replica.gpu:
+        lora = TABLE["gpu"]
+    elif len(replica.gpu) < replica.gpu_slots:
+        lora = TABLE["free"]
+    else:
+        lora = TABLE["ram"] if adapter_id in replica.resident else 0.0
+    queue = 1.0 if most == least else (most - replica.tokens_in_flight) / (most - least)
+    return lora + queue
+
+
+def route_table(
+    adapter_id: str, live: Sequence[ReplicaLoad], policy: RouterPolicy, rng: random.Random
+) -> RoutePlan:
+    if not live:
+        return RoutePlan((), "none")
+    loads = [r.tokens_in_flight for r in live]
+    least, most = min(loads), max(loads)
+    ties = {r.replica_id: rng.random() for r in live}
+    order = sorted(live, key=lambda r: (-table_score(adapter_id, r, least, most), ties[r.replica_id]))
+    return RoutePlan(tuple(order), "table")
+
+
 def route_random(
     adapter_id: str, live: Sequence[ReplicaLoad], policy: RouterPolicy, rng: random.Random
 ) -> RoutePlan:
@@ -150,5 +182,6 @@ def route_random(
 ROUTING_MODES: dict[str, Callable[[str, Sequence[ReplicaLoad], RouterPolicy, random.Random], RoutePlan]] = {
     "affinity": route_affinity,
     "cost": route_cost,
+    "table": route_table,
     "random": route_random,
 }

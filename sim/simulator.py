@@ -198,7 +198,9 @@ class Simulation:
     def _live(self) -> list[ReplicaLoad]:
         for rid in sorted(self.dirty):  # views in id order: random routing draws alike in every process
             resident, gpu = self.resident[rid]
-            self.views[rid] = ReplicaLoad(rid, "", self.inflight[rid], resident, gpu)
+            self.views[rid] = ReplicaLoad(
+                rid, "", self.inflight[rid], resident, gpu, gpu_slots=self.gpu_slots[rid]
+            )
         self.dirty.clear()
         return list(self.views.values())
 

@@ -59,3 +59,11 @@ def test_only_ready_replicas_are_routed_to_never_warming_or_draining_ones() -> N
         assert [r.replica_id for r in plan.replicas] == ["r-ready"]
     view.apply(state("r-warming").model_copy(update={"status": "ready"}))  # it finished warming
     assert sorted(r.replica_id for r in view.live()) == ["r-ready", "r-warming"]
+
+
+def test_the_router_sees_each_replicas_tiers_and_gpu_slots() -> None:
+    view = ReplicaView(stale_s=3.0, clock=Clock())
+    body = state("replica-0").model_dump() | {"gpu_adapters": ["a"], "ram_adapters": ["b"], "gpu_slots": 16}
+    view.apply(ReplicaState(**body))
+    (live,) = view.live()
+    assert (live.gpu, live.resident, live.gpu_slots) == (frozenset({"a"}), frozenset({"a", "b"}), 16)

@@ -1,4 +1,4 @@
-"""Router policy: rendezvous owners first by load, spill when owners are busy, cost and random modes."""
+"""Router policy: rendezvous owners first by load, spill when owners are busy; cost, table, random modes."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from gateway.routing import (
     route_affinity,
     route_cost,
     route_random,
+    route_table,
+    table_score,
 )
 from schemas.rendezvous import owners
 
@@ -193,3 +195,27 @@ def test_the_gateway_routes_with_the_configured_mode_and_prices() -> None:
     # the cold adapter stays home, where affinity would take the less busy owner
     assert online.route("x", live, online.policy, random.Random(0)).replicas[0].replica_id == home
     assert route_affinity("x", live, online.policy, random.Random(0)).replicas[0].replica_id == second
+
+
+def test_table_scores_slot_then_free_slot_then_ram_plus_the_queue_score() -> None:
+    def replica(rid: str, load: int, gpu: set[str], ram: set[str], slots: int) -> ReplicaLoad:
+        return ReplicaLoad(rid, f"http://{rid}", load, frozenset(gpu | ram), frozenset(gpu), gpu_slots=slots)
+
+    live = [
+        replica("in_gpu", 500, {"x", "y"}, set(), 2),
+        replica("free", 500, {"y"}, set(), 2),
+        replica("in_ram", 500, {"y", "z"}, {"x"}, 2),
+        replica("cold", 1000, {"y", "z"}, set(), 2),
+        replica("idle_cold", 0, {"y", "z"}, set(), 2),
+    ]
+    plan = route_table("x", live, RouterPolicy(), random.Random(0))
+    assert plan.reason == "table"
+    # at half the top load: 1.0, 0.8, 0.6 plus 0.5; the idle cold replica 0 + 1; the busiest cold one 0
+    assert [r.replica_id for r in plan.replicas] == ["in_gpu", "free", "in_ram", "idle_cold", "cold"]
+    assert table_score("x", live[0], 0, 1000) == pytest.approx(1.5) and ROUTING_MODES["table"] is route_table
+
+
+def test_table_breaks_ties_at_random() -> None:
+    rng = random.Random(2)
+    firsts = {route_table("x", fleet(), RouterPolicy(), rng).replicas[0].replica_id for _ in range(100)}
+    assert firsts == set(IDS)
