@@ -21,7 +21,7 @@ from sim.workload import Request, WorkloadConfig, generate, load, save
 
 log = logging.getLogger(__name__)
 
-AB_MODES = ("cost", "affinity", "random")  # the new router, today's, and the baseline
+AB_MODES = ("cost", "table", "affinity", "random")  # the new router, a fixed table, today's, the baseline
 
 
 def _run(cfg: SimConfig, timing: TimingModel, trace: list[Request], gpu_hour_usd: float) -> dict[str, Any]:
@@ -82,7 +82,7 @@ def simulate_cmd(
     adapters: Annotated[int, typer.Option(help="Adapters in the Zipf mix.")] = 5000,
     rate: Annotated[float, typer.Option(help="Requests per second (Poisson).")] = 40.0,
     zipf: Annotated[float, typer.Option(help="Zipf exponent s of adapter popularity.")] = 1.0,
-    routing: Annotated[str, typer.Option(help="affinity | cost | random")] = "affinity",
+    routing: Annotated[str, typer.Option(help="affinity | cost | table | random")] = "affinity",
     duration: Annotated[float, typer.Option(help="Simulated seconds of arrivals.")] = 3600.0,
     warmup: Annotated[float, typer.Option(help="Seconds of arrivals left out of the report.")] = 60.0,
     seed: Annotated[int, typer.Option()] = 0,
@@ -112,7 +112,7 @@ def simulate_cmd(
     ] = None,
     trace_out: Annotated[Path | None, typer.Option(help="Save the trace as JSONL.")] = None,
     ab: Annotated[
-        bool, typer.Option("--ab", help="Run cost, affinity and random routing on the same trace.")
+        bool, typer.Option("--ab", help="Run cost, table, affinity and random routing on one trace.")
     ] = False,
     find: Annotated[bool, typer.Option("--find-replicas", help="Smallest fleet that holds the SLO.")] = False,
     slo_p95_ttft: Annotated[float, typer.Option(help="p95 TTFT target for --find-replicas, s.")] = 1.0,

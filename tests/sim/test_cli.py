@@ -43,6 +43,6 @@ def test_ab_replays_one_saved_trace_under_both_routings(tmp_path: Path) -> None:
     assert first.exit_code == 0, first.output
     again = CliRunner().invoke(app, [*SMALL, "--ab", "--trace-in", str(trace), "--json"])
     a, b = json.loads(first.output), json.loads(again.output)
-    assert set(a["comparison"]) == {"cost", "affinity", "random"}
+    assert set(a["comparison"]) == {"cost", "table", "affinity", "random"}
     assert a["comparison"] == b["comparison"]
     assert a["runs"]["affinity"]["requests"] == len(trace.read_text().splitlines())
