@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +59,7 @@ class ScaleupConfig:
     scale_down_windows: int = 60  # the signal's hysteresis: no scale-down within a run
     start_timeout_s: float = 150.0
     gateway: bool = True
+    env: Mapping[str, str] = field(default_factory=dict)  # overrides of the processes' environment
 
 
 class Proc:
@@ -326,6 +327,7 @@ def _env(
         "LORAFLEET_AUTOSCALE_REPLICA_SERVICE_TOKEN": TOKEN,
         "LORAFLEET_AUTOSCALE_MERGED_ENABLED": "false",  # no merged replicas in a scale-up run
         "LORAFLEET_AUTOSCALE_SIGNAL_MAX_AGE_S": str(max(10 * cfg.window_s, 20.0)),
+        **cfg.env,
     }
 
 
