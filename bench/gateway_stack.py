@@ -27,6 +27,7 @@ from pathlib import Path
 import asyncpg
 import httpx
 
+from bench.databases import create_database, drop_database
 from gateway.tenants import create_key, create_tenant
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
@@ -172,19 +173,6 @@ async def _wait_ok(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
     raise TimeoutError(f"{url} did not answer 200 within {timeout_s}s")
 
 
-async def _drop_database(admin_url: str, name: str) -> None:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(
-            """SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-               WHERE datname = $1 AND usename = current_user AND pid <> pg_backend_pid()""",
-            name,
-        )
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-    finally:
-        await admin.close()
-
-
 @contextlib.asynccontextmanager
 async def bench_stack(
     layout: Layout, token_rate: float, ttft_ms: float, logs: Path, profile: Path | None = None
@@ -195,10 +183,7 @@ async def bench_stack(
     platform = PlatformSettings()
     run = uuid.uuid4().hex[:8]
     name = f"gwbench_{run}"
-    admin = await asyncpg.connect(platform.database_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    database_url = platform.database_url.rsplit("/", 1)[0] + f"/{name}"
+    database_url = await create_database(platform.database_url, name)
     logs.mkdir(parents=True, exist_ok=True)
     replica_id = f"gwbench-{run}"
     standin_port, gateway_port = free_port(), free_port()
@@ -230,4 +215,4 @@ async def bench_stack(
     finally:
         for proc in reversed(procs):
             _stop(proc)
-        await _drop_database(platform.database_url, name)
+        await drop_database(platform.database_url, name)

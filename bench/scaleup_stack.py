@@ -27,6 +27,7 @@ import asyncpg
 import httpx
 from aiokafka import TopicPartition
 
+from bench.databases import create_database, drop_database
 from gateway.demo_adapters import make_peft_adapters
 from gateway.tenants import create_key, create_tenant
 from lorafleet.autoscale.records import Records
@@ -249,19 +250,6 @@ async def start_groups_at_end(platform: PlatformSettings, groups: dict[str, tupl
             await consumer.stop()
 
 
-async def _drop(admin_url: str, name: str) -> None:
-    admin = await asyncpg.connect(admin_url)
-    try:
-        await admin.execute(
-            """SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-               WHERE datname = $1 AND usename = current_user AND pid <> pg_backend_pid()""",
-            name,
-        )
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-    finally:
-        await admin.close()
-
-
 def _env(
     platform: PlatformSettings, cfg: ScaleupConfig, run: str, work: Path, database_url: str, first_port: int
 ) -> dict[str, str]:
@@ -338,10 +326,7 @@ async def scaleup_stack(
     """The stack, up and with replica 0 answering; the autoscaler is started (and restarted) by the caller."""
     run = uuid.uuid4().hex[:6]
     name = f"scale_{run}"
-    admin = await asyncpg.connect(platform.database_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    database_url = platform.database_url.rsplit("/", 1)[0] + f"/{name}"
+    database_url = await create_database(platform.database_url, name)
     model_dir = ensure_default_model()
     base_hash = await asyncio.to_thread(base_model_hash, model_dir)
     await asyncio.to_thread(make_peft_adapters, model_dir, work / "adapters", list(ADAPTERS), base_hash)
@@ -411,4 +396,4 @@ async def scaleup_stack(
             recs.process(r.index).stop(timeout=15)
         for proc in reversed(list(stack.procs.values())):
             proc.stop()
-        await _drop(platform.database_url, name)
+        await drop_database(platform.database_url, name)

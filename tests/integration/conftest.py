@@ -6,16 +6,15 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import urlparse, urlunparse
 
 import asyncpg
 import pytest
 import pytest_asyncio
 
+from bench.databases import throwaway_database
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
 from tests.integration import services as svc
-from tests.integration.databases import drop_database
 
 
 @pytest.fixture(scope="session")
@@ -28,22 +27,11 @@ def services() -> Iterator[svc.ServiceAddresses]:
         yield addresses
 
 
-def _with_db(url: str, name: str) -> str:
-    parts = urlparse(url)
-    return urlunparse(parts._replace(path=f"/{name}"))
-
-
 @pytest_asyncio.fixture
 async def fresh_db(services: svc.ServiceAddresses) -> AsyncIterator[str]:
     """An empty database of its own for one test; dropped afterwards."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(services.database_url)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    yield _with_db(services.database_url, name)
-    await drop_database(services.database_url, name)
+    async with throwaway_database(services.database_url, f"t_{uuid.uuid4().hex[:12]}") as url:
+        yield url
 
 
 @pytest_asyncio.fixture

@@ -19,10 +19,10 @@ from pathlib import Path
 import asyncpg
 import httpx
 
+from bench.databases import create_database, drop_database
 from gateway.tenants import create_key, create_tenant
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
-from tests.integration.databases import drop_database
 from tests.integration.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,10 +126,7 @@ async def gateway_stack(
     platform: PlatformSettings, adapter_root: Path, base_hash: str, work: Path
 ) -> AsyncIterator[GatewayStack]:
     name = f"gw_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(platform.database_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    database_url = platform.database_url.rsplit("/", 1)[0] + f"/{name}"
+    database_url = await create_database(platform.database_url, name)
     keys = await _seed(database_url, {k: adapter_root / k for k in ADAPTERS}, base_hash)
     env = {
         **os.environ,

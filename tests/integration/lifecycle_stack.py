@@ -21,6 +21,7 @@ import httpx
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
+from bench.databases import create_database, drop_database
 from gateway.tenants import create_key, create_tenant
 from lorafleet.config import PlatformSettings, RelaySettings
 from lorafleet.kafka import make_producer
@@ -29,7 +30,6 @@ from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
 from schemas.events import Event, parse_event
 from schemas.topics import ALL_TOPICS
-from tests.integration.databases import drop_database
 from tests.integration.gateway_stack import (
     ADAPTERS,
     REPO,
@@ -83,10 +83,7 @@ async def lifecycle_stack(
     platform: PlatformSettings, adapter_root: Path, base_hash: str, work: Path
 ) -> AsyncIterator[LifecycleStack]:
     name = f"lc_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(platform.database_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
-    database_url = platform.database_url.rsplit("/", 1)[0] + f"/{name}"
+    database_url = await create_database(platform.database_url, name)
     keys = await _seed(database_url, {}, base_hash)
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
     tenant, requests_per_s, tokens_per_min = LEAN

@@ -25,6 +25,7 @@ from pathlib import Path
 import asyncpg
 import httpx
 
+from bench.databases import create_database, drop_database
 from gateway.tenants import create_key, create_tenant
 from lorafleet.autoscale import merged_local
 from lorafleet.autoscale.config import AutoscaleSettings
@@ -36,7 +37,6 @@ from lorafleet.outbox.relay import Relay
 from lorafleet.s3 import async_client
 from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
-from tests.integration.databases import drop_database
 from tests.integration.gateway_stack import REPO, TOKEN, ReplicaProc, start_replica, stop, wait_http
 from tests.integration.ports import free_port
 
@@ -150,11 +150,8 @@ async def merged_stack(
     platform: PlatformSettings, adapter_root: Path, versions: tuple[str, str], base_hash: str, work: Path
 ) -> AsyncIterator[MergedStack]:
     name = f"mg_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(platform.database_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    await admin.close()
     admin_url = platform.database_url
-    database_url = admin_url.rsplit("/", 1)[0] + f"/{name}"
+    database_url = await create_database(admin_url, name)
     platform = platform.model_copy(update={"database_url": database_url})
     pool, key = await _seed(platform, {v: adapter_root / v for v in versions}, base_hash)
     prefix = f"mg{uuid.uuid4().hex[:6]}-"
