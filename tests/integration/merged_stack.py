@@ -262,8 +262,8 @@ async def merged_stack(
         tasks[-1].cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         records = merged_local.merged_records(actuator_platform, actuator)
-        for r in records.live():
-            records.process(r.index).stop(timeout=10)
+        for record in records.live():
+            records.process(record.index).stop(timeout=10)
         for p in procs:
             stop(p)
         for r in replicas:
