@@ -12,10 +12,8 @@ import asyncio
 import contextlib
 import hashlib
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +26,7 @@ import asyncpg
 import httpx
 
 from bench.databases import create_database, drop_database
+from bench.ports import free_port
 from gateway.tenants import create_key, create_tenant
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
@@ -89,18 +88,6 @@ def cpu_seconds(pid: int) -> float:
     """User plus system CPU time of a process so far (all its threads), from /proc/<pid>/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    """A port above the stack's fixed ones, outside Linux's default ephemeral range, free right now."""
-    for port in random.SystemRandom().sample(range(20_000, 32_000), 200):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-32000")
 
 
 @dataclass

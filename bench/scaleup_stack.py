@@ -12,9 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +26,7 @@ import httpx
 from aiokafka import TopicPartition
 
 from bench.databases import create_database, drop_database
+from bench.ports import free_ports
 from gateway.demo_adapters import make_peft_adapters
 from gateway.tenants import create_key, create_tenant
 from lorafleet.autoscale.records import Records
@@ -101,25 +100,6 @@ class Proc:
             return self.log.read_bytes().decode(errors="replace")[-chars:]
         except FileNotFoundError:
             return ""
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_ports(count: int) -> int:
-    """The first of `count` consecutive free ports, below the kernel's ephemeral range."""
-    draw = random.SystemRandom()
-    for _ in range(200):
-        base = draw.randrange(20_000, 32_000 - count)
-        if all(_bindable(base + i) for i in range(count)):
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def lorafleet(*args: str) -> list[str]:

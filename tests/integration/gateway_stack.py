@@ -20,10 +20,10 @@ import asyncpg
 import httpx
 
 from bench.databases import create_database, drop_database
+from bench.ports import free_port
 from gateway.tenants import create_key, create_tenant
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
-from tests.integration.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "gw-test-replica-token"

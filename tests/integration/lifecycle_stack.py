@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from bench.databases import create_database, drop_database
+from bench.ports import free_port
 from gateway.tenants import create_key, create_tenant
 from lorafleet.config import PlatformSettings, RelaySettings
 from lorafleet.kafka import make_producer
@@ -40,7 +41,6 @@ from tests.integration.gateway_stack import (
     stop,
     wait_http,
 )
-from tests.integration.ports import free_port
 
 LEAN = ("lean", 50, 1_000)  # a tenant whose tokens/min admit two long requests, not a third
 LEAN_ADAPTER, LEAN_ALIAS = "lean-app-v1", "lean/app:prod"

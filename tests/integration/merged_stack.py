@@ -26,6 +26,7 @@ import asyncpg
 import httpx
 
 from bench.databases import create_database, drop_database
+from bench.ports import free_port
 from gateway.tenants import create_key, create_tenant
 from lorafleet.autoscale import merged_local
 from lorafleet.autoscale.config import AutoscaleSettings
@@ -38,7 +39,6 @@ from lorafleet.s3 import async_client
 from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
 from tests.integration.gateway_stack import REPO, TOKEN, ReplicaProc, start_replica, stop, wait_http
-from tests.integration.ports import free_port
 
 TENANT = "acme"
 ALIAS = "acme/heavy:prod"

@@ -20,6 +20,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from bench.ports import free_port
 from canary.manifest import MANIFEST_NAME, CanaryManifest
 from canary.probe import run_probe
 from canary.probe_setup import install_canaries
@@ -27,7 +28,6 @@ from canary.train import TrainConfig
 from gateway.config import GatewayConfig, GatewaySettings
 from lorafleet.config import RelaySettings
 from tests.integration.gateway_stack import REPO, GatewayStack, gateway_stack
-from tests.integration.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

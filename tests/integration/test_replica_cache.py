@@ -19,6 +19,7 @@ import pytest
 import uvicorn
 from torch import nn
 
+from bench.ports import free_port
 from gateway.main import build_internal_app
 from gateway.validator_main import run_validator
 from gateway.weights_uri import ObjectLocation
@@ -51,7 +52,6 @@ from tests.gateway.adapter_files import (
 from tests.gateway.internal_app import TOKEN, gateway_config, internal_client
 from tests.integration.gateway_stack import stop, wait_http
 from tests.integration.kafka_helpers import collect
-from tests.integration.ports import free_port
 
 pytestmark = pytest.mark.integration
 

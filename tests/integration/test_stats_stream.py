@@ -22,6 +22,7 @@ import asyncpg
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from bench.ports import free_port
 from schemas.events import (
     Alert,
     AutoscaleSignal,
@@ -35,7 +36,6 @@ from schemas.topics import ALERTS, AUTOSCALE_SIGNALS
 from stats_stream.closing import output_id
 from stats_stream.windows import from_ms, to_ms, window_start
 from tests.integration.kafka_helpers import collect
-from tests.integration.ports import free_port
 
 pytestmark = pytest.mark.integration
 

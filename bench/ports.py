@@ -1,4 +1,4 @@
-"""Listening ports for the servers the integration tests start in other processes.
+"""Listening ports for the servers that benchmark and test stacks start in other processes.
 
 Binding port 0 and closing the socket hands out a port from the kernel's ephemeral range, which every
 outgoing connection (the Kafka, PostgreSQL and HTTP clients open many) also draws from, so another socket
@@ -37,12 +37,19 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive ports that are each free as free_port's are; all marked handed out."""
+    low, high = ephemeral_range()
+    usable = [not low <= p <= high and p not in _handed_out for p in range(65536)]
+    candidates = [p for p in range(LOWEST, 65536 - count + 1) if all(usable[p : p + count])]
+    for first in _draw.sample(candidates, min(200, len(candidates))):
+        block = range(first, first + count)
+        if all(_bindable(p) for p in block):
+            _handed_out.update(block)
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports outside the ephemeral range {low}-{high}")
+
+
 def free_port() -> int:
     """A port no one listens on now, outside the ephemeral range, not handed out before in this run."""
-    low, high = ephemeral_range()
-    candidates = [p for p in range(LOWEST, 65536) if not low <= p <= high and p not in _handed_out]
-    for port in _draw.sample(candidates, min(200, len(candidates))):
-        if _bindable(port):
-            _handed_out.add(port)
-            return port
-    raise RuntimeError(f"no free port outside the ephemeral range {low}-{high}")
+    return free_ports(1)
