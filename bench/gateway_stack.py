@@ -27,6 +27,7 @@ import httpx
 
 from bench.databases import create_database, drop_database
 from bench.ports import free_port
+from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from gateway.tenants import create_key, create_tenant
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
@@ -108,21 +109,9 @@ async def _seed(database_url: str) -> str:
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
     try:
         await create_tenant(pool, TENANT, 1_000_000.0, 2_000_000_000)
-        await pool.execute(
-            """INSERT INTO adapters (adapter_id, tenant_id, version, base_model_hash, rank, alpha,
-                   target_modules, weights_uri, checksum, status)
-               VALUES ($1, $2, 1, $3, 8, 16, '{q_proj,v_proj}', $4, $3, 'ready')""",
-            ADAPTER_ID,
-            TENANT,
-            "sha256:" + hashlib.sha256(b"the stand-in serves no weights").hexdigest(),
-            f"s3://lorafleet-adapters/adapters/{TENANT}/{ADAPTER_ID}",
-        )
-        await pool.execute(
-            "INSERT INTO aliases (alias, tenant_id, adapter_id) VALUES ($1, $2, $3)",
-            ALIAS,
-            TENANT,
-            ADAPTER_ID,
-        )
+        no_weights = "sha256:" + hashlib.sha256(b"the stand-in serves no weights").hexdigest()
+        await insert_ready_adapters(pool, [ReadyAdapter(ADAPTER_ID, TENANT, no_weights, checksum=no_weights)])
+        await insert_alias(pool, ALIAS, TENANT, ADAPTER_ID)
         return (await create_key(pool, TENANT)).secret
     finally:
         await pool.close()

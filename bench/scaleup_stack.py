@@ -27,6 +27,7 @@ from aiokafka import TopicPartition
 
 from bench.databases import create_database, drop_database
 from bench.ports import free_ports
+from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from gateway.demo_adapters import make_peft_adapters
 from gateway.tenants import create_key, create_tenant
 from lorafleet.autoscale.records import Records
@@ -194,23 +195,9 @@ async def _seed(database_url: str, base_hash: str) -> str:
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     try:
         await create_tenant(pool, TENANT, 1000, 10_000_000)
+        await insert_ready_adapters(pool, [ReadyAdapter(a, TENANT, base_hash) for a in ADAPTERS])
         for adapter_id, alias in ADAPTERS.items():
-            await pool.execute(
-                """INSERT INTO adapters (adapter_id, tenant_id, version, base_model_hash, rank, alpha,
-                       target_modules, weights_uri, checksum, status)
-                   VALUES ($1, $2, 1, $3, 8, 16, '{q_proj,v_proj}', $4, $5, 'ready')""",
-                adapter_id,
-                TENANT,
-                base_hash,
-                f"s3://lorafleet-adapters/adapters/{TENANT}/{adapter_id}",
-                "sha256:" + "0" * 64,
-            )
-            await pool.execute(
-                "INSERT INTO aliases (alias, tenant_id, adapter_id) VALUES ($1, $2, $3)",
-                alias,
-                TENANT,
-                adapter_id,
-            )
+            await insert_alias(pool, alias, TENANT, adapter_id)
         return (await create_key(pool, TENANT)).secret
     finally:
         await pool.close()

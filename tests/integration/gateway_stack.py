@@ -21,6 +21,7 @@ import httpx
 
 from bench.databases import create_database, drop_database
 from bench.ports import free_port
+from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from gateway.tenants import create_key, create_tenant
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
@@ -66,25 +67,15 @@ async def _seed(database_url: str, adapter_dirs: dict[str, Path], base_hash: str
     try:
         for tenant, (requests_per_s, tokens_per_min) in TENANT_LIMITS.items():
             await create_tenant(pool, tenant, requests_per_s, tokens_per_min)
-        for adapter_id, tenant in ADAPTERS.items():
-            await pool.execute(
-                """INSERT INTO adapters (adapter_id, tenant_id, version, base_model_hash, rank, alpha,
-                       target_modules, weights_uri, checksum, status)
-                   VALUES ($1, $2, $3, $4, 8, 16, '{q_proj,v_proj}', $5, $6, 'ready')""",
-                adapter_id,
-                tenant,
-                2 if adapter_id.endswith("v2") else 1,
-                base_hash,
-                f"s3://lorafleet-adapters/adapters/{tenant}/{adapter_id}",
-                "sha256:" + "0" * 64,
-            )
+        await insert_ready_adapters(
+            pool,
+            [
+                ReadyAdapter(adapter_id, tenant, base_hash, version=2 if adapter_id.endswith("v2") else 1)
+                for adapter_id, tenant in ADAPTERS.items()
+            ],
+        )
         for alias, adapter_id in ALIASES.items():
-            await pool.execute(
-                "INSERT INTO aliases (alias, tenant_id, adapter_id) VALUES ($1, $2, $3)",
-                alias,
-                alias.split("/")[0],
-                adapter_id,
-            )
+            await insert_alias(pool, alias, alias.split("/")[0], adapter_id)
         return {t: (await create_key(pool, t)).secret for t in TENANT_LIMITS}
     finally:
         await pool.close()

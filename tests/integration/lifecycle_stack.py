@@ -23,6 +23,7 @@ from aiokafka.structs import TopicPartition
 
 from bench.databases import create_database, drop_database
 from bench.ports import free_port
+from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from gateway.tenants import create_key, create_tenant
 from lorafleet.config import PlatformSettings, RelaySettings
 from lorafleet.kafka import make_producer
@@ -89,22 +90,8 @@ async def lifecycle_stack(
     tenant, requests_per_s, tokens_per_min = LEAN
     await create_tenant(pool, tenant, requests_per_s, tokens_per_min)
     keys[tenant] = (await create_key(pool, tenant)).secret
-    await pool.execute(
-        """INSERT INTO adapters (adapter_id, tenant_id, version, base_model_hash, rank, alpha, target_modules,
-               weights_uri, checksum, status)
-           VALUES ($1, $2, 1, $3, 8, 16, '{q_proj,v_proj}', $4, $5, 'ready')""",
-        LEAN_ADAPTER,
-        tenant,
-        base_hash,
-        f"s3://lorafleet-adapters/adapters/{tenant}/{LEAN_ADAPTER}",
-        "sha256:" + "0" * 64,
-    )
-    await pool.execute(
-        "INSERT INTO aliases (alias, tenant_id, adapter_id) VALUES ($1, $2, $3)",
-        LEAN_ALIAS,
-        tenant,
-        LEAN_ADAPTER,
-    )
+    await insert_ready_adapters(pool, [ReadyAdapter(LEAN_ADAPTER, tenant, base_hash)])
+    await insert_alias(pool, LEAN_ALIAS, tenant, LEAN_ADAPTER)
     prefix = f"lc{uuid.uuid4().hex[:6]}-"
     port = free_port()
     env = {

@@ -27,6 +27,7 @@ import httpx
 
 from bench.databases import create_database, drop_database
 from bench.ports import free_port
+from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from gateway.tenants import create_key, create_tenant
 from lorafleet.autoscale import merged_local
 from lorafleet.autoscale.config import AutoscaleSettings
@@ -103,21 +104,11 @@ async def _seed(
         for version, (adapter_id, folder) in enumerate(dirs.items(), start=1):
             prefix = artifact_prefix(TENANT, adapter_id)
             checksum = await upload_peft_dir(s3, folder, platform.s3_bucket, prefix)
-            await pool.execute(
-                """INSERT INTO adapters (adapter_id, tenant_id, version, base_model_hash, rank, alpha,
-                       target_modules, weights_uri, checksum, status)
-                   VALUES ($1, $2, $3, $4, 8, 16, '{q_proj,v_proj}', $5, $6, 'ready')""",
-                adapter_id,
-                TENANT,
-                version,
-                base_hash,
-                f"s3://{platform.s3_bucket}/{prefix}",
-                checksum,
+            uri = f"s3://{platform.s3_bucket}/{prefix}"
+            await insert_ready_adapters(
+                pool, [ReadyAdapter(adapter_id, TENANT, base_hash, version, checksum, weights_uri=uri)]
             )
-    first = next(iter(dirs))
-    await pool.execute(
-        "INSERT INTO aliases (alias, tenant_id, adapter_id) VALUES ($1, $2, $3)", ALIAS, TENANT, first
-    )
+    await insert_alias(pool, ALIAS, TENANT, next(iter(dirs)))
     return pool, key
 
 

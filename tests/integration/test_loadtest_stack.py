@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 from matplotlib.image import imread
 
+from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from gateway.demo_adapters import make_peft_adapters
 from loadtest.burst import BurstConfig
 from loadtest.cli import run_loadtest
@@ -39,20 +40,10 @@ async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
     async with gateway_stack(services.settings(), root, base_hash, tmp_path_factory.mktemp("gw")) as s:
         pool = await asyncpg.create_pool(s.database_url, min_size=1, max_size=1)
         try:
-            for aid in ("acme-lt-a", "acme-lt-b"):
-                await pool.execute(
-                    """INSERT INTO adapters (adapter_id, tenant_id, version, base_model_hash, rank, alpha,
-                           target_modules, weights_uri, checksum, status)
-                       VALUES ($1, 'acme', 1, $2, 8, 16, '{q_proj,v_proj}', $3, $4, 'ready')""",
-                    aid,
-                    base_hash,
-                    f"s3://lorafleet-adapters/adapters/acme/{aid}",
-                    "sha256:" + "0" * 64,
-                )
+            new = [ReadyAdapter(aid, "acme", base_hash) for aid in ("acme-lt-a", "acme-lt-b")]
+            await insert_ready_adapters(pool, new)
             for aid, alias in EXTRA.items():
-                await pool.execute(
-                    "INSERT INTO aliases (alias, tenant_id, adapter_id) VALUES ($1, 'acme', $2)", alias, aid
-                )
+                await insert_alias(pool, alias, "acme", aid)
         finally:
             await pool.close()
         yield s
