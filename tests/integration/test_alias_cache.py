@@ -9,12 +9,15 @@ from typing import Any
 import asyncpg
 import pytest
 
+from bench.seed import ReadyAdapter, insert_ready_adapters
 from gateway.alias_cache import AliasCache
 from gateway.aliases import set_alias
 from gateway.rollout import AliasTarget
 from schemas.events import AliasChanged
 
 pytestmark = pytest.mark.integration
+
+HASH = "sha256:" + "a" * 64  # the adapters' base model hash: nothing here compares it
 
 ALIAS = "acme/support:prod"
 HOUR = 3600.0  # a TTL no test outlives: whatever changes an answer here is the event, not the clock
@@ -23,12 +26,7 @@ HOUR = 3600.0  # a TTL no test outlives: whatever changes an answer here is the 
 @pytest.fixture
 async def versions(pool: asyncpg.Pool) -> asyncpg.Pool:
     await pool.execute("INSERT INTO tenants (tenant_id) VALUES ('acme')")
-    await pool.executemany(
-        """INSERT INTO adapters (adapter_id, tenant_id, version, base_model_hash, rank, alpha, target_modules,
-                                 weights_uri, checksum, status)
-           VALUES ($1, 'acme', $2, $3, 4, 8, '{q_proj}', 's3://lorafleet-adapters/x', $3, 'ready')""",
-        [(f"acme-support-v{v}", v, "sha256:" + "a" * 64) for v in (1, 2)],
-    )
+    await insert_ready_adapters(pool, [ReadyAdapter(f"acme-support-v{v}", "acme", HASH, v) for v in (1, 2)])
     return pool
 
 

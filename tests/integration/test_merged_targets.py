@@ -10,11 +10,14 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
+from bench.seed import ReadyAdapter, insert_ready_adapters
 from placement_worker.config import PlacementSettings
 from placement_worker.consumer import PlacementWorker
 from schemas.events import AdapterStats, AliasChanged
 
 pytestmark = pytest.mark.integration
+
+HASH = "sha256:" + "a" * 64  # the adapters' base model hash: nothing here compares it
 
 WS = 10.0
 
@@ -40,12 +43,7 @@ async def test_promotion_demotion_and_an_alias_move_go_through_the_outbox(pool: 
     run = uuid.uuid4().hex[:6]
     v1, v2 = f"acme-{run}-v1", f"acme-{run}-v2"
     await pool.execute("INSERT INTO tenants (tenant_id) VALUES ('acme')")
-    await pool.executemany(
-        """INSERT INTO adapters (adapter_id, tenant_id, version, base_model_hash, rank, alpha, target_modules,
-                                 weights_uri, checksum, status)
-           VALUES ($1, 'acme', $2, $3, 4, 8, '{q_proj}', 's3://lorafleet-adapters/x', $3, 'ready')""",
-        [(v1, 1, "sha256:" + "a" * 64), (v2, 2, "sha256:" + "a" * 64)],
-    )
+    await insert_ready_adapters(pool, [ReadyAdapter(v1, "acme", HASH), ReadyAdapter(v2, "acme", HASH, 2)])
     settings = PlacementSettings(merge_windows=3, demote_windows=2, replica_id_prefix=f"t{run}-")
     start = datetime.now(UTC) - timedelta(seconds=5 * WS)
     worker = PlacementWorker(pool, settings)

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
+from bench.seed import ReadyAdapter, insert_ready_adapters
 from lorafleet.config import RelaySettings
 from lorafleet.kafka import make_producer
 from lorafleet.outbox.relay import Relay
@@ -24,6 +25,8 @@ from tests.integration.kafka_helpers import collect
 from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.integration
+
+HASH = "sha256:" + "a" * 64  # the adapters' base model hash: nothing here compares it
 
 N_ADAPTERS = 60
 # Membership is judged on heartbeat times against the worker's clock, so a worker that falls behind (a
@@ -48,12 +51,7 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
     replicas = [f"{prefix}{i}" for i in range(5)]
     adapters = [f"acme-{run}-a{i}" for i in range(N_ADAPTERS)]
     await pool.execute("INSERT INTO tenants (tenant_id) VALUES ('acme')")
-    await pool.executemany(
-        """INSERT INTO adapters (adapter_id, tenant_id, version, base_model_hash, rank, alpha, target_modules,
-                                 weights_uri, checksum, status)
-           VALUES ($1, 'acme', 1, $2, 4, 8, '{q_proj}', 's3://lorafleet-adapters/x', $2, 'ready')""",
-        [(a, "sha256:" + "a" * 64) for a in adapters],
-    )
+    await insert_ready_adapters(pool, [ReadyAdapter(a, "acme", HASH) for a in adapters])
     platform = services.settings().model_copy(update={"database_url": migrated_db})
     settings = PlacementSettings(
         group_id=f"test-placement-{run}",

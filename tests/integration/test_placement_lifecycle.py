@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
+from bench.seed import ReadyAdapter, insert_ready_adapters
 from lorafleet.kafka import make_producer
 from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
@@ -20,6 +21,8 @@ from schemas.rendezvous import owners
 from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.integration
+
+HASH = "sha256:" + "a" * 64  # the adapters' base model hash: nothing here compares it
 
 N_ADAPTERS = 12
 
@@ -50,12 +53,7 @@ async def test_warming_restarting_and_draining_replicas(services, migrated_db, p
     a, b = f"{prefix}a", f"{prefix}b"
     adapters = [f"acme-{run}-{i}" for i in range(N_ADAPTERS)]
     await pool.execute("INSERT INTO tenants (tenant_id) VALUES ('acme')")
-    await pool.executemany(
-        """INSERT INTO adapters (adapter_id, tenant_id, version, base_model_hash, rank, alpha, target_modules,
-                                 weights_uri, checksum, status)
-           VALUES ($1, 'acme', 1, $2, 4, 8, '{q_proj}', 's3://lorafleet-adapters/x', $2, 'ready')""",
-        [(x, "sha256:" + "a" * 64) for x in adapters],
-    )
+    await insert_ready_adapters(pool, [ReadyAdapter(x, "acme", HASH) for x in adapters])
     platform = services.settings().model_copy(update={"database_url": migrated_db})
     settings = PlacementSettings(
         group_id=f"test-lifecycle-{run}",

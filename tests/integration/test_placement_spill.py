@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
+from bench.seed import ReadyAdapter, insert_ready_adapters
 from gateway.aliases import set_alias
 from lorafleet.config import RelaySettings
 from lorafleet.kafka import make_producer
@@ -39,12 +40,7 @@ async def test_spill_copies_are_recorded_kept_by_use_and_cleaned_up(
     replicas = [f"{prefix}{i}" for i in range(5)]
     hot, v2 = f"acme-{run}-hot", f"acme-{run}-v2"
     await pool.execute("INSERT INTO tenants (tenant_id) VALUES ('acme')")
-    await pool.executemany(
-        """INSERT INTO adapters (adapter_id, tenant_id, version, base_model_hash, rank, alpha, target_modules,
-                                 weights_uri, checksum, status)
-           VALUES ($1, 'acme', $2, $3, 4, 8, '{q_proj}', 's3://lorafleet-adapters/x', $3, 'ready')""",
-        [(hot, 1, HASH), (v2, 2, HASH)],
-    )
+    await insert_ready_adapters(pool, [ReadyAdapter(hot, "acme", HASH), ReadyAdapter(v2, "acme", HASH, 2)])
     platform = services.settings().model_copy(update={"database_url": migrated_db})
     settings = PlacementSettings(
         group_id=f"test-spill-{run}",

@@ -14,6 +14,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from bench.seed import ReadyAdapter, insert_ready_adapters
 from gateway.aliases import set_alias
 from gateway.errors import InvalidRegistration
 from lorafleet.config import RelaySettings
@@ -33,12 +34,7 @@ HASH = "sha256:" + "a" * 64
 
 
 async def _versions(pool: asyncpg.Pool | asyncpg.Connection, *ids: str) -> None:
-    await pool.executemany(
-        """INSERT INTO adapters (adapter_id, tenant_id, version, base_model_hash, rank, alpha, target_modules,
-                                 weights_uri, checksum, status)
-           VALUES ($1, 'acme', $2, $3, 4, 8, '{q_proj}', 's3://lorafleet-adapters/x', $3, 'ready')""",
-        [(a, i + 1, HASH) for i, a in enumerate(ids)],
-    )
+    await insert_ready_adapters(pool, [ReadyAdapter(a, "acme", HASH, i + 1) for i, a in enumerate(ids)])
 
 
 async def _retired(pool: asyncpg.Pool | asyncpg.Connection) -> set[str]:

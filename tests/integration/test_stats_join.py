@@ -12,6 +12,7 @@ from typing import cast
 import asyncpg
 import pytest
 
+from bench.seed import ReadyAdapter, insert_ready_adapters
 from placement_worker import store
 from placement_worker.config import PlacementSettings
 from placement_worker.consumer import PlacementWorker
@@ -20,6 +21,8 @@ from stats_stream.closing import WindowReport
 from stats_stream.sinks import write_adapter_stats
 
 pytestmark = pytest.mark.integration
+
+HASH = "sha256:" + "a" * 64  # the adapters' base model hash: nothing here compares it
 
 
 async def _owners(pool: asyncpg.Pool, adapter_id: str) -> set[str]:
@@ -33,13 +36,7 @@ async def test_a_window_the_stream_stored_first_still_raises_the_owner_count(poo
     run = uuid.uuid4().hex[:6]
     prefix, adapter = f"j{run}-r", f"acme-{run}-hot"
     await pool.execute("INSERT INTO tenants (tenant_id) VALUES ('acme')")
-    await pool.execute(
-        """INSERT INTO adapters (adapter_id, tenant_id, version, base_model_hash, rank, alpha, target_modules,
-                                 weights_uri, checksum, status)
-           VALUES ($1, 'acme', 1, $2, 4, 8, '{q_proj}', 's3://lorafleet-adapters/x', $2, 'ready')""",
-        adapter,
-        "sha256:" + "a" * 64,
-    )
+    await insert_ready_adapters(pool, [ReadyAdapter(adapter, "acme", HASH)])
     now = datetime.now(UTC)
     for i in range(6):
         await store.upsert_heartbeat(pool, f"{prefix}{i}", f"http://127.0.0.1:{i}", "ready", now, 8)
