@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from gateway.replica_client import ReplicaClient, ReplicaUnavailable
 from gateway.routing import ReplicaLoad
@@ -21,6 +19,7 @@ from replica.config import ReplicaSettings
 from replica.runtime import Replica, build_replica
 from replica.server import create_app
 from schemas.replica_api import GenerateRequest
+from tests.replica.server.serving import serving
 
 TOKEN = "drain-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -51,19 +50,11 @@ async def served(smollm2_dir: Path, tmp_path: Path) -> AsyncIterator[Served]:
     )
     replica = build_replica(settings)
     drained = asyncio.Event()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(replica, on_drained=drained.set), log_level="warning"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        assert not task.done(), "the replica server should start"
-        await asyncio.sleep(0.05)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+    async with (
+        serving(create_app(replica, on_drained=drained.set)) as url,
+        httpx.AsyncClient(base_url=url, timeout=60) as client,
+    ):
         yield Served(replica, client, drained)
-    server.should_exit = True
-    await task
-    sock.close()
 
 
 async def _lines(client: httpx.AsyncClient, max_tokens: int) -> list[dict]:

@@ -3,14 +3,11 @@ reader against the replica server on SmolLM2, over a real socket."""
 
 from __future__ import annotations
 
-import asyncio
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from gateway.online import RequestRecord
 from gateway.replica_client import ReplicaClient, ReplicaRejected, UpstreamStream
@@ -25,6 +22,7 @@ from replica.server import create_app
 from schemas.openai import ChatCompletionRequest
 from schemas.replica_api import DoneEvent, GenerateRequest, LoadResponse, StateResponse, TokenEvent
 from tests.replica.peft_util import AdapterRecipe, make_peft_adapters
+from tests.replica.server.serving import serving
 
 TOKEN = "join-token"
 
@@ -50,19 +48,8 @@ async def served(
         cache_dir=out / "cache",
     )
     replica = build_replica(settings)
-    # The server is handed a socket already bound, so no other socket can take its port in between.
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(replica), log_level="warning"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        assert not task.done(), "the replica server should start"
-        await asyncio.sleep(0.05)
-    yield replica, ReplicaLoad("rj", f"http://127.0.0.1:{port}", 0)
-    server.should_exit = True
-    await task
-    sock.close()
+    async with serving(create_app(replica)) as url:
+        yield replica, ReplicaLoad("rj", url, 0)
 
 
 @pytest.fixture
