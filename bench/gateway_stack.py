@@ -8,25 +8,22 @@ the gateway routes only to replicas with this run's id prefix, found through rep
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
-import httpx
 
 from bench.databases import create_database, drop_database
 from bench.ports import free_port
+from bench.processes import stop, wait_http
 from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from gateway.tenants import create_key, create_tenant
 from lorafleet.config import PlatformSettings
@@ -126,29 +123,6 @@ def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
         return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)  # a profiled gateway writes its stats on the way out
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-
-
-async def _wait_ok(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with httpx.AsyncClient() as c:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{url}: the process exited with {proc.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if (await c.get(url, timeout=1)).status_code == 200:
-                    return
-            await asyncio.sleep(0.2)
-    raise TimeoutError(f"{url} did not answer 200 within {timeout_s}s")
-
-
 @contextlib.asynccontextmanager
 async def bench_stack(
     layout: Layout, token_rate: float, ttft_ms: float, logs: Path, profile: Path | None = None
@@ -185,10 +159,10 @@ async def bench_stack(
         gateway = _start(_pinned(layout.gateway, [*py, "public-gateway"]), env, logs / "gateway.log")
         procs.append(gateway)
         standin_url, gateway_url = f"http://127.0.0.1:{standin_port}", f"http://127.0.0.1:{gateway_port}"
-        await _wait_ok(f"{standin_url}/health", standin, 60)
-        await _wait_ok(f"{gateway_url}/ready", gateway, 60)
+        await wait_http(f"{standin_url}/health", 60, standin)
+        await wait_http(f"{gateway_url}/ready", 60, gateway)
         yield Stack(gateway_url, standin_url, replica_id, key, gateway, standin, layout, logs)
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop(proc, grace_s=30)  # a profiled gateway writes its stats on the way out
         await drop_database(platform.database_url, name)

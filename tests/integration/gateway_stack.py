@@ -4,13 +4,10 @@ own replica.state; the public gateway as a process."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,6 +18,7 @@ import httpx
 
 from bench.databases import create_database, drop_database
 from bench.ports import free_port
+from bench.processes import stop, wait_http
 from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from gateway.tenants import create_key, create_tenant
 from lorafleet.config import PlatformSettings
@@ -87,29 +85,6 @@ def start_replica(r: ReplicaProc, env: dict[str, str]) -> None:
         r.proc = subprocess.Popen(
             [*cmd, "--port", str(r.port)], env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT
         )
-
-
-async def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient() as c:
-        while time.monotonic() < deadline:
-            if proc is not None and proc.poll() is not None:
-                raise RuntimeError(f"{url}: process exited with {proc.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if (await c.get(url, timeout=1)).status_code == 200:
-                    return
-            await asyncio.sleep(0.2)
-    raise TimeoutError(f"{url} did not answer within {timeout}s")
-
-
-def stop(proc: subprocess.Popen | None) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 @contextlib.asynccontextmanager

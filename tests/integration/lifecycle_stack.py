@@ -23,6 +23,7 @@ from aiokafka.structs import TopicPartition
 
 from bench.databases import create_database, drop_database
 from bench.ports import free_port
+from bench.processes import stop, wait_http
 from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from gateway.tenants import create_key, create_tenant
 from lorafleet.config import PlatformSettings, RelaySettings
@@ -32,16 +33,7 @@ from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
 from schemas.events import Event, parse_event
 from schemas.topics import ALL_TOPICS
-from tests.integration.gateway_stack import (
-    ADAPTERS,
-    REPO,
-    TOKEN,
-    ReplicaProc,
-    _seed,
-    start_replica,
-    stop,
-    wait_http,
-)
+from tests.integration.gateway_stack import ADAPTERS, REPO, TOKEN, ReplicaProc, _seed, start_replica
 
 LEAN = ("lean", 50, 1_000)  # a tenant whose tokens/min admit two long requests, not a third
 LEAN_ADAPTER, LEAN_ALIAS = "lean-app-v1", "lean/app:prod"

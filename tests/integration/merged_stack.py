@@ -27,6 +27,7 @@ import httpx
 
 from bench.databases import create_database, drop_database
 from bench.ports import free_port
+from bench.processes import stop, wait_http
 from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from gateway.tenants import create_key, create_tenant
 from lorafleet.autoscale import merged_local
@@ -39,7 +40,7 @@ from lorafleet.outbox.relay import Relay
 from lorafleet.s3 import async_client
 from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
-from tests.integration.gateway_stack import REPO, TOKEN, ReplicaProc, start_replica, stop, wait_http
+from tests.integration.gateway_stack import REPO, TOKEN, ReplicaProc, start_replica
 
 TENANT = "acme"
 ALIAS = "acme/heavy:prod"

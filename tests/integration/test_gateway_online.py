@@ -16,6 +16,7 @@ import openai
 import pytest
 from httpx_sse import EventSource
 
+from bench.processes import wait_http
 from gateway import aliases
 from gateway.demo_adapters import make_peft_adapters
 from gateway.rollout import unit_hash
@@ -32,7 +33,6 @@ from tests.integration.gateway_stack import (
     GatewayStack,
     gateway_stack,
     start_replica,
-    wait_http,
 )
 from tests.integration.kafka_helpers import collect
 from tests.integration.waiting import wait_until

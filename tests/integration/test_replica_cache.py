@@ -20,6 +20,7 @@ import uvicorn
 from torch import nn
 
 from bench.ports import free_port
+from bench.processes import stop, wait_http
 from gateway.main import build_internal_app
 from gateway.validator_main import run_validator
 from gateway.weights_uri import ObjectLocation
@@ -50,7 +51,6 @@ from tests.gateway.adapter_files import (
     write_base_config,
 )
 from tests.gateway.internal_app import TOKEN, gateway_config, internal_client
-from tests.integration.gateway_stack import stop, wait_http
 from tests.integration.kafka_helpers import collect
 
 pytestmark = pytest.mark.integration
