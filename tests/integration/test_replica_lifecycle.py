@@ -17,6 +17,7 @@ from httpx_sse import EventSource
 
 from gateway.demo_adapters import make_peft_adapters
 from lorafleet.model.prepare import ensure_default_model
+from placement_worker import store
 from schemas.events import ReplicaState, RequestCompleted
 from schemas.topics import REPLICA_STATE, REQUESTS_COMPLETED
 from tests.integration.gateway_stack import REPO, TOKEN
@@ -112,15 +113,34 @@ async def test_a_joining_replica_warms_its_adapters_before_it_is_routed_to(stack
         clients = [asyncio.create_task(traffic()) for _ in range(2)]
         warming_at = ready_at = None
         placed: dict[str, set[str]] = {}
+        # Hold the placement worker's plan lock until a request was sent while the joiner warms: its full
+        # replan (which tells the joiner what it owns) waits behind it, so on a fast machine too the joiner
+        # stays warming long enough for the router to be tested against it.
+        holder = await stack.pool.acquire()
+        held = holder.transaction()
+        await held.start()
+        await holder.execute("SELECT pg_advisory_xact_lock($1)", store.PLAN_LOCK_KEY)
         give_up = time.monotonic() + 120
-        while ready_at is None and time.monotonic() < give_up:
-            status = await _status(joiner.url)
-            if status == "warming" and warming_at is None:
-                warming_at = time.monotonic()
-            elif status == "ready":
-                ready_at = time.monotonic()
-                placed = await stack.placements()  # what it owned when it turned ready
-            await asyncio.sleep(0.05)
+        try:
+            while ready_at is None and time.monotonic() < give_up:
+                status = await _status(joiner.url)
+                if status == "warming" and warming_at is None:
+                    warming_at = time.monotonic()
+                elif status == "ready":
+                    ready_at = time.monotonic()
+                    placed = await stack.placements()  # what it owned when it turned ready
+                if (
+                    held is not None
+                    and warming_at is not None
+                    and any(t >= warming_at for t in sent.values())
+                ):
+                    await held.rollback()  # a request sent while warming has completed: let the replan run
+                    held = None
+                await asyncio.sleep(0.05)
+        finally:
+            if held is not None:
+                await held.rollback()
+            await stack.pool.release(holder)
         stop.set()
         await asyncio.gather(*clients)
         assert warming_at is not None and ready_at is not None, "the new replica should warm, then be ready"
