@@ -100,8 +100,17 @@ def read_adapter(
         raise adapter_error(missing)
     weights_file = weights_path(path)
     config = read_config(path)
-    buf = torch.frombuffer(bytearray(weights_file.read_bytes()), dtype=torch.uint8)  # [file bytes]
-    return adapter_from_bytes(config, buf, adapter_id, spec, base_model_hash)
+    return adapter_from_bytes(
+        config, file_bytes(weights_file.read_bytes()), adapter_id, spec, base_model_hash
+    )
+
+
+def file_bytes(data: bytes) -> torch.Tensor:
+    """A file's bytes as a writable uint8 tensor [len(data)]; an empty file gives an empty tensor (which the
+    rules then refuse as a truncated header), never torch.frombuffer's ValueError."""
+    if not data:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
 def adapter_from_bytes(

@@ -89,6 +89,11 @@ CASES: dict[str, tuple[Callable[[Path], None], type[AdapterError], RejectCode]] 
         AdapterNotSafetensorsError,
         RejectCode.INVALID_SAFETENSORS,
     ),
+    "empty_safetensors": (
+        lambda d: (d / WEIGHTS).write_bytes(b""),
+        AdapterNotSafetensorsError,
+        RejectCode.INVALID_SAFETENSORS,
+    ),
     "bad_json": (
         lambda d: (d / "adapter_config.json").write_text("{not json"),
         AdapterConfigError,
