@@ -136,7 +136,8 @@ async def test_promotion_alias_flip_and_demotion(stack: MergedStack) -> None:
     assert v2 not in stack.merged_pids(), f"merged replica pid {pid} still running"
     assert await _has(stack, (v2, 0, "demote"))
     assert trickle and all(a.status == 200 and a.adapter_id == v2 for a in trickle), trickle
-    assert all(baseline_v2.text.startswith(a.text) for a in trickle), trickle
+    # a 2-token answer may end inside a multi-byte character, which the detokenizer closes with U+FFFD
+    assert all(baseline_v2.text.startswith(a.text.removesuffix("\ufffd")) for a in trickle), trickle
 
 
 async def _has(stack: MergedStack, target: tuple[str, int, str]) -> bool:
