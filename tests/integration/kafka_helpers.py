@@ -7,7 +7,9 @@ import time
 import uuid
 from collections.abc import Callable
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from schemas.topics import ALL_TOPICS
 
 
 async def collect(
@@ -46,18 +48,26 @@ async def read_to_end(
 
     For records already acknowledged by Kafka: unlike collect, it cannot stop early and miss a duplicate.
     """
-    # No group: the consumer assigns itself every partition of the topic once it has the metadata.
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, enable_auto_commit=False)
+    # No group and an explicit assignment: a subscription's assignment is replaced on a metadata refresh,
+    # and the replacement starts at the latest offsets, dropping the seek to the beginning.
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     records: list = []
     deadline = time.monotonic() + timeout
     try:
-        while not consumer.assignment():
-            assert time.monotonic() < deadline, f"{topic}: no partitions assigned within {timeout}s"
-            await asyncio.sleep(0.05)
-        partitions = sorted(consumer.assignment())
+        known = next((t.partitions for t in ALL_TOPICS if t.name == topic), None)
+        while known is None:
+            found = consumer.partitions_for_topic(topic)  # a topic outside schemas.topics
+            known = len(found) if found else None
+            assert time.monotonic() < deadline, f"{topic}: no partitions known within {timeout}s"
+            if known is None:
+                await consumer.topics()  # refreshes the metadata
+        partitions = [TopicPartition(topic, p) for p in range(known)]
+        consumer.assign(partitions)
         end = await consumer.end_offsets(partitions)
-        await consumer.seek_to_beginning(*partitions)
+        # explicit offsets: a lazy seek_to_beginning can lose to the fetcher's own reset to the latest offset
+        for tp, first in (await consumer.beginning_offsets(partitions)).items():
+            consumer.seek(tp, first)
         while [tp for tp in partitions if await consumer.position(tp) < end[tp]]:
             assert time.monotonic() < deadline, f"{topic}: not read to its end offsets within {timeout}s"
             batch = await consumer.getmany(*partitions, timeout_ms=500, max_records=5000)
