@@ -19,11 +19,16 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
-# 1. System packages: PostgreSQL server, Java 17+ and Maven.
+# 1. System packages: PostgreSQL server, Java 17+, Maven, Redis, Prometheus and Chromium.
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then say "installing postgresql"; apt_install postgresql; fi
 # Debian's package starts a cluster of its own on 5432; this project runs its own cluster and leaves that one be.
 command -v java >/dev/null 2>&1 || { say "installing Java 17"; apt_install openjdk-17-jre-headless; }
 command -v mvn >/dev/null 2>&1 || { say "installing Maven"; apt_install maven; }
+# Redis (the gateways' shared rate limits), Prometheus (the local stack's scraper and promtool) and
+# Chromium (the console's browser tests, driven by Playwright; no browser is downloaded).
+command -v redis-server >/dev/null 2>&1 || { say "installing redis-server"; apt_install redis-server; }
+command -v prometheus >/dev/null 2>&1 || { say "installing prometheus"; apt_install prometheus; }
+command -v chromium >/dev/null 2>&1 || { say "installing chromium"; apt_install chromium; }
 
 # 2. Python virtualenv from the hash-pinned locks, with the project installed editable.
 PYTHON=$PY VENV=$VENV bash scripts/venv.sh
