@@ -211,7 +211,7 @@ def create_app(replica: Replica, on_drained: Callable[[], None] | None = None) -
             temperature=body.temperature,
             top_p=body.top_p,
             seed=body.seed,
-            max_tokens=body.max_tokens,
+            max_tokens=_completion_budget(body, len(prompt), replica.settings.max_model_len),
             stop=stop,
             ignore_eos=body.ignore_eos,
         )
@@ -262,6 +262,14 @@ def create_app(replica: Replica, on_drained: Callable[[], None] | None = None) -
         return replica.state()
 
     return app
+
+
+def _completion_budget(body: GenerateRequest, prompt_tokens: int, max_model_len: int) -> int:
+    """max_tokens; a default one (left out, or the gateway's) shrinks to what the context leaves after the
+    prompt. The caller's own is kept, and the engine refuses it when it does not fit."""
+    if body.max_tokens_is_default or "max_tokens" not in body.model_fields_set:
+        return max(1, min(body.max_tokens, max_model_len - prompt_tokens))
+    return body.max_tokens
 
 
 async def _merge(replica: Replica, shutdown: asyncio.Event) -> None:

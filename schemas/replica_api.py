@@ -57,6 +57,10 @@ class GenerateRequest(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = None
     max_tokens: int = Field(default=256, ge=1)
+    # True when max_tokens is the gateway's default, not the caller's: the replica lowers it (as it does a
+    # max_tokens left out) to what the context leaves after the prompt. Otherwise a prompt plus max_tokens
+    # over the context is refused (400 context_length_exceeded).
+    max_tokens_is_default: bool = False
     stop: str | list[str] | None = None
     ignore_eos: bool = False
 

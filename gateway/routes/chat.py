@@ -71,7 +71,12 @@ def replica_body(
     ]
     sampling = body.model_dump(include={"temperature", "top_p", "seed", "stop"}, exclude_none=True)
     return GenerateRequest(
-        messages=messages, adapter_id=adapter_id, request_id=request_id, max_tokens=max_tokens, **sampling
+        messages=messages,
+        adapter_id=adapter_id,
+        request_id=request_id,
+        max_tokens=max_tokens,
+        max_tokens_is_default=body.max_completion_tokens is None and body.max_tokens is None,
+        **sampling,
     )
 
 

@@ -55,17 +55,26 @@ class LLMEngine:
         self.seqs: dict[str, Sequence] = {}
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise a domain error for a request that can never run."""
+        """Raise a domain error for a request that can never run, or whose prompt plus max_tokens does not fit
+        the context: refused before it is queued, never cut short at the context's end."""
         params.validate()
         if not prompt_token_ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
         vocab = self.runner.model.config.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise InvalidRequestError(f"token ids must be in [0, {vocab})", param="prompt_token_ids")
-        if len(prompt_token_ids) >= self.runner.max_model_len:
+        limit, prompt = self.runner.max_model_len, len(prompt_token_ids)
+        if prompt >= limit:
             raise ContextLengthError(
-                f"prompt has {len(prompt_token_ids)} tokens; the limit is {self.runner.max_model_len - 1}",
+                f"This model's maximum context length is {limit} tokens; the messages have {prompt}",
                 param="messages",
+            )
+        if prompt + params.max_tokens > limit:
+            raise ContextLengthError(
+                f"This model's maximum context length is {limit} tokens; the request asks for "
+                f"{prompt + params.max_tokens} ({prompt} in the messages, {params.max_tokens} in the "
+                "completion)",
+                param="max_tokens",
             )
 
     def add_request(

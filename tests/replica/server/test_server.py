@@ -170,3 +170,27 @@ async def test_cancelled_stream_frees_its_row(replica: Replica) -> None:
 
         await asyncio.sleep(0.05)
     assert rows.num_free == free_before and not replica.engine.engine.scheduler.running
+
+
+async def test_a_prompt_plus_max_tokens_over_the_context_is_refused_before_it_is_queued(
+    client: httpx.AsyncClient, replica: Replica
+) -> None:
+    body = {"prompt_token_ids": [1] * 200, "max_tokens": 57, "ignore_eos": True}  # 257 > 256
+    resp = await client.post(f"{BASE}/generate", json=body, headers=AUTH)
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["code"] == "context_length_exceeded" and err["param"] == "max_tokens"
+    assert "256" in err["message"] and "257" in err["message"]
+    assert replica.engine.engine.seqs == {} and replica.running == set()
+    resp = await client.post(f"{BASE}/generate", json=body | {"max_tokens": 56}, headers=AUTH)
+    assert resp.status_code == 200 and _events(resp.text)[-1]["usage"]["completion_tokens"] == 56
+
+
+async def test_a_default_max_tokens_shrinks_to_what_the_context_leaves(client: httpx.AsyncClient) -> None:
+    for body in (
+        {"prompt_token_ids": [1] * 250, "ignore_eos": True},
+        {"prompt_token_ids": [1] * 250, "ignore_eos": True, "max_tokens": 200, "max_tokens_is_default": True},
+    ):
+        resp = await client.post(f"{BASE}/generate", json=body, headers=AUTH)
+        assert resp.status_code == 200, resp.text
+        assert _events(resp.text)[-1]["usage"]["completion_tokens"] == 6
