@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from gateway.config import GatewayConfig
 from gateway.errors import install_error_handlers
+from gateway.openapi_doc import install_openapi
 from gateway.registration_rules import RegistryRules
 from gateway.routes import internal
 from gateway.served_base import served_base_hash
@@ -35,6 +36,7 @@ def build_internal_app(config: GatewayConfig, rules: RegistryRules | None = None
         config.gateway.service_token.get_secret_value().encode()
     ).digest()
     install_error_handlers(app)
+    install_openapi(app)
     app.include_router(internal.router)
     return app
 

@@ -26,6 +26,7 @@ from gateway.config import GatewayConfig
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.online import Online
+from gateway.openapi_doc import install_openapi
 from gateway.replica_client import ReplicaClient
 from gateway.replica_view import ReplicaView, consume_states
 from gateway.routes import chat, health, models
@@ -112,6 +113,7 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
     app = FastAPI(title="lorafleet", lifespan=lifespan)
     app.state.base_model_name = settings.served_model_dir.name
     install_error_handlers(app)
+    install_openapi(app)
     app.include_router(chat.router)
     app.include_router(models.router)
     app.include_router(health.router)
