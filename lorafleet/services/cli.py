@@ -40,12 +40,7 @@ def status(as_json: bool = typer.Option(False, "--json")) -> None:
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
     else:
-        for name, info in result.items():
-            mark = "healthy" if info["healthy"] else "DOWN"
-            detail = info.get("address") or f"pid {info.get('pid')}"
-            typer.echo(f"{name:12s} {mark:8s} {detail}")
-            for r in info.get("replicas", []):  # type: ignore[attr-defined]
-                status = r["status"] or "no answer"
-                typer.echo(f"  {r['replica_id']:10s} {status:9s} port {r['port']} pid {r['pid']}")
+        for line in stack.status_lines(result):
+            typer.echo(line)
     if not all(info["healthy"] for info in result.values()):
         raise typer.Exit(1)

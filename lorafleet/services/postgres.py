@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 
 from lorafleet.config import PlatformSettings
 from lorafleet.services.paths import log_dir, service_dir
-from lorafleet.services.process import wait_until
+from lorafleet.services.process import pid_alive, wait_until
 
 NAME = "postgres"
 
@@ -139,6 +139,16 @@ def _ensure_role_and_db(settings: PlatformSettings) -> None:
         _psql(settings, f"CREATE ROLE \"{user}\" LOGIN PASSWORD '{password}' CREATEDB")
     if _psql(settings, f"SELECT 1 FROM pg_database WHERE datname = '{db}'") != "1":
         _psql(settings, f'CREATE DATABASE "{db}" OWNER "{user}"')
+
+
+def pid(settings: PlatformSettings) -> int | None:
+    """The postmaster's pid, from the first line of postmaster.pid, if that process is alive."""
+    _, data, _ = _paths(settings)
+    try:
+        found = int((data / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return None
+    return found if pid_alive(found) else None
 
 
 def down(settings: PlatformSettings) -> bool:

@@ -13,8 +13,10 @@ from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
 from lorafleet.services import kafka, objectstore, postgres
+from lorafleet.services.memory import format_bytes, tree_rss_bytes
 from lorafleet.services.paths import REPO_ROOT, log_dir, run_dir
 from lorafleet.services.process import ManagedProcess
+from lorafleet.services.profile import LOCAL_REPLICA_ENV
 
 
 @dataclass(frozen=True)
@@ -26,12 +28,27 @@ class Infra:
     down: Callable[[PlatformSettings], bool]
     ready: Callable[[PlatformSettings], bool]
     address: Callable[[PlatformSettings], str]
+    pid: Callable[[PlatformSettings], int | None]
 
 
 INFRA: tuple[Infra, ...] = (
-    Infra("postgres", postgres.up, postgres.down, postgres.ready, lambda s: s.database_url),
-    Infra("kafka", kafka.up, kafka.down, kafka.ready, lambda s: s.kafka_bootstrap),
-    Infra("objectstore", objectstore.up, objectstore.down, objectstore.ready, lambda s: s.s3_endpoint),
+    Infra("postgres", postgres.up, postgres.down, postgres.ready, lambda s: s.database_url, postgres.pid),
+    Infra(
+        "kafka",
+        kafka.up,
+        kafka.down,
+        kafka.ready,
+        lambda s: s.kafka_bootstrap,
+        lambda s: kafka.process(s).pid(),
+    ),
+    Infra(
+        "objectstore",
+        objectstore.up,
+        objectstore.down,
+        objectstore.ready,
+        lambda s: s.s3_endpoint,
+        lambda s: objectstore.process(s).pid(),
+    ),
 )
 
 AUTOSCALER = "autoscaler"
@@ -61,6 +78,11 @@ FLEET_ENV: dict[str, str] = {
 }
 
 
+def process_env() -> dict[str, str]:
+    """The fleet's id prefixes and the local profile's replica sizing, except what the environment sets."""
+    return {k: v for k, v in {**FLEET_ENV, **LOCAL_REPLICA_ENV}.items() if k not in os.environ}
+
+
 def app_process(settings: PlatformSettings, name: str) -> ManagedProcess:
     return ManagedProcess(name, run_dir(settings), log_dir(settings))
 
@@ -87,8 +109,7 @@ def apps_up(settings: PlatformSettings, report: Callable[[str], None]) -> None:
         if proc.pid() is not None:
             report(f"{name}: already running (pid {proc.pid()})")
             continue
-        env = {k: v for k, v in FLEET_ENV.items() if k not in os.environ}
-        pid = proc.start([sys.executable, "-m", "lorafleet.cli", *args], env=env, cwd=REPO_ROOT)
+        pid = proc.start([sys.executable, "-m", "lorafleet.cli", *args], env=process_env(), cwd=REPO_ROOT)
         report(f"{name}: started (pid {pid}, log {proc.log_file})")
 
 
@@ -104,9 +125,40 @@ def down(settings: PlatformSettings, report: Callable[[str], None]) -> None:
 def status(settings: PlatformSettings) -> dict[str, dict[str, object]]:
     out: dict[str, dict[str, object]] = {}
     for svc in INFRA:
-        out[svc.name] = {"healthy": svc.ready(settings), "address": svc.address(settings)}
+        pid = svc.pid(settings)
+        out[svc.name] = {
+            "healthy": svc.ready(settings),
+            "address": svc.address(settings),
+            "pid": pid,
+            "rss_bytes": tree_rss_bytes(pid) if pid is not None else None,
+        }
     for name in APP_PROCESSES:
         pid = app_process(settings, name).pid()
-        out[name] = {"healthy": pid is not None, "pid": pid}
-    out[AUTOSCALER]["replicas"] = autoscale_view.replica_rows(settings)
+        rss = tree_rss_bytes(pid) if pid is not None else None
+        out[name] = {"healthy": pid is not None, "pid": pid, "rss_bytes": rss}
+    replicas = autoscale_view.replica_rows(settings)
+    for row in replicas:
+        replica_pid = row["pid"]
+        row["rss_bytes"] = tree_rss_bytes(replica_pid) if isinstance(replica_pid, int) else None
+    out[AUTOSCALER]["replicas"] = replicas
     return out
+
+
+def status_lines(result: dict[str, dict[str, object]]) -> list[str]:
+    """`services status` as text: one line per process with its resident memory, then the total."""
+    lines, total = [], 0
+    for name, info in result.items():
+        mark = "healthy" if info["healthy"] else "DOWN"
+        rss = info.get("rss_bytes")
+        rss = rss if isinstance(rss, int) else None
+        total += rss or 0
+        detail = info.get("address") or f"pid {info.get('pid')}"
+        lines.append(f"{name:18s} {mark:8s} {format_bytes(rss):>9s}  {detail}")
+        replicas = info.get("replicas", [])
+        assert isinstance(replicas, list)
+        for r in replicas:
+            status, mem = r["status"] or "no answer", format_bytes(r["rss_bytes"])
+            total += r["rss_bytes"] or 0
+            lines.append(f"  {r['replica_id']:16s} {status:8s} {mem:>9s}  port {r['port']} pid {r['pid']}")
+    lines.append(f"{'total RSS':18s} {'':8s} {format_bytes(total):>9s}")
+    return lines
