@@ -22,7 +22,7 @@ from lorafleet.autoscale.records import Record, Records
 from lorafleet.autoscale.signals import SignalFollower
 from lorafleet.config import PlatformSettings
 from lorafleet.services.paths import REPO_ROOT
-from lorafleet.services.stack import FLEET_ENV
+from lorafleet.services.stack import process_env
 from schemas.events import ReplicaStatus
 from schemas.replica_api import DrainRequest, DrainResponse, StateResponse
 
@@ -89,10 +89,9 @@ class LocalFleet:
 
     async def start(self, index: int) -> None:
         rid, port = self.records.replica_id(index), self.records.port(index)
-        env = {k: v for k, v in FLEET_ENV.items() if k not in os.environ}
         proc = self.records.process(index)
         self.records.intend(index)
-        pid = proc.start(replica_argv(rid, port), env=env, cwd=REPO_ROOT)
+        pid = proc.start(replica_argv(rid, port), env=process_env(), cwd=REPO_ROOT)
         self.records.spawned(index)
         log.info("%s: started on port %d (pid %d, log %s)", rid, port, pid, proc.log_file)
 

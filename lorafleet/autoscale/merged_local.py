@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
 import time
 
@@ -25,7 +24,7 @@ from lorafleet.autoscale.merged_targets import TargetFollower
 from lorafleet.autoscale.records import Records
 from lorafleet.config import PlatformSettings
 from lorafleet.services.paths import REPO_ROOT
-from lorafleet.services.stack import FLEET_ENV
+from lorafleet.services.stack import process_env
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +73,8 @@ class MergedFleet(LocalFleet):
         proc = self.records.process(index)
         proc.run_dir.mkdir(parents=True, exist_ok=True)
         proc.pid_file.with_suffix(".adapter").write_text(adapter_id)  # before the pid file: never unnamed
-        env = {k: v for k, v in FLEET_ENV.items() if k not in os.environ}
         self.records.intend(index)
-        pid = proc.start(merged_argv(rid, port, adapter_id), env=env, cwd=REPO_ROOT)
+        pid = proc.start(merged_argv(rid, port, adapter_id), env=process_env(), cwd=REPO_ROOT)
         self.records.spawned(index)
         log.info("%s: merged replica of %s started on port %d (pid %d)", rid, adapter_id, port, pid)
 
