@@ -61,6 +61,8 @@ class ScaleupConfig:
     start_timeout_s: float = 150.0
     gateway: bool = True
     env: Mapping[str, str] = field(default_factory=dict)  # overrides of the processes' environment
+    adapters: Mapping[str, str] = field(default_factory=lambda: dict(ADAPTERS))  # adapter id -> its alias
+    run: str | None = None  # the run id (replica ids are as<run>-<index>); None: a fresh random one
 
 
 class Proc:
@@ -116,8 +118,9 @@ class ScaleupStack:
     platform: PlatformSettings  # this stack's data folder and database
     first_port: int
     gateway_url: str
-    key: str
+    key: str  # the key of tenant acme (else of the first tenant)
     procs: dict[str, Proc] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)  # tenant -> API key
 
     @property
     def prefix(self) -> str:
@@ -142,6 +145,27 @@ class ScaleupStack:
         proc = Proc("autoscaler", lorafleet("autoscale", "--local"), self.env, log)
         self.procs["autoscaler"] = proc
         return proc
+
+    def start_replica(self, index: int) -> Proc:
+        """Start replica `index` here, not through the autoscaler (an unmanaged one beyond replica 0)."""
+        argv = [
+            "replica",
+            "serve",
+            "--replica-id",
+            self.replica_id(index),
+            "--port",
+            str(self.first_port + index),
+        ]
+        name = f"replica-{index}"
+        proc = Proc(name, lorafleet(*argv), self.env, self.work / f"{name}.log")
+        self.procs[name] = proc
+        proc.start()
+        return proc
+
+    async def all_ready(self, count: int) -> bool:
+        """Replicas 0..count-1 all answer their state route with status ready."""
+        states = [await self.state(i) for i in range(count)]
+        return all(s is not None and s.status == "ready" for s in states)
 
     def replica_processes(self) -> list[int]:
         """pids of every live process serving one of this stack's replica ids, found in /proc."""
@@ -190,15 +214,25 @@ async def wait_for(check: Callable[[], object], timeout: float, what: str, stack
         await asyncio.sleep(0.2)
 
 
-async def _seed(database_url: str, base_hash: str) -> str:
+def new_run_id() -> str:
+    """A fresh run id: the stack's database, fleet, groups and replica ids all carry it."""
+    return uuid.uuid4().hex[:6]
+
+
+async def _seed(database_url: str, base_hash: str, adapters: Mapping[str, str]) -> dict[str, str]:
+    """Migrate, then each alias's tenant (the part before its "/") with a key, its adapter and the alias."""
     await migrate(database_url)
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     try:
-        await create_tenant(pool, TENANT, 1000, 10_000_000)
-        await insert_ready_adapters(pool, [ReadyAdapter(a, TENANT, base_hash) for a in ADAPTERS])
-        for adapter_id, alias in ADAPTERS.items():
-            await insert_alias(pool, alias, TENANT, adapter_id)
-        return (await create_key(pool, TENANT)).secret
+        tenant_of = {adapter_id: alias.split("/", 1)[0] for adapter_id, alias in adapters.items()}
+        keys = {}
+        for tenant in dict.fromkeys(tenant_of.values()):
+            await create_tenant(pool, tenant, 1000, 10_000_000)
+            keys[tenant] = (await create_key(pool, tenant)).secret
+        await insert_ready_adapters(pool, [ReadyAdapter(a, t, base_hash) for a, t in tenant_of.items()])
+        for adapter_id, alias in adapters.items():
+            await insert_alias(pool, alias, tenant_of[adapter_id], adapter_id)
+        return keys
     finally:
         await pool.close()
 
@@ -291,12 +325,12 @@ async def scaleup_stack(
     platform: PlatformSettings, work: Path, cfg: ScaleupConfig
 ) -> AsyncIterator[ScaleupStack]:
     """The stack, up and with replica 0 answering; the autoscaler is started (and restarted) by the caller."""
-    run = uuid.uuid4().hex[:6]
+    run = cfg.run or new_run_id()
     name = f"scale_{run}"
     database_url = await create_database(platform.database_url, name)
     model_dir = ensure_default_model()
     base_hash = await asyncio.to_thread(base_model_hash, model_dir)
-    await asyncio.to_thread(make_peft_adapters, model_dir, work / "adapters", list(ADAPTERS), base_hash)
+    await asyncio.to_thread(make_peft_adapters, model_dir, work / "adapters", list(cfg.adapters), base_hash)
     first_port = free_ports(cfg.max_replicas + 1 + 5)
     env = _env(platform, cfg, run, work, database_url, first_port)
     stack = ScaleupStack(
@@ -310,7 +344,8 @@ async def scaleup_stack(
         key="",
     )
     try:
-        stack.key = await _seed(database_url, base_hash)
+        stack.keys = await _seed(database_url, base_hash, cfg.adapters)
+        stack.key = stack.keys.get(TENANT) or next(iter(stack.keys.values()))
         sources = (topics.REPLICA_STATE, topics.REPLICA_EVENTS, topics.REQUESTS_COMPLETED)
         placement = (topics.ADAPTERS_VALIDATED, topics.ALIASES_CHANGED, topics.ADAPTER_STATS, *sources)
         await start_groups_at_end(

@@ -15,10 +15,8 @@ import pytest
 
 from bench.scaleup_stack import (
     ADAPTERS,
-    Proc,
     ScaleupConfig,
     ScaleupStack,
-    lorafleet,
     scaleup_stack,
     wait_for,
 )
@@ -67,24 +65,8 @@ async def test_a_hot_adapter_gains_owners_its_traffic_spreads_and_it_falls_back_
     services, tmp_path: Path
 ) -> None:
     async with scaleup_stack(services.settings(), tmp_path, CONFIG) as stack:
-        second = [
-            "replica",
-            "serve",
-            "--replica-id",
-            stack.replica_id(1),
-            "--port",
-            str(stack.first_port + 1),
-        ]
-        stack.procs["replica-1"] = Proc(
-            "replica-1", lorafleet(*second), stack.env, tmp_path / "replica-1.log"
-        )
-        stack.procs["replica-1"].start()
-
-        async def both_ready() -> bool:
-            states = [await stack.state(i) for i in (0, 1)]
-            return all(s is not None and s.status == "ready" for s in states)
-
-        await wait_for(both_ready, 180, "both replicas ready", stack)
+        stack.start_replica(1)
+        await wait_for(lambda: stack.all_ready(2), 180, "both replicas ready", stack)
         await wait_for(lambda: _one_owner(stack), 60, f"{HOT} placed on one owner", stack)
 
         stop = asyncio.Event()
