@@ -1,4 +1,5 @@
-"""Build the public OpenAI-compatible app (chat, models, health, metrics) and serve it with uvicorn.
+"""Build the public OpenAI-compatible app (chat, models, health, metrics, the console) and serve it with
+uvicorn.
 
 Its own listener, separate from /internal: tenants authenticate with API keys here, services with the
 service token there. Kafka feeds it replica.state (the router's view) and aliases.changed (the cache).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import cProfile
+import hashlib
 import logging
 import secrets
 import time
@@ -23,13 +25,14 @@ from gateway.alias_cache import AliasCache, consume_alias_changes
 from gateway.auth import KeyAuthenticator
 from gateway.completions import CompletionPublisher
 from gateway.config import GatewayConfig
+from gateway.console_feed import ConsoleFeed, consume_console_topics
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics
 from gateway.online import Online
 from gateway.openapi_doc import install_openapi
 from gateway.replica_client import ReplicaClient
 from gateway.replica_view import ReplicaView, consume_states
-from gateway.routes import chat, health, models
+from gateway.routes import chat, console, health, models
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +59,14 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
-async def _start_consumers(online: Online, config: GatewayConfig) -> list[asyncio.Task]:
-    """Follow replica.state and aliases.changed; wait (briefly) until both are positioned."""
+async def _start_consumers(online: Online, feed: ConsoleFeed, config: GatewayConfig) -> list[asyncio.Task]:
+    """Follow replica.state and aliases.changed (and the console's topics); wait (briefly) until the first two
+    are positioned."""
     ready_states, ready_aliases = asyncio.Event(), asyncio.Event()
     tasks = [
+        asyncio.create_task(
+            consume_console_topics(config.platform, feed, asyncio.Event()), name="console-feed"
+        ),
         asyncio.create_task(consume_states(config.platform, online.view, ready_states), name="replica-state"),
         asyncio.create_task(
             consume_alias_changes(config.platform, online.aliases, ready_aliases), name="aliases-changed"
@@ -93,7 +100,9 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
             metrics=GatewayMetrics(),
         )
         app.state.online = online
-        tasks = await _start_consumers(online, config)
+        app.state.pool = pool  # the console's admin API reads the registry through it
+        app.state.console_feed = ConsoleFeed()
+        tasks = await _start_consumers(online, app.state.console_feed, config)
         profiler = cProfile.Profile(time.process_time) if settings.profile_path is not None else None
         if profiler is not None:
             profiler.enable()
@@ -112,11 +121,17 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
 
     app = FastAPI(title="lorafleet", lifespan=lifespan)
     app.state.base_model_name = settings.served_model_dir.name
+    # /console/api takes the same service token as the internal API
+    app.state.service_token_digest = hashlib.sha256(
+        settings.service_token.get_secret_value().encode()
+    ).digest()
     install_error_handlers(app)
     install_openapi(app)
     app.include_router(chat.router)
     app.include_router(models.router)
     app.include_router(health.router)
+    app.include_router(console.page)
+    app.include_router(console.admin)
     app.add_middleware(RequestIdMiddleware)
     return app
 

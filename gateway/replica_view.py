@@ -66,6 +66,11 @@ class ReplicaView:
     def inflight(self, replica_id: str) -> int:
         return self._inflight.get(replica_id, 0)
 
+    def states(self) -> list[tuple[ReplicaState, float]]:
+        """Every replica's newest state with its age in seconds (stale ones included), by replica id."""
+        now = self.clock()
+        return [(e.state, max(0.0, now - e.received)) for _, e in sorted(self._entries.items())]
+
     def live(self) -> list[ReplicaLoad]:
         now = self.clock()
         out = []

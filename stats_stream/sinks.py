@@ -17,6 +17,7 @@ from lorafleet.db.conn import Connection
 from schemas.events import Event
 from stats_stream.closing import WindowReport
 from stats_stream.topics import StreamTopics
+from stats_stream.windows import from_ms
 
 UPSERT = """
 INSERT INTO adapter_stats
@@ -46,11 +47,46 @@ async def write_adapter_stats(conn: Connection | asyncpg.Pool, report: WindowRep
         await conn.executemany(UPSERT, rows)
 
 
+TENANT_UPSERT = """
+INSERT INTO tenant_stats (tenant_id, window_start, window_seconds, requests, tokens, p50_ttft_s, p95_ttft_s,
+                          cost_usd, usd_per_million_tokens)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON CONFLICT (tenant_id, window_start) DO UPDATE
+SET window_seconds = EXCLUDED.window_seconds, requests = EXCLUDED.requests, tokens = EXCLUDED.tokens,
+    p50_ttft_s = EXCLUDED.p50_ttft_s, p95_ttft_s = EXCLUDED.p95_ttft_s, cost_usd = EXCLUDED.cost_usd,
+    usd_per_million_tokens = EXCLUDED.usd_per_million_tokens
+"""
+
+
+async def write_tenant_stats(conn: Connection | asyncpg.Pool, report: WindowReport, window_s: float) -> None:
+    """One row per tenant with traffic in the window: its latencies and its share of the bill."""
+    start = from_ms(report.window_ms)
+    rows = []
+    for tenant in sorted(set(report.latencies) | set(report.costs)):
+        latency, cost = report.latencies.get(tenant), report.costs.get(tenant)
+        rows.append(
+            (
+                tenant,
+                start,
+                window_s,
+                latency.requests if latency else 0,
+                cost.tokens if cost else 0,
+                latency.p50_ttft_s if latency else None,
+                latency.p95_ttft_s if latency else None,
+                cost.cost_usd if cost else 0.0,
+                cost.usd_per_million_tokens if cost else None,
+            )
+        )
+    if rows:
+        await conn.executemany(TENANT_UPSERT, rows)
+
+
 class Sinks:
     """PostgreSQL (a small pool opened on first use) and the output topics."""
 
-    def __init__(self, database_url: str, topics: StreamTopics) -> None:
+    def __init__(self, database_url: str, topics: StreamTopics, window_s: float) -> None:
         self._url = database_url
+        self._window_s = window_s
         self._topics = topics
         self._pool: asyncpg.Pool | None = None
         self._lock = asyncio.Lock()
@@ -63,7 +99,9 @@ class Sinks:
 
     async def write(self, report: WindowReport) -> None:
         """Store and publish a window; returns only once PostgreSQL committed and Kafka acknowledged."""
-        await write_adapter_stats(await self._db(), report)
+        db = await self._db()
+        await write_adapter_stats(db, report)
+        await write_tenant_stats(db, report, self._window_s)
         pending = [await self._send(self._topics.adapter_stats, e) for e in report.adapter_stats]
         pending += [await self._send(self._topics.alerts, e) for e in report.alerts]
         pending.append(await self._send(self._topics.autoscale, report.autoscale))

@@ -26,6 +26,7 @@ from lorafleet.db.migrate import migrate
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "gw-test-replica-token"
+ADMIN_TOKEN = "gw-test-service-token"  # the gateway's own service token (internal API, /console/api)
 ADAPTERS = {"acme-support-v1": "acme", "acme-support-v2": "acme", "globex-sales-v1": "globex"}
 ALIASES = {"acme/support:prod": "acme-support-v1", "globex/sales:prod": "globex-sales-v1"}
 TENANT_LIMITS = {"acme": (50, 200_000), "globex": (2, 200_000)}  # (requests/s, tokens/min)
@@ -89,7 +90,11 @@ def start_replica(r: ReplicaProc, env: dict[str, str]) -> None:
 
 @contextlib.asynccontextmanager
 async def gateway_stack(
-    platform: PlatformSettings, adapter_root: Path, base_hash: str, work: Path
+    platform: PlatformSettings,
+    adapter_root: Path,
+    base_hash: str,
+    work: Path,
+    replica_ids: tuple[str, ...] = ("gwt-a", "gwt-b"),
 ) -> AsyncIterator[GatewayStack]:
     name = f"gw_{uuid.uuid4().hex[:10]}"
     database_url = await create_database(platform.database_url, name)
@@ -106,6 +111,7 @@ async def gateway_stack(
         # No placement worker here: nothing is placed on the replicas, so warming only waits out this.
         "LORAFLEET_REPLICA_WARMING_TIMEOUT_S": "1",
         "LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN": TOKEN,
+        "LORAFLEET_GATEWAY_SERVICE_TOKEN": ADMIN_TOKEN,
         "LORAFLEET_GATEWAY_REPLICA_STALE_S": "1.5",
         "LORAFLEET_GATEWAY_KEY_CACHE_TTL_S": "0.5",
         # route only to this stack's replicas, never to a `make up` fleet sharing the same Kafka
@@ -113,7 +119,7 @@ async def gateway_stack(
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
     }
-    replicas = {rid: ReplicaProc(rid, free_port(), work / f"{rid}.log") for rid in ("gwt-a", "gwt-b")}
+    replicas = {rid: ReplicaProc(rid, free_port(), work / f"{rid}.log") for rid in replica_ids}
     port = free_port()
     env["LORAFLEET_GATEWAY_PUBLIC_PORT"] = str(port)
     stack = GatewayStack(f"http://127.0.0.1:{port}", database_url, keys, replicas, env, work / "gateway.log")

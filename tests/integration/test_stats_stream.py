@@ -23,6 +23,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from bench.ports import free_port
+from gateway import console_registry
+from schemas.console import TenantStats
 from schemas.events import (
     Alert,
     AutoscaleSignal,
@@ -159,6 +161,23 @@ async def stats_row(
         await conn.close()
 
 
+async def tenant_figures(
+    database_url: str, tenants: tuple[str, ...], timeout: float = 60.0
+) -> list[TenantStats]:
+    """The console's per-tenant figures (from tenant_stats) for these tenants, once all of them have a row."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = {t.tenant_id: t for t in await console_registry.tenant_stats(pool)}
+            if all(t in found for t in tenants):
+                return [found[t] for t in tenants]
+            await asyncio.sleep(0.3)
+        raise AssertionError(f"no tenant_stats rows for {tenants}")
+    finally:
+        await pool.close()
+
+
 def mid_window() -> datetime:
     """A moment in the middle of the current window, so every event of a batch lands in one window."""
     now_ms = int(time.time() * 1000)
@@ -197,6 +216,13 @@ async def test_a_window_becomes_stats_rows_alerts_and_an_autoscale_signal_counti
     assert row_hot["tokens_per_s"] == pytest.approx(700.0)
     assert (row_slow["errors"], row_slow["p50_ttft_s"], row_slow["p95_ttft_s"]) == (0, 2.0, 2.0)
     assert (row_hot["errors"], row_hot["p95_ttft_s"]) == (0, 0.05)
+    slow_t, fine_t = await tenant_figures(migrated_db, (tenant_slow, tenant_ok))  # what the console shows
+    assert (slow_t.requests, slow_t.tokens, slow_t.p50_ttft_s, slow_t.p95_ttft_s) == (10, 200, 2.0, 2.0)
+    assert (fine_t.requests, fine_t.tokens, fine_t.p95_ttft_s) == (20, 1400, 0.05)
+    assert fine_t.tokens_per_s == pytest.approx(700.0)
+    # the bill goes by request-seconds: only the hot tenant's requests took time
+    assert slow_t.usd_per_million_tokens == 0.0
+    assert fine_t.usd_per_million_tokens is not None and fine_t.usd_per_million_tokens > 0
 
     def mine(records: list) -> list[Alert]:
         return [

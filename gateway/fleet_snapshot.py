@@ -1,0 +1,58 @@
+"""The console's fleet snapshot from the router's replica view and the console feed (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+from schemas.console import AdapterWindow, AlertView, FleetReplica, FleetSnapshot, ReplicaPhase
+from schemas.events import ReplicaState
+
+# A replica silent this long is no longer shown at all (it left the fleet or was replaced).
+FORGET_AFTER_S = 60.0
+
+
+def phase(state: ReplicaState, age_s: float, stale_s: float) -> ReplicaPhase:
+    """The status it reported; `merged` for a ready merged replica; `stale` once its state is too old."""
+    if age_s > stale_s:
+        return "stale"
+    if state.status == "ready" and state.merged_adapter_id is not None:
+        return "merged"
+    return state.status
+
+
+def gpu_hit_rate(windows: Iterable[AdapterWindow]) -> float | None:
+    """The share of requests served from a GPU slot, weighted by each adapter's requests."""
+    requests = hits = 0.0
+    for w in windows:
+        requests += w.requests
+        hits += w.requests * w.gpu_hit_rate
+    return hits / requests if requests else None
+
+
+def fleet_snapshot(
+    states: Iterable[tuple[ReplicaState, float]],
+    windows: list[AdapterWindow],
+    alerts: list[AlertView],
+    stale_s: float,
+    at: datetime | None = None,
+) -> FleetSnapshot:
+    """Replicas seen in the last FORGET_AFTER_S, the stats windows of the adapters they hold (adapter.stats is
+    shared by every fleet on one Kafka), and the alerts as given."""
+    replicas = [
+        FleetReplica(
+            **s.model_dump(include=set(FleetReplica.model_fields)), phase=phase(s, age, stale_s), age_s=age
+        )
+        for s, age in states
+        if age <= FORGET_AFTER_S
+    ]
+    held = {a for r in replicas for a in (*r.gpu_adapters, *r.ram_adapters, *r.disk_adapters)}
+    held |= {r.merged_adapter_id for r in replicas if r.merged_adapter_id is not None}
+    shown = [w for w in windows if w.adapter_id in held]
+    return FleetSnapshot(
+        at=at or datetime.now(UTC),
+        replicas=replicas,
+        adapter_stats=shown,
+        gpu_hit_rate=gpu_hit_rate(shown),
+        alerts=alerts,
+    )

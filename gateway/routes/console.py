@@ -1,0 +1,108 @@
+"""The web console on the public listener: the page and its files under /console, the latest HTML reports
+under /console/reports, and the admin API under /console/api behind the service token.
+
+The page itself carries no secret: the chat playground calls the public API with the tenant's key, every
+other view calls /console/api with the service token the operator enters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from importlib.resources import files
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
+
+from gateway import aliases, console_registry
+from gateway.console_feed import ConsoleFeed
+from gateway.deps import AliasPath, Pool, require_service_token
+from gateway.errors import NotFound
+from gateway.fleet_snapshot import fleet_snapshot
+from gateway.online import Online
+from gateway.reports import REPORT_PATHS, report_links
+from gateway.sse_response import SseResponse
+from schemas.api import AliasUpdate, AliasView
+from schemas.console import FleetSnapshot, RegistrySnapshot, ReportList
+from schemas.events import AliasChanged
+
+STATIC = files("gateway") / "console_static"
+STATIC_FILES = {"console.js": "text/javascript", "console.css": "text/css"}
+
+page = APIRouter(prefix="/console", include_in_schema=False)
+admin = APIRouter(prefix="/console/api", dependencies=[Depends(require_service_token)])
+
+
+@page.get("")
+async def console_root() -> RedirectResponse:
+    return RedirectResponse("/console/", status_code=308)
+
+
+@page.get("/")
+async def console_page() -> HTMLResponse:
+    return HTMLResponse((STATIC / "index.html").read_text(), headers={"Cache-Control": "no-cache"})
+
+
+@page.get("/static/{name}")
+async def console_file(name: str) -> FileResponse:
+    if name not in STATIC_FILES:
+        raise NotFound("not_found", f"no console file {name[:100]!r}")
+    return FileResponse(
+        str(STATIC / name), media_type=STATIC_FILES[name], headers={"Cache-Control": "no-cache"}
+    )
+
+
+@page.get("/reports/{index}")
+async def report_file(index: int) -> FileResponse:
+    """One report page (self-contained HTML: its plots are embedded), by its place in the list."""
+    links = dict(enumerate(REPORT_PATHS))
+    path = links.get(index)
+    if path is None or not path.is_file():
+        raise NotFound("report_not_found", "no such report; run `lorafleet loadtest` or `lorafleet simulate`")
+    return FileResponse(str(path), media_type="text/html")
+
+
+@page.get("/api/reports", response_model=ReportList)
+async def list_reports() -> ReportList:
+    """The reports that exist now (they hold no tenant data, so the page lists them without the token)."""
+    return ReportList(data=report_links(REPORT_PATHS, "/console/reports"))
+
+
+def _snapshot(online: Online, feed: ConsoleFeed) -> FleetSnapshot:
+    return fleet_snapshot(online.view.states(), feed.windows(), feed.alerts(), online.view.stale_s)
+
+
+@admin.get("/fleet", response_model=FleetSnapshot)
+async def fleet(request: Request) -> FleetSnapshot:
+    return _snapshot(request.app.state.online, request.app.state.console_feed)
+
+
+@admin.get("/fleet/stream")
+async def fleet_stream(request: Request) -> SseResponse:
+    """The fleet snapshot as `event: fleet` once a second, until the client goes away."""
+    online: Online = request.app.state.online
+    feed: ConsoleFeed = request.app.state.console_feed
+
+    async def frames() -> AsyncGenerator[bytes, None]:
+        while True:
+            data = _snapshot(online, feed).model_dump_json()
+            yield f"event: fleet\ndata: {data}\n\n".encode()
+            await asyncio.sleep(1.0)
+
+    return SseResponse(frames(), ping_s=0)
+
+
+@admin.get("/registry", response_model=RegistrySnapshot)
+async def registry(pool: Pool) -> RegistrySnapshot:
+    return await console_registry.snapshot(pool)
+
+
+@admin.put("/aliases/{alias:path}", response_model=AliasView)
+async def move_alias(alias: AliasPath, body: AliasUpdate, pool: Pool, request: Request) -> AliasView:
+    """Deploy or roll back, as PUT /internal/aliases does; this gateway reads the alias again at once."""
+    view, changed = await aliases.set_alias(pool, alias, body.adapter_id, body.canary)
+    if changed:
+        request.app.state.online.aliases.apply(
+            AliasChanged(**view.model_dump(include=set(AliasChanged.model_fields)))
+        )
+    return view

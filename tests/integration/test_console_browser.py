@@ -1,0 +1,169 @@
+"""The web console in a real browser (Debian's chromium driven by Playwright) against a real public gateway,
+a real SmolLM2 replica with real PEFT adapters, PostgreSQL and Kafka: the page loads, a chat streams with the
+adapter's id and tier, a deploy made on the page moves the alias and the next chat is the new version's,
+the fleet view shows the replica live, and a wrong key shows OpenAI's error from the API."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import asyncpg
+import httpx
+import pytest
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+from gateway.demo_adapters import make_peft_adapters
+from lorafleet.model.prepare import ensure_default_model
+from tests.integration.gateway_stack import ADAPTERS, ADMIN_TOKEN, GatewayStack, gateway_stack
+from tests.integration.waiting import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CHROMIUM = "/usr/bin/chromium"
+TIMEOUT_MS = 90_000  # a chat on a loaded 2-core machine, first load of the adapter included
+
+
+@pytest.fixture(scope="module")
+async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GatewayStack]:
+    from lorafleet.model.base_hash import base_model_hash
+
+    model_dir = ensure_default_model()
+    base_hash = base_model_hash(model_dir)
+    root = tmp_path_factory.mktemp("adapters")
+    # B large enough that two versions' greedy answers differ, so a deploy shows in the text
+    await asyncio.to_thread(make_peft_adapters, model_dir, root, list(ADAPTERS), base_hash, 8, 0.5)
+    work = tmp_path_factory.mktemp("gw")
+    async with gateway_stack(services.settings(), root, base_hash, work, replica_ids=("gwt-console",)) as s:
+        await wait_until(
+            lambda: _routes_to(s, "gwt-console"), "the replica to become live in the gateway", 90
+        )
+        yield s
+
+
+async def _routes_to(stack: GatewayStack, replica_id: str) -> bool:
+    async with httpx.AsyncClient() as c:
+        return replica_id in (await c.get(f"{stack.url}/ready")).json().get("replicas", [])
+
+
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as p:
+        b = await p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--headless=new"])
+        yield b
+        await b.close()
+
+
+@pytest.fixture
+async def page(browser: Browser, stack: GatewayStack) -> AsyncIterator[Page]:
+    context = await browser.new_context()
+    p = await context.new_page()
+    p.set_default_timeout(TIMEOUT_MS)
+    await p.goto(f"{stack.url}/console/")
+    yield p
+    await context.close()
+
+
+async def _chat(page: Page, done_before: int) -> tuple[str, str, str]:
+    """Send the prompt; (adapter id, tier, answer) of the exchange it adds."""
+    async with page.expect_response("**/v1/chat/completions") as response:
+        await page.click("#send")
+    resp = await response.value
+    assert resp.headers["content-type"].startswith("text/event-stream"), (resp.status, await resp.text())
+    await expect(page.locator(".exchange.done")).to_have_count(done_before + 1, timeout=TIMEOUT_MS)
+    newest = page.locator(".exchange").first
+    return (
+        await newest.locator(".adapter-id").inner_text(),
+        await newest.locator(".adapter-tier").inner_text(),
+        await newest.locator(".answer").inner_text(),
+    )
+
+
+async def _alias_target(stack: GatewayStack, alias: str) -> str:
+    conn = await asyncpg.connect(stack.database_url)
+    try:
+        return await conn.fetchval("SELECT adapter_id FROM aliases WHERE alias = $1", alias)
+    finally:
+        await conn.close()
+
+
+async def test_a_chat_streams_then_a_deploy_on_the_page_moves_the_alias_and_the_next_chat(
+    page: Page, stack: GatewayStack
+) -> None:
+    await expect(page).to_have_title("lorafleet console")
+    await page.fill("#api-key", stack.keys["acme"])
+    await page.click("#load-models")
+    await expect(page.locator("#alias option[value='acme/support:prod']")).to_have_count(1)
+    await page.select_option("#alias", "acme/support:prod")
+    await page.fill("#prompt", "Write one sentence about a ship at sea.")  # open-ended: weights show
+    await page.fill("#max-tokens", "12")
+
+    adapter, tier, first_answer = await _chat(page, 0)
+    assert adapter == "acme-support-v1"
+    assert tier in ("gpu", "ram", "disk", "remote")
+    assert first_answer.strip()
+    meta = page.locator(".exchange").first
+    assert (await meta.locator(".ttft").inner_text()).endswith(" ms")
+    assert int(await meta.locator(".tokens").inner_text()) >= 2
+    assert float(await meta.locator(".tokens-per-s").inner_text()) > 0
+
+    await page.click("#tab-registry")
+    await page.fill("#admin-token-registry", ADMIN_TOKEN)
+    await page.click("#registry-load")
+    row = page.locator("tr[data-alias='acme/support:prod']")
+    await expect(row.locator(".alias-adapter")).to_have_text("acme-support-v1")
+    await row.locator(".deploy-target").select_option("acme-support-v2")
+    await row.locator(".deploy").click()
+    await expect(row.locator(".alias-adapter")).to_have_text("acme-support-v2")
+    assert await _alias_target(stack, "acme/support:prod") == "acme-support-v2"
+
+    await page.click("#tab-chat")
+    adapter, _tier, second_answer = await _chat(page, 1)
+    assert adapter == "acme-support-v2"
+    assert second_answer != first_answer  # another version's weights answer otherwise
+
+    await page.click("#tab-registry")
+    await row.locator(".rollback").click()
+    await expect(row.locator(".alias-adapter")).to_have_text("acme-support-v1")
+    assert await _alias_target(stack, "acme/support:prod") == "acme-support-v1"
+
+
+async def test_a_wrong_key_shows_openais_error_from_the_api(page: Page, stack: GatewayStack) -> None:
+    async with httpx.AsyncClient() as c:
+        resp = await c.post(
+            f"{stack.url}/v1/chat/completions",
+            headers={"Authorization": "Bearer sk-not-a-key"},
+            json={"model": "acme/support:prod", "messages": [{"role": "user", "content": "hi"}]},
+        )
+    assert resp.status_code == 401
+    message = resp.json()["error"]["message"]
+
+    await page.fill("#api-key", "sk-not-a-key")
+    await page.click("#load-models")
+    await expect(page.locator("#chat-error")).to_contain_text(message)
+    await page.click("#send")
+    await expect(page.locator("#chat-error")).to_contain_text(message)
+    await expect(page.locator("#chat-error")).to_contain_text("invalid_api_key")
+    await expect(page.locator(".exchange")).to_have_count(0)
+
+
+async def test_the_fleet_view_shows_the_replica_live_behind_the_token(
+    page: Page, stack: GatewayStack
+) -> None:
+    await page.click("#tab-fleet")
+    await page.fill("#admin-token-fleet", "not-the-token")
+    await page.click("#fleet-connect")
+    await expect(page.locator("#fleet-error")).to_contain_text("invalid_service_token")
+
+    await page.fill("#admin-token-fleet", ADMIN_TOKEN)
+    await page.click("#fleet-connect")
+    await expect(page.locator("#fleet-status")).to_have_text("live")
+    replica = page.locator("tr[data-replica='gwt-console']")
+    await expect(replica.locator(".status")).to_have_text("ready")
+
+    async def pushed_again() -> bool:  # a snapshot a second, not a one-off page
+        first = await page.locator("#fleet-summary").inner_text()
+        await asyncio.sleep(1.5)
+        return await page.locator("#fleet-summary").inner_text() != first
+
+    await wait_until(pushed_again, "the fleet view to update live", 30)
