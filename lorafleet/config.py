@@ -28,6 +28,8 @@ class PlatformSettings(BaseSettings):
     s3_region: str = "us-east-1"
     s3_bucket: str = "lorafleet-adapters"
 
+    prometheus_port: int = 19090  # the local stack's Prometheus (`lorafleet services up`)
+
     # Object-store prefixes adapters may be registered from; file:// is the single-machine default.
     object_store_prefixes: list[str] = Field(default_factory=lambda: ["s3://lorafleet-adapters/"])
 

@@ -21,7 +21,9 @@ from lorafleet.autoscale.decide import Action, Drain, Kill, Observed, Start, dec
 from lorafleet.autoscale.records import Record, Records
 from lorafleet.autoscale.signals import SignalFollower
 from lorafleet.config import PlatformSettings
+from lorafleet.services import prometheus
 from lorafleet.services.paths import REPO_ROOT
+from lorafleet.services.scrape import ReplicaTarget, write_replica_targets
 from lorafleet.services.stack import process_env
 from schemas.events import ReplicaStatus
 from schemas.replica_api import DrainRequest, DrainResponse, StateResponse
@@ -38,10 +40,13 @@ def replica_argv(replica_id: str, port: int) -> list[str]:
 class LocalFleet:
     """The replica processes this autoscaler started, and the HTTP calls it makes to them."""
 
+    targets_name, pool = "autoscaler", "default"  # its Prometheus file_sd file and the replicas' pool
+
     def __init__(
         self, platform: PlatformSettings, settings: AutoscaleSettings, client: httpx.AsyncClient
     ) -> None:
         self.settings, self.client = settings, client
+        self.targets_dir = prometheus.targets_dir(platform)
         self.records = Records(platform, settings.replica_id_prefix, settings.first_port)
         self.headers = {"Authorization": f"Bearer {settings.replica_service_token.get_secret_value()}"}
 
@@ -66,6 +71,11 @@ class LocalFleet:
             log.info("%s: process gone", self.records.replica_id(index))
             self.records.touch_last_action()
         records = self.records.live()
+        write_replica_targets(
+            self.targets_dir,
+            self.targets_name,
+            [ReplicaTarget(r.replica_id, self.settings.host, r.port, self.pool) for r in records],
+        )
         statuses = await asyncio.gather(*(self.status(r) for r in records))
         out = []
         for r, status in zip(records, statuses, strict=True):

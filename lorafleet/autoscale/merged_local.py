@@ -41,6 +41,8 @@ def merged_argv(replica_id: str, port: int, adapter_id: str) -> list[str]:
 class MergedFleet(LocalFleet):
     """The merged replicas this actuator started: LocalFleet's state, drain and kill, on their records."""
 
+    targets_name, pool = "autoscaler-merged", "merged"
+
     def __init__(
         self, platform: PlatformSettings, settings: AutoscaleSettings, client: httpx.AsyncClient
     ) -> None:

@@ -12,11 +12,12 @@ from lorafleet.autoscale import view as autoscale_view
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
-from lorafleet.services import kafka, objectstore, postgres
+from lorafleet.services import kafka, objectstore, postgres, prometheus
 from lorafleet.services.memory import format_bytes, tree_rss_bytes
 from lorafleet.services.paths import REPO_ROOT, log_dir, run_dir
 from lorafleet.services.process import ManagedProcess
 from lorafleet.services.profile import LOCAL_REPLICA_ENV
+from lorafleet.services.scrape import ReplicaTarget, write_replica_targets
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,15 @@ INFRA: tuple[Infra, ...] = (
         lambda s: s.s3_endpoint,
         lambda s: objectstore.process(s).pid(),
     ),
+    # last: it scrapes the others, and `down` stops it first
+    Infra(
+        "prometheus",
+        prometheus.up,
+        prometheus.down,
+        prometheus.ready,
+        prometheus.address,
+        lambda s: prometheus.process(s).pid(),
+    ),
 )
 
 AUTOSCALER = "autoscaler"
@@ -78,6 +88,16 @@ FLEET_ENV: dict[str, str] = {
 }
 
 
+def stack_replicas() -> list[ReplicaTarget]:
+    """The replicas of the process table (replica-0, replica-1) as scrape targets."""
+    out = []
+    for args in APP_PROCESSES.values():
+        if args[:2] == ["replica", "serve"]:
+            rid, port = args[args.index("--replica-id") + 1], int(args[args.index("--port") + 1])
+            out.append(ReplicaTarget(rid, "127.0.0.1", port, "default"))
+    return out
+
+
 def process_env() -> dict[str, str]:
     """The fleet's id prefixes and the local profile's replica sizing, except what the environment sets."""
     return {k: v for k, v in {**FLEET_ENV, **LOCAL_REPLICA_ENV}.items() if k not in os.environ}
@@ -104,6 +124,7 @@ def prepare(settings: PlatformSettings, report: Callable[[str], None]) -> None:
 
 
 def apps_up(settings: PlatformSettings, report: Callable[[str], None]) -> None:
+    write_replica_targets(prometheus.targets_dir(settings), "stack", stack_replicas())
     for name, args in APP_PROCESSES.items():
         proc = app_process(settings, name)
         if proc.pid() is not None:
@@ -118,6 +139,8 @@ def down(settings: PlatformSettings, report: Callable[[str], None]) -> None:
         report(f"{name}: {'stopped' if app_process(settings, name).stop() else 'not running'}")
         if name == AUTOSCALER:
             autoscale_view.stop_replicas(settings, report)
+    for targets in prometheus.targets_dir(settings).glob("*.json"):
+        targets.unlink()  # nothing of the stack listens now
     for svc in reversed(INFRA):
         report(f"{svc.name}: {'stopped' if svc.down(settings) else 'not running'}")
 

@@ -18,9 +18,12 @@ import pytest
 
 from gateway.config import GatewaySettings
 from lorafleet.autoscale.config import AutoscaleSettings
+from lorafleet.autoscale.local import LocalFleet
+from lorafleet.autoscale.merged_local import MergedFleet
 from lorafleet.config import PlatformSettings
 from lorafleet.model.prepare import DEFAULT_MODEL_NAME
-from lorafleet.services.stack import APP_PROCESSES, FLEET_ENV
+from lorafleet.services import scrape
+from lorafleet.services.stack import APP_PROCESSES, FLEET_ENV, stack_replicas
 from replica.config import ReplicaSettings
 from tests.project.compose_files import (
     ANCHOR_ENV,
@@ -222,21 +225,24 @@ def test_compose_prometheus_scrapes_every_metrics_listener_by_service_name() -> 
     assert scraped == expected
 
 
-def test_local_prometheus_scrapes_every_metrics_listener_the_stack_starts() -> None:
+def test_local_prometheus_scrapes_every_metrics_listener_the_stack_starts(tmp_path: Path) -> None:
+    """The generated config's static targets and the stack's replica targets are the table's listeners."""
     ports = set()
     for argv in APP_PROCESSES.values():
         process = Service("", {"command": argv}).process
         if process in METRICS_PROCESSES:
             ports.add(Service("", {"command": argv}).listen_port())
-    ports |= autoscaled_ports({}) | merged_ports({})
-    targets = prometheus_targets("prometheus.yml")
-    assert {host for job in targets.values() for host, _, _ in job} == {"127.0.0.1"}
-    assert {port for job in targets.values() for _, port, _ in job} == ports
+    config = scrape.render({}, list(APP_PROCESSES), tmp_path / "alerts.yml", tmp_path / "targets", 5)
+    static = [
+        t for job in config["scrape_configs"] for g in job.get("static_configs", []) for t in g["targets"]
+    ]
+    static += [f"{r.host}:{r.port}" for r in stack_replicas()]
+    assert {t.rsplit(":", 1)[0] for t in static} == {"127.0.0.1"}
+    assert {int(t.rsplit(":", 1)[1]) for t in static} == ports
 
 
-@pytest.mark.parametrize("path", ["prometheus.yml", "prometheus.compose.yml"])
-def test_replica_targets_carry_the_pool_labels_the_kubernetes_pods_have(path: str) -> None:
-    """Fleet replicas in the pool the KEDA queries filter on; merged ones in the merged template's pool."""
+def _pools() -> tuple[str, str]:
+    """The pool the KEDA queries filter on and the merged replicas' pool label in Kubernetes."""
     import yaml
 
     k8s = ROOT / "infra/k8s"
@@ -247,6 +253,15 @@ def test_replica_targets_carry_the_pool_labels_the_kubernetes_pods_have(path: st
     merged = yaml.safe_load((k8s / "replica-merged.yaml").read_text())["spec"]["template"]["metadata"][
         "labels"
     ]
-    for _, port, labels in prometheus_targets(path)["replica"]:
-        assert labels.get("pool") == (merged["pool"] if port in merged_ports({}) else pool), port
     assert merged["pool"] != pool
+    return pool, merged["pool"]
+
+
+def test_replica_targets_carry_the_pool_labels_the_kubernetes_pods_have() -> None:
+    """Fleet replicas in the pool the KEDA queries filter on; merged ones in the merged template's pool."""
+    pool, merged = _pools()
+    for _, port, labels in prometheus_targets("prometheus.compose.yml")["replica"]:
+        assert labels.get("pool") == (merged if port in merged_ports({}) else pool), port
+    # the local stack's file_sd targets: its own replicas, the autoscaler's, its merged ones
+    assert {r.pool for r in stack_replicas()} == {LocalFleet.pool} == {pool}
+    assert MergedFleet.pool == merged
