@@ -155,3 +155,12 @@ def _simgrid_command() -> None:
 
 
 _simgrid_command()
+
+
+def _dominant_command() -> None:
+    from bench.dominant import dominant
+
+    app.command("dominant")(dominant)
+
+
+_dominant_command()
