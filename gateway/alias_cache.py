@@ -20,6 +20,7 @@ from lorafleet.config import PlatformSettings
 from lorafleet.kafka import make_consumer
 from schemas import topics
 from schemas.events import AliasChanged, EventValidationError, parse_event
+from schemas.ids import ALIAS_RE
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,10 @@ class AliasCache:
         self._changes = 0  # events applied so far
 
     async def resolve(self, tenant_id: str, alias: str) -> AliasTarget | None:
-        """Where the alias points now (its version and canary), if it exists and belongs to tenant_id."""
+        """Where the alias points now (its version and canary), if it exists and belongs to tenant_id. A name
+        outside the alias grammar exists nowhere: it is never looked up (nor cached)."""
+        if not ALIAS_RE.fullmatch(alias):
+            return None
         key = (tenant_id, alias)
         hit = self._entries.get(key)
         if hit is not None and hit[0] > time.monotonic():

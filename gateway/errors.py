@@ -61,6 +61,13 @@ class ServiceUnavailable(GatewayError):
     type = "server_error"
 
 
+class InternalError(GatewayError):
+    """A failure the gateway has no domain error for: a bug, answered in the same shape."""
+
+    status = 500
+    type = "server_error"
+
+
 class BadGateway(GatewayError):
     """A replica answered with something that is not the generate contract."""
 
@@ -114,6 +121,12 @@ def install_error_handlers(app: FastAPI) -> None:
         body = ServiceUnavailable("control_plane_unavailable", "the registry store is unavailable").body()
         return _render(503, body, {"Retry-After": "1"})
 
+    async def on_unexpected(_req: Request, exc: Exception) -> JSONResponse:
+        # the server logs the traceback; the caller gets OpenAI's shape, and nothing of the exception's text
+        log.error("unhandled %s while serving a request", type(exc).__name__)
+        body = InternalError("internal_error", "the server had an error processing the request").body()
+        return _render(500, body)
+
     # app.exception_handler (not add_exception_handler, typed for handlers of any Exception) takes each
     # handler with the exception type it is registered for.
     app.exception_handler(GatewayError)(on_gateway_error)
@@ -122,3 +135,4 @@ def install_error_handlers(app: FastAPI) -> None:
     app.exception_handler(asyncpg.exceptions.CannotConnectNowError)(on_store_down)
     app.exception_handler(RequestValidationError)(on_validation)
     app.exception_handler(StarletteHTTPException)(on_http)
+    app.exception_handler(Exception)(on_unexpected)

@@ -18,8 +18,11 @@ from schemas.api import (
     AliasView,
     RegistrationAccepted,
 )
+from schemas.ids import ADAPTER_ID_RE, TENANT_ID_RE
 
 router = APIRouter(prefix="/internal", dependencies=[Depends(require_service_token)])
+# A tenant id filter outside the id grammar is refused (422) before it reaches the database.
+TenantFilter = Query(default=None, max_length=63, pattern=TENANT_ID_RE.pattern)
 
 
 @router.post("/adapters", status_code=202, response_model=RegistrationAccepted)
@@ -44,7 +47,7 @@ async def register_adapter(
 @router.get("/adapters", response_model=AdapterList)
 async def list_adapters(
     pool: Pool,
-    tenant_id: str | None = Query(default=None, max_length=63),
+    tenant_id: str | None = TenantFilter,
     status: AdapterStatus | None = None,
 ) -> AdapterList:
     return AdapterList(data=await registry.list_adapters(pool, tenant_id, status))
@@ -52,7 +55,8 @@ async def list_adapters(
 
 @router.get("/adapters/{adapter_id}", response_model=AdapterView)
 async def get_adapter(adapter_id: str, pool: Pool) -> AdapterView:
-    view = await registry.get_adapter(pool, adapter_id)
+    # an id outside the grammar names no adapter: 404 without a database read
+    view = await registry.get_adapter(pool, adapter_id) if ADAPTER_ID_RE.fullmatch(adapter_id) else None
     if view is None:
         raise NotFound("adapter_not_found", f"adapter {adapter_id[:200]!r} does not exist", "adapter_id")
     return view
@@ -67,7 +71,7 @@ async def put_alias(alias: AliasPath, body: AliasUpdate, pool: Pool) -> AliasVie
 
 
 @router.get("/aliases", response_model=AliasList)
-async def list_aliases(pool: Pool, tenant_id: str | None = Query(default=None, max_length=63)) -> AliasList:
+async def list_aliases(pool: Pool, tenant_id: str | None = TenantFilter) -> AliasList:
     return AliasList(data=await aliases.list_aliases(pool, tenant_id))
 
 
