@@ -52,6 +52,7 @@ class GatewayStack:
     replicas: dict[str, ReplicaProc]
     env: dict[str, str]
     gateway_log: Path
+    gateway: subprocess.Popen | None = None
 
     async def state(self, replica_id: str) -> dict:
         r = self.replicas[replica_id]
@@ -95,6 +96,7 @@ async def gateway_stack(
     base_hash: str,
     work: Path,
     replica_ids: tuple[str, ...] = ("gwt-a", "gwt-b"),
+    extra_env: dict[str, str] | None = None,
 ) -> AsyncIterator[GatewayStack]:
     name = f"gw_{uuid.uuid4().hex[:10]}"
     database_url = await create_database(platform.database_url, name)
@@ -118,6 +120,7 @@ async def gateway_stack(
         "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": "gwt-",
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
+        **(extra_env or {}),
     }
     replicas = {rid: ReplicaProc(rid, free_port(), work / f"{rid}.log") for rid in replica_ids}
     port = free_port()
@@ -133,6 +136,7 @@ async def gateway_stack(
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+    stack.gateway = gw
     try:
         for r in replicas.values():
             await wait_http(f"{r.url}/health", 120, r.proc)
