@@ -13,6 +13,7 @@ up: deps
 	@$(LF) services up
 	@$(LF) services status
 	@$(LF) demo
+	@$(LF) console url
 
 ## Run every test against real local services (started here if they are not running).
 test: deps

@@ -28,14 +28,14 @@ def report_title(path: Path) -> str:
 
 
 def report_links(paths: Sequence[Path], prefix: str) -> list[ReportLink]:
-    """A link per existing report; its url is prefix/<index in paths>, so only configured files are served."""
+    """A link per existing report; its url is prefix/<index in paths>/, so only listed files are served."""
     out = []
     for index, path in enumerate(paths):
         if path.is_file():
             modified = datetime.fromtimestamp(path.stat().st_mtime, UTC)
             out.append(
                 ReportLink(
-                    name=path.name, title=report_title(path), url=f"{prefix}/{index}", modified=modified
+                    name=path.name, title=report_title(path), url=f"{prefix}/{index}/", modified=modified
                 )
             )
     return out

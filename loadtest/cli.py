@@ -1,6 +1,6 @@
 """`lorafleet loadtest`: replay the shared workload through a gateway's public API at several rates (or a
 saved trace), then the distinct-adapter bursts, and write summary.json, requests.jsonl, the traces,
-report.md and its PNG plots to the report directory."""
+report.md, report.html and its PNG plots to the report directory."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from loadtest.burst import BurstConfig, run_bursts
 from loadtest.replica_metrics import parse_replicas, per_minute, scrape
 from loadtest.runner import LoadTestConfig, run_trace, trace_for
 from loadtest.summary import markdown, summarise
+from lorafleet import html_report
 from sim.workload import Request, WorkloadConfig, load, save
 
 DEMO_MODELS = "acme/support:prod,acme/support:next,globex/sales:prod"
@@ -72,6 +73,9 @@ def run_loadtest(
     summary["plots"] = plots.write(summary, report)
     (report / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (report / "report.md").write_text(markdown(summary))
+    html_report.write(
+        report / "report.html", "Load test", summary, summary["plots"], f"Gateway {cfg.gateway}."
+    )
     return summary
 
 

@@ -33,6 +33,8 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "alias": ("gateway.cli", "alias_app", "Deploy, roll back and list aliases."),
     "tenants": ("gateway.cli", "tenants_app", "Create and list tenants (with their rate limits)."),
     "keys": ("gateway.cli", "keys_app", "Issue, list and revoke tenants' API keys."),
+    "report": ("lorafleet.report_cli", "app", "Turn a JSON report into one HTML page."),
+    "console": ("bench.console_screenshots", "app", "The web console: screenshots of a running stack."),
 }
 
 # Single commands that are a whole process each.

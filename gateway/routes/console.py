@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator
 from importlib.resources import files
+from pathlib import Path
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
@@ -52,14 +53,28 @@ async def console_file(name: str) -> FileResponse:
     )
 
 
-@page.get("/reports/{index}")
-async def report_file(index: int) -> FileResponse:
-    """One report page (self-contained HTML: its plots are embedded), by its place in the list."""
-    links = dict(enumerate(REPORT_PATHS))
-    path = links.get(index)
+@page.get("/reports/{index}/")
+async def report_page(index: int) -> FileResponse:
+    """One report page, by its place in REPORT_PATHS (so only those files are ever served)."""
+    return FileResponse(str(_report(index)), media_type="text/html", headers={"Cache-Control": "no-cache"})
+
+
+@page.get("/reports/{index}/{name}")
+async def report_plot(index: int, name: str) -> FileResponse:
+    """A PNG plot beside a report page (the page links its plots by file name)."""
+    plot = _report(index).parent / name
+    if not name.endswith(".png") or "/" in name or name.startswith(".") or not plot.is_file():
+        raise NotFound("report_not_found", f"no plot {name[:100]!r} beside that report")
+    return FileResponse(str(plot), media_type="image/png")
+
+
+def _report(index: int) -> Path:
+    path = REPORT_PATHS[index] if 0 <= index < len(REPORT_PATHS) else None
     if path is None or not path.is_file():
-        raise NotFound("report_not_found", "no such report; run `lorafleet loadtest` or `lorafleet simulate`")
-    return FileResponse(str(path), media_type="text/html")
+        raise NotFound(
+            "report_not_found", "no such report; run `lorafleet loadtest` or `lorafleet report html`"
+        )
+    return path
 
 
 @page.get("/api/reports", response_model=ReportList)

@@ -10,7 +10,7 @@ def test_only_existing_reports_are_linked_by_their_place_in_the_list(tmp_path: P
     plain.write_text("<p>no title</p>")
     links = report_links([tmp_path / "missing.html", sim, plain], "/console/reports")
     assert [(link.title, link.url) for link in links] == [
-        ("Simulator report", "/console/reports/1"),
-        ("plain.html", "/console/reports/2"),
+        ("Simulator report", "/console/reports/1/"),
+        ("plain.html", "/console/reports/2/"),
     ]
     assert report_title(sim) == "Simulator report"

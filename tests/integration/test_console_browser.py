@@ -167,3 +167,31 @@ async def test_the_fleet_view_shows_the_replica_live_behind_the_token(
         return await page.locator("#fleet-summary").inner_text() != first
 
     await wait_until(pushed_again, "the fleet view to update live", 30)
+
+
+async def test_the_console_links_the_latest_reports_and_serves_their_plots(
+    page: Page, stack: GatewayStack
+) -> None:
+    await page.click("#tab-reports")
+    link = page.locator("#reports a", has_text="Simulator grid")  # bench/results/simgrid.html, committed
+    href = await link.get_attribute("href")
+    assert href is not None
+    async with httpx.AsyncClient(base_url=stack.url) as c:
+        report = await c.get(href)
+        assert report.status_code == 200 and report.headers["content-type"].startswith("text/html")
+        assert '<img src="simgrid.png"' in report.text
+        plot = await c.get(f"{href}simgrid.png")
+        assert plot.status_code == 200 and plot.content[:8] == b"\x89PNG\r\n\x1a\n"
+        for outside in (f"{href}simgrid.json", f"{href}..%2F..%2Fpyproject.toml", "/console/reports/99/"):
+            refused = await c.get(outside)
+            assert refused.status_code == 404  # in OpenAI's shape, whichever route answered
+            assert refused.json()["error"]["code"] in ("report_not_found", "not_found")
+
+
+async def test_the_screenshot_command_saves_each_view(stack: GatewayStack, tmp_path) -> None:
+    from bench.console_screenshots import take_screenshots
+
+    shots = await take_screenshots(stack.url, stack.keys["acme"], ADMIN_TOKEN, tmp_path, "Hello", 120)
+    assert [p.name for p in shots] == ["chat.png", "fleet.png", "registry.png", "reports.png"]
+    for shot in shots:
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

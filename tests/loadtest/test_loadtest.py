@@ -123,6 +123,11 @@ def test_loadtest_records_ttft_tpot_and_tier_per_request(gateway: str, tmp_path:
     assert "| 5 |" in report and "| 10 |" in report and "TTFT by tier" in report
     for png in ("ttft.png", "tpot.png", "hit_rates.png", "cache_per_min.png"):
         assert f"]({png})" in report and (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (tmp_path / "report.html").read_text()  # the same numbers as one page, plots beside it
+    assert "<title>Load test</title>" in page and "<h2>rates</h2>" in page
+    for png in summary["plots"]:
+        assert f'<img src="{png}"' in page
+    assert f'<td class="n">{summary["rates"][1]["requests"]}</td>' in page
     traces = sorted(p.name for p in tmp_path.glob("trace-*.jsonl"))
     assert traces == ["trace-10.jsonl", "trace-5.jsonl"]
 
