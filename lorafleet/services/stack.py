@@ -13,7 +13,7 @@ from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
 from lorafleet.services import kafka, objectstore, postgres, prometheus
-from lorafleet.services.memory import format_bytes, tree_rss_bytes
+from lorafleet.services.memory import format_bytes, rss_bytes, tree_rss_bytes
 from lorafleet.services.paths import REPO_ROOT, log_dir, run_dir
 from lorafleet.services.process import ManagedProcess
 from lorafleet.services.profile import LOCAL_REPLICA_ENV
@@ -157,7 +157,9 @@ def status(settings: PlatformSettings) -> dict[str, dict[str, object]]:
         }
     for name in APP_PROCESSES:
         pid = app_process(settings, name).pid()
-        rss = tree_rss_bytes(pid) if pid is not None else None
+        # the autoscaler's replicas are its children, each listed (and counted) under it
+        memory = rss_bytes if name == AUTOSCALER else tree_rss_bytes
+        rss = memory(pid) if pid is not None else None
         out[name] = {"healthy": pid is not None, "pid": pid, "rss_bytes": rss}
     replicas = autoscale_view.replica_rows(settings)
     for row in replicas:

@@ -78,6 +78,22 @@ def test_status_reports_an_app_process_memory_and_the_text_shows_it_with_a_total
     assert lines[-1].startswith("total RSS") and lines[-1].split()[-2:] != ["-"]
 
 
+def test_the_autoscaler_counts_only_itself_its_replicas_are_listed_under_it(tmp_path: Path) -> None:
+    settings = PlatformSettings(data_dir=tmp_path)
+    proc = stack.app_process(settings, stack.AUTOSCALER)
+    pid = _start_holder(proc, with_child=True)
+    try:
+        assert wait_until(lambda: proc.log_tail().count("holding") == 2, 60), proc.log_tail()
+        rss = stack.status(settings)[stack.AUTOSCALER]["rss_bytes"]
+        tree = tree_rss_bytes(pid)
+        assert isinstance(rss, int) and tree is not None and rss + 96 * MIB <= tree
+    finally:
+        kids = children(pid)
+        proc.stop(timeout=5)
+        for kid in kids:
+            os.kill(kid, signal.SIGKILL)
+
+
 def test_format_bytes_picks_a_readable_unit() -> None:
     assert format_bytes(None) == "-"
     assert format_bytes(340 * MIB) == "340 MiB"
