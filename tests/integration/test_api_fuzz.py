@@ -31,6 +31,7 @@ from gateway.demo_adapters import make_peft_adapters
 from lorafleet.model.prepare import ensure_default_model
 from tests.integration.gateway_stack import ADAPTERS, REPO, GatewayStack, gateway_stack
 from tests.integration.openai_errors import openai_error
+from tests.integration.services import ServiceAddresses
 from tests.integration.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -57,7 +58,9 @@ class InternalApi:
 
 
 @pytest.fixture(scope="module")
-async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GatewayStack]:
+async def stack(
+    services: ServiceAddresses, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[GatewayStack]:
     from lorafleet.model.base_hash import base_model_hash
 
     model_dir = ensure_default_model()
@@ -306,3 +309,24 @@ async def test_hostile_internal_requests_are_refused_in_openai_s_shape(
         resp = await c.request(method, f"{internal.url}{path}", json=body, headers=headers)
     _check(resp, f"{method} {path}")
     _no_tracebacks(internal.log)
+
+
+HOSTILE_AUTH: dict[str, bytes] = {
+    "latin1_key": b"Bearer sk-\xff\xfe\x80",
+    "long_key": b"Bearer " + b"k" * 16_000,
+    "no_scheme": b"sk-lf-abc",
+    "basic": b"Basic YTpi",
+    "bare_bearer": b"Bearer",
+    "double_space": b"Bearer  sk-lf-abc",
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_AUTH))
+async def test_hostile_authorization_headers_get_openai_s_401(stack: GatewayStack, name: str) -> None:
+    headers = [(b"Authorization", HOSTILE_AUTH[name]), (b"Content-Type", b"application/json")]
+    async with httpx.AsyncClient(timeout=60) as c:
+        for method, path in (("POST", "/v1/chat/completions"), ("GET", "/v1/models")):
+            resp = await c.request(method, f"{stack.url}{path}", content=json.dumps(_body()), headers=headers)
+            assert resp.status_code == 401, (name, path, resp.status_code, resp.text[:300])
+            assert openai_error(resp)["code"] == "invalid_api_key"
+    _no_tracebacks(*_logs(stack))

@@ -19,6 +19,7 @@ from gateway.demo_adapters import make_peft_adapters
 from lorafleet.model.prepare import ensure_default_model
 from tests.integration.gateway_stack import ADAPTERS, ADMIN_TOKEN, TOKEN, GatewayStack, gateway_stack
 from tests.integration.openai_errors import openai_error
+from tests.integration.services import ServiceAddresses
 from tests.integration.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -132,7 +133,7 @@ def _running(proc: psutil.Process) -> bool:
 
 
 async def test_no_prompt_key_or_token_leaks_and_no_process_outlives_the_stack(
-    services, tmp_path: Path
+    services: ServiceAddresses, tmp_path: Path
 ) -> None:
     model_dir = ensure_default_model()
     from lorafleet.model.base_hash import base_model_hash
