@@ -330,3 +330,25 @@ async def test_hostile_authorization_headers_get_openai_s_401(stack: GatewayStac
             assert resp.status_code == 401, (name, path, resp.status_code, resp.text[:300])
             assert openai_error(resp)["code"] == "invalid_api_key"
     _no_tracebacks(*_logs(stack))
+
+
+OFF_SCHEMA: list[tuple[str, str, int]] = [
+    ("GET", "/nope", 404),
+    ("GET", "/v1/chat/completions", 405),
+    ("DELETE", "/v1/models", 405),
+    ("GET", "/v1/models/acme%2F%00", 404),
+    ("GET", "/v1/models/" + "x" * 5000, 404),
+    ("PUT", "/v1/chat/completions", 405),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "status"), OFF_SCHEMA)
+async def test_requests_off_the_schema_get_openai_errors(
+    stack: GatewayStack, method: str, path: str, status: int
+) -> None:
+    headers = {"Authorization": f"Bearer {stack.keys['acme']}"}
+    async with httpx.AsyncClient(timeout=60) as c:
+        resp = await c.request(method, f"{stack.url}{path}", headers=headers)
+    assert resp.status_code == status, (method, path, resp.status_code, resp.text[:300])
+    openai_error(resp)
+    _no_tracebacks(*_logs(stack))
