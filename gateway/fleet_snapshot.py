@@ -35,10 +35,12 @@ def fleet_snapshot(
     windows: list[AdapterWindow],
     alerts: list[AlertView],
     stale_s: float,
+    replica_prefix: str = "",
     at: datetime | None = None,
 ) -> FleetSnapshot:
-    """Replicas seen in the last FORGET_AFTER_S, the stats windows of the adapters they hold (adapter.stats is
-    shared by every fleet on one Kafka), and the alerts as given."""
+    """Replicas seen in the last FORGET_AFTER_S, the stats windows of the adapters they hold, and the alerts
+    but a replica alert about another fleet's replica (adapter.stats and alerts are shared by every fleet on
+    one Kafka; replica ids carry the fleet's prefix)."""
     replicas = [
         FleetReplica(
             **s.model_dump(include=set(FleetReplica.model_fields)), phase=phase(s, age, stale_s), age_s=age
@@ -54,5 +56,5 @@ def fleet_snapshot(
         replicas=replicas,
         adapter_stats=shown,
         gpu_hit_rate=gpu_hit_rate(shown),
-        alerts=alerts,
+        alerts=[a for a in alerts if a.kind != "thrashing" or a.subject.startswith(replica_prefix)],
     )

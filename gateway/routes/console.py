@@ -84,7 +84,8 @@ async def list_reports() -> ReportList:
 
 
 def _snapshot(online: Online, feed: ConsoleFeed) -> FleetSnapshot:
-    return fleet_snapshot(online.view.states(), feed.windows(), feed.alerts(), online.view.stale_s)
+    view = online.view
+    return fleet_snapshot(view.states(), feed.windows(), feed.alerts(), view.stale_s, view.replica_id_prefix)
 
 
 @admin.get("/fleet", response_model=FleetSnapshot)
