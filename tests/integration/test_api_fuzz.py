@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -25,11 +23,10 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from bench.ports import free_port
-from bench.processes import stop, wait_http
 from gateway.demo_adapters import make_peft_adapters
 from lorafleet.model.prepare import ensure_default_model
-from tests.integration.gateway_stack import ADAPTERS, REPO, GatewayStack, gateway_stack
+from tests.integration.gateway_stack import ADAPTERS, GatewayStack, gateway_stack
+from tests.integration.internal_api_proc import InternalApi, internal_api
 from tests.integration.openai_errors import openai_error
 from tests.integration.services import ServiceAddresses
 from tests.integration.waiting import wait_until
@@ -50,11 +47,6 @@ def fuzz_settings(max_examples: int) -> settings:
         phases=[Phase.explicit, Phase.generate],  # no shrinking: a failure is reported as it was found
         suppress_health_check=list(HealthCheck),
     )
-
-
-class InternalApi:
-    def __init__(self, url: str, log: Path, proc: subprocess.Popen) -> None:
-        self.url, self.log, self.proc = url, log, proc
 
 
 @pytest.fixture(scope="module")
@@ -82,22 +74,8 @@ async def internal(
     stack: GatewayStack, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[InternalApi]:
     """The internal API (registry and aliases) as its own process on the stack's database."""
-    port, log = free_port(), tmp_path_factory.mktemp("internal") / "internal.log"
-    env = stack.env | {
-        "LORAFLEET_GATEWAY_INTERNAL_PORT": str(port),
-        "LORAFLEET_GATEWAY_SERVICE_TOKEN": SERVICE_TOKEN,
-        "LORAFLEET_GATEWAY_SERVED_BASE_MODEL_HASH": stack.env["LORAFLEET_REPLICA_BASE_MODEL_HASH"],
-    }
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "lorafleet.cli", "gateway"], env=env, cwd=REPO, stdout=out, stderr=out
-        )
-    api = InternalApi(f"http://127.0.0.1:{port}", log, proc)
-    try:
-        await wait_http(f"{api.url}/openapi.json", 60, proc)
+    async with internal_api(stack, SERVICE_TOKEN, tmp_path_factory.mktemp("internal")) as api:
         yield api
-    finally:
-        stop(proc)
 
 
 async def _both_replicas_live(stack: GatewayStack) -> bool:

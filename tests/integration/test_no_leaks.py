@@ -1,7 +1,8 @@
 """Nothing leaks, after traffic from two tenants that succeeds, fails in every way a caller can make it fail,
-and loses its replica mid-stream (SIGKILL): the processes' log files and every error the callers got hold no
-tenant's prompt text, no API key (valid or not) and no service token; and when the stack stops, no process
-it started (the gateway, the replicas, their children) is left running."""
+and loses its replica mid-stream (SIGKILL), and after refused internal API calls: the processes' log files
+and every error the callers got hold no tenant's prompt text, no API key (valid or not), no service token
+and no signed URL's signature; and when the stack stops, no process it started (the gateway, the internal
+API, the replicas, their children) is left running."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from gateway.demo_adapters import make_peft_adapters
 from lorafleet.model.prepare import ensure_default_model
 from tests.integration.gateway_stack import ADAPTERS, ADMIN_TOKEN, TOKEN, GatewayStack, gateway_stack
+from tests.integration.internal_api_proc import InternalApi, internal_api
 from tests.integration.openai_errors import openai_error
 from tests.integration.services import ServiceAddresses
 from tests.integration.waiting import wait_until
@@ -36,9 +38,17 @@ class Traffic:
         self.wrong_key = "sk-lf-wrong" + uuid.uuid4().hex
         self.errors: list[str] = []
         self.statuses: dict[int, int] = {}
+        self.extra_secrets: list[str] = []
 
     def secrets(self) -> list[str]:
-        return [*self.markers.values(), *self.stack.keys.values(), self.wrong_key, TOKEN, ADMIN_TOKEN]
+        return [
+            *self.markers.values(),
+            *self.stack.keys.values(),
+            self.wrong_key,
+            TOKEN,
+            ADMIN_TOKEN,
+            *self.extra_secrets,
+        ]
 
     def body(self, tenant: str, **fields: object) -> dict[str, object]:
         prompt = f"{self.markers[tenant]} Tell me about cats."
@@ -114,9 +124,31 @@ async def _kill_a_replica_mid_stream(t: Traffic) -> None:
     t.errors += [line for line in lines if "error" in line]
 
 
-def _processes(stack: GatewayStack) -> list[psutil.Process]:
+async def _internal_requests(t: Traffic, api: InternalApi, token: str) -> None:
+    """The internal API: a wrong service token (a secret too), registrations carrying a signed URL and a
+    marker, and a move of acme's alias to globex's adapter, each refused."""
+    signed = f"s3://lorafleet-adapters/adapters/acme/x?X-Amz-Signature={t.markers['acme']}"
+    registration = {
+        "adapter_id": "acme-leak", "tenant_id": "acme", "version": 1, "base_model_hash": "sha256:" + "0" * 64,
+        "rank": 8, "alpha": 16, "target_modules": ["q_proj"], "weights_uri": signed,
+        "checksum": "sha256:" + "1" * 64,
+    }  # fmt: skip
+    async with httpx.AsyncClient(base_url=api.url, timeout=60) as c:
+        for auth, method, path, body in (
+            (t.wrong_key, "GET", "/internal/adapters", None),
+            (token, "POST", "/internal/adapters", registration),
+            (token, "POST", "/internal/adapters", registration | {"weights_uri": t.markers["globex"]}),
+            (token, "PUT", "/internal/aliases/acme/support:prod", {"adapter_id": "globex-sales-v1"}),
+        ):
+            resp = await c.request(method, path, json=body, headers={"Authorization": f"Bearer {auth}"})
+            assert 400 <= resp.status_code < 500, (path, resp.status_code, resp.text[:300])
+            openai_error(resp)
+            t.errors.append(resp.text)
+
+
+def _processes(stack: GatewayStack, api: InternalApi) -> list[psutil.Process]:
     """Every process the stack started, with their children, while they run."""
-    roots = [stack.gateway, *(r.proc for r in stack.replicas.values())]
+    roots = [stack.gateway, api.proc, *(r.proc for r in stack.replicas.values())]
     found = []
     for proc in roots:
         if proc is not None and proc.poll() is None:
@@ -146,16 +178,20 @@ async def test_no_prompt_key_or_token_leaks_and_no_process_outlives_the_stack(
         services.settings(), tmp_path / "adapters", base_hash, tmp_path, ids, extra
     ) as stack:
         t = Traffic(stack)
+        internal_token = "sk-internal-" + uuid.uuid4().hex
+        t.extra_secrets.append(internal_token)
         for tenant in ALIASES:
             await _every_kind_of_request(t, tenant)
         # globex may send 2 requests a second: a burst of 6 is partly refused with 429
         await asyncio.gather(*(t.send(stack.keys["globex"], t.body("globex")) for _ in range(6)))
         await _kill_a_replica_mid_stream(t)
         await t.send(stack.keys["globex"], t.body("globex"))  # served by the survivor, or refused cleanly
-        started = _processes(stack)
-        logs = [stack.gateway_log, *(r.log for r in stack.replicas.values())]
+        async with internal_api(stack, internal_token, tmp_path) as api:
+            await _internal_requests(t, api, internal_token)
+            started = _processes(stack, api)
+        logs = [stack.gateway_log, api.log, *(r.log for r in stack.replicas.values())]
     assert {200, 400, 401, 404, 429} <= set(t.statuses), t.statuses
-    assert len(t.errors) >= 16, t.errors
+    assert len(t.errors) >= 20, t.errors
     for text in t.errors:
         for secret in t.secrets():
             assert secret not in text, (secret[:12], text[:300])
