@@ -184,9 +184,9 @@ keys_app = typer.Typer(no_args_is_help=True, help="Issue, list and revoke tenant
 
 async def _with_pool(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     """fn(pool, *args) on a small pool to the control-plane database."""
-    import asyncpg
+    from lorafleet.db.pool import create_pool
 
-    pool = await asyncpg.create_pool(GatewayConfig.from_env().platform.database_url, min_size=1, max_size=2)
+    pool = await create_pool(GatewayConfig.from_env().platform, min_size=1, max_size=2)
     try:
         return await fn(pool, *args)
     finally:

@@ -49,13 +49,12 @@ def prepare_adapters(config: GatewayConfig) -> dict[str, Path]:
 
 async def _keys(config: GatewayConfig) -> dict[str, str]:
     """Tenants with their limits, and one live key each (reused from keys.json while it still works)."""
-    import asyncpg
-
     from gateway.tenants import create_key, create_tenant, find_caller, key_hash
+    from lorafleet.db.pool import create_pool
 
     path = demo_dir(config) / "keys.json"
     saved = json.loads(path.read_text()) if path.is_file() else {}
-    pool = await asyncpg.create_pool(config.platform.database_url, min_size=1, max_size=2)
+    pool = await create_pool(config.platform, min_size=1, max_size=2)
     try:
         keys = {}
         for tenant, (rps, tpm) in TENANTS.items():

@@ -6,7 +6,6 @@ import hashlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import asyncpg
 from fastapi import FastAPI
 
 from gateway.config import GatewayConfig
@@ -15,6 +14,7 @@ from gateway.openapi_doc import install_openapi
 from gateway.registration_rules import RegistryRules
 from gateway.routes import internal
 from gateway.served_base import served_base_hash
+from lorafleet.db.pool import create_pool
 
 
 def build_internal_app(config: GatewayConfig, rules: RegistryRules | None = None) -> FastAPI:
@@ -25,7 +25,7 @@ def build_internal_app(config: GatewayConfig, rules: RegistryRules | None = None
         app.state.rules = rules or RegistryRules.build(
             served_base_hash(config.gateway), config.gateway.max_rank, config.platform.object_store_prefixes
         )
-        app.state.pool = await asyncpg.create_pool(config.platform.database_url, min_size=1, max_size=10)
+        app.state.pool = await create_pool(config.platform, min_size=1, max_size=10)
         try:
             yield
         finally:

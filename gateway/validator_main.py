@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from gateway.artifact_fetch import TransientFetchError
@@ -18,7 +17,9 @@ from gateway.registration_rules import RegistryRules
 from gateway.served_base import served_base_hash, served_base_spec
 from gateway.validator import RegistryValidator
 from lorafleet import metrics
+from lorafleet.db.pool import close_pool, create_pool
 from lorafleet.kafka import make_consumer
+from lorafleet.retry import run_with_retry
 from lorafleet.s3 import async_client
 from lorafleet.worker import run_until_signal
 from schemas.events import AdapterRegistered, EventValidationError, parse_event
@@ -58,7 +59,7 @@ async def run_validator(
         served_base_hash(settings), settings.max_rank, config.platform.object_store_prefixes
     )
     spec = served_base_spec(settings)
-    pool = await asyncpg.create_pool(config.platform.database_url, min_size=1, max_size=4)
+    pool = await create_pool(config.platform, min_size=1, max_size=4)
     consumer = make_consumer(config.platform, ADAPTERS_REGISTERED.name, group_id=settings.validator_group)
     try:
         async with async_client(config.platform) as s3:
@@ -79,7 +80,7 @@ async def run_validator(
                         await consumer.commit({tp: record.offset + 1})
     finally:
         await consumer.stop()
-        await pool.close()
+        await close_pool(pool)
 
 
 async def _wait_assigned(consumer: AIOKafkaConsumer, from_end: bool) -> None:
@@ -106,4 +107,8 @@ def registry_validator() -> None:
 
     config = GatewayConfig.from_env()
     metrics.serve(config.gateway.validator_metrics_port, config.gateway.validator_metrics_host)
-    run_until_signal(lambda stop: run_validator(config, stop))
+    run_until_signal(
+        lambda stop: run_with_retry(
+            "registry-validator", lambda s: run_validator(config, s), stop, config.platform
+        )
+    )

@@ -21,6 +21,14 @@ class PlatformSettings(BaseSettings):
 
     database_url: str = "postgresql://lorafleet:lorafleet@127.0.0.1:15432/lorafleet"
     postgres_port: int = 15432
+    # Time bounds on every pool (lorafleet.db.pool): a database outage becomes an error, never a hang.
+    db_connect_timeout_s: float = Field(default=3.0, gt=0, description="opening one connection")
+    db_acquire_timeout_s: float = Field(default=5.0, gt=0, description="waiting for a pooled connection")
+    db_command_timeout_s: float = Field(default=10.0, gt=0, description="one query, on the client")
+    db_statement_timeout_ms: int = Field(default=10_000, ge=0, description="server statement_timeout")
+    # A worker whose Kafka or PostgreSQL fails starts over after an exponential backoff between these.
+    retry_initial_s: float = Field(default=0.5, gt=0)
+    retry_max_s: float = Field(default=10.0, gt=0)
 
     s3_endpoint: str = "http://127.0.0.1:19000"
     s3_access_key: str = "lorafleet"

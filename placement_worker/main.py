@@ -7,10 +7,10 @@ import asyncio
 import logging
 import time
 
-import asyncpg
-
 from lorafleet import metrics
+from lorafleet.db.pool import close_pool, create_pool
 from lorafleet.kafka import make_consumer
+from lorafleet.retry import run_with_retry
 from lorafleet.worker import run_until_signal
 from placement_worker.config import PlacementConfig
 from placement_worker.consumer import PlacementWorker
@@ -33,7 +33,7 @@ async def run_worker(
 ) -> None:
     """Consume until stop is set; from_end skips what the topics held before start (tests, fresh groups)."""
     settings = config.placement
-    pool = await asyncpg.create_pool(config.platform.database_url, min_size=1, max_size=4)
+    pool = await create_pool(config.platform, min_size=1, max_size=4)
     consumer = make_consumer(config.platform, *(t.name for t in TOPICS), group_id=settings.group_id)
     worker = PlacementWorker(pool, settings)
     try:
@@ -66,7 +66,7 @@ async def run_worker(
                 next_tick = time.monotonic() + settings.tick_s
     finally:
         await consumer.stop()
-        await pool.close()
+        await close_pool(pool)
 
 
 def placement_worker() -> None:
@@ -74,4 +74,8 @@ def placement_worker() -> None:
 
     config = PlacementConfig.from_env()
     metrics.serve(config.placement.metrics_port, config.placement.metrics_host)
-    run_until_signal(lambda stop: run_worker(config, stop))
+    run_until_signal(
+        lambda stop: run_with_retry(
+            "placement-worker", lambda s: run_worker(config, s), stop, config.platform
+        )
+    )

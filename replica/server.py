@@ -85,7 +85,7 @@ def create_app(replica: Replica, on_drained: Callable[[], None] | None = None) -
     without one it is ready at once. on_drained runs when a drain has finished (it stops the server)."""
     settings = replica.settings
     controlled = settings.control_enabled and replica.gpu is not None  # a merged replica has no cache
-    table = PlacementsTable(settings.platform.database_url, settings.replica_id) if controlled else None
+    table = PlacementsTable(settings.platform, settings.replica_id) if controlled else None
     drain = Drain(replica, table, on_drained or (lambda: log.info("drained; the process may stop now")))
 
     @asynccontextmanager

@@ -32,7 +32,7 @@ def build_app(platform: PlatformSettings, settings: StatsStreamSettings) -> faus
         broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
     )
     topics = stream_topics.declare(app)
-    sinks = Sinks(platform.database_url, topics, settings.window_s)
+    sinks = Sinks(platform, topics, settings.window_s)
     catchup = CatchUp()
     keeper = WindowKeeper(tables.declare(app), sinks, settings, catchup)
     forward.register(app, topics, catchup)

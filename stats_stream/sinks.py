@@ -13,7 +13,9 @@ import asyncpg
 import faust
 from faust.types import RecordMetadata
 
+from lorafleet.config import PlatformSettings
 from lorafleet.db.conn import Connection
+from lorafleet.db.pool import create_pool
 from schemas.events import Event
 from stats_stream.closing import WindowReport
 from stats_stream.topics import StreamTopics
@@ -84,8 +86,8 @@ async def write_tenant_stats(conn: Connection | asyncpg.Pool, report: WindowRepo
 class Sinks:
     """PostgreSQL (a small pool opened on first use) and the output topics."""
 
-    def __init__(self, database_url: str, topics: StreamTopics, window_s: float) -> None:
-        self._url = database_url
+    def __init__(self, platform: PlatformSettings, topics: StreamTopics, window_s: float) -> None:
+        self._platform = platform
         self._window_s = window_s
         self._topics = topics
         self._pool: asyncpg.Pool | None = None
@@ -94,7 +96,7 @@ class Sinks:
     async def _db(self) -> asyncpg.Pool:
         async with self._lock:
             if self._pool is None:
-                self._pool = await asyncpg.create_pool(self._url, min_size=1, max_size=2)
+                self._pool = await create_pool(self._platform, min_size=1, max_size=2)
             return self._pool
 
     async def write(self, report: WindowReport) -> None:

@@ -11,20 +11,22 @@ from typing import cast
 
 import asyncpg
 
+from lorafleet.config import PlatformSettings
+from lorafleet.db.pool import create_pool
 from schemas.events import ResidentTier
 
 
 class PlacementsTable:
     """Reads over a one-connection pool of its own, opened at a read when none is open; close() ends it."""
 
-    def __init__(self, database_url: str, replica_id: str) -> None:
-        self._url = database_url
+    def __init__(self, platform: PlatformSettings, replica_id: str) -> None:
+        self._platform = platform
         self._pool: asyncpg.Pool | None = None
         self.replica_id = replica_id
 
     async def _conn(self) -> asyncpg.Pool:
         if self._pool is None:
-            self._pool = await asyncpg.create_pool(self._url, min_size=1, max_size=1)
+            self._pool = await create_pool(self._platform, min_size=1, max_size=1)
         return self._pool
 
     async def close(self) -> None:
