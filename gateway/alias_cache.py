@@ -4,7 +4,8 @@ Only the caller's own tenant's aliases resolve: another tenant's alias is indist
 does not exist. The database decides where an alias points, never the event: an event only drops the cached
 entry. So an event for the same alias name from another fleet on the same Kafka cluster, or a replayed
 one, costs one read and cannot route a request anywhere the row does not say. The TTL is a backstop for a
-missed event.
+missed event. While the store is unavailable an expired entry keeps answering; an alias never read gets
+StoreUnavailable, a 503.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import time
 
 import asyncpg
 
+from gateway.errors import StoreUnavailable
 from gateway.rollout import AliasTarget
+from gateway.store_guard import StoreGuard
 from lorafleet.config import PlatformSettings
 from lorafleet.kafka import make_consumer
 from schemas import topics
@@ -28,12 +31,20 @@ log = logging.getLogger(__name__)
 class AliasCache:
     """(tenant, alias) -> (expires, target | None), read from the aliases table."""
 
-    def __init__(self, pool: asyncpg.Pool, ttl_s: float = 10.0, max_entries: int = 100_000) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        ttl_s: float = 10.0,
+        max_entries: int = 100_000,
+        guard: StoreGuard | None = None,
+    ) -> None:
         self.pool = pool
+        self.guard = guard or StoreGuard(deadline_s=2.0, pause_s=1.0)
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self._entries: dict[tuple[str, str], tuple[float, AliasTarget | None]] = {}
         self._changes = 0  # events applied so far
+        self._listed: dict[str, list[tuple[str, float]]] = {}  # tenant -> its last alias listing
 
     async def resolve(self, tenant_id: str, alias: str) -> AliasTarget | None:
         """Where the alias points now (its version and canary), if it exists and belongs to tenant_id. A name
@@ -45,12 +56,19 @@ class AliasCache:
         if hit is not None and hit[0] > time.monotonic():
             return hit[1]
         changes = self._changes
-        row = await self.pool.fetchrow(
-            """SELECT adapter_id, canary_adapter_id, canary_weight FROM aliases
-               WHERE alias = $1 AND tenant_id = $2""",
-            alias,
-            tenant_id,
-        )
+        try:
+            row = await self.guard.read(
+                lambda: self.pool.fetchrow(
+                    """SELECT adapter_id, canary_adapter_id, canary_weight FROM aliases
+                       WHERE alias = $1 AND tenant_id = $2""",
+                    alias,
+                    tenant_id,
+                )
+            )
+        except StoreUnavailable:
+            if hit is None:
+                raise
+            return hit[1]  # the store is down: the last answer stands until it is back
         target = None
         if row is not None:
             target = AliasTarget(row["adapter_id"], row["canary_adapter_id"], row["canary_weight"] or 0.0)
@@ -66,11 +84,22 @@ class AliasCache:
         self._entries.pop((event.tenant_id, event.alias), None)
 
     async def list_aliases(self, tenant_id: str) -> list[tuple[str, float]]:
-        """(alias, updated_at unix) of the tenant's aliases."""
-        rows = await self.pool.fetch(
-            "SELECT alias, updated_at FROM aliases WHERE tenant_id = $1 ORDER BY alias", tenant_id
-        )
-        return [(r["alias"], r["updated_at"].timestamp()) for r in rows]
+        """(alias, updated_at unix) of the tenant's aliases; the last listing while the store is down."""
+        try:
+            rows = await self.guard.read(
+                lambda: self.pool.fetch(
+                    "SELECT alias, updated_at FROM aliases WHERE tenant_id = $1 ORDER BY alias", tenant_id
+                )
+            )
+        except StoreUnavailable:
+            if tenant_id not in self._listed:
+                raise
+            return self._listed[tenant_id]
+        listed = [(r["alias"], r["updated_at"].timestamp()) for r in rows]
+        if len(self._listed) >= self.max_entries:
+            self._listed.clear()
+        self._listed[tenant_id] = listed
+        return listed
 
 
 async def consume_alias_changes(platform: PlatformSettings, cache: AliasCache, ready: asyncio.Event) -> None:

@@ -2,7 +2,8 @@
 
 The secret is hashed (sha256) before anything else; the stored hash is compared in constant time. Misses
 are cached too, briefly, so a flood of bad keys does not reach PostgreSQL for each try. A revoked key stops
-working within cache_ttl_s.
+working within cache_ttl_s. While the store is unavailable an expired entry keeps answering (a known key
+keeps working, a known bad key keeps failing); a key never seen gets StoreUnavailable, a 503.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import time
 
 import asyncpg
 
-from gateway.errors import Unauthorized
+from gateway.errors import StoreUnavailable, Unauthorized
+from gateway.store_guard import StoreGuard
 from gateway.tenants import Caller, find_caller, key_hash
 
 INVALID_KEY = "Incorrect API key provided. You can find your API key in your lorafleet tenant settings."
@@ -21,8 +23,15 @@ INVALID_KEY = "Incorrect API key provided. You can find your API key in your lor
 class KeyAuthenticator:
     """Authenticate `Authorization: Bearer <key>` headers against api_keys."""
 
-    def __init__(self, pool: asyncpg.Pool, cache_ttl_s: float = 5.0, max_entries: int = 10_000) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        cache_ttl_s: float = 5.0,
+        max_entries: int = 10_000,
+        guard: StoreGuard | None = None,
+    ) -> None:
         self.pool = pool
+        self.guard = guard or StoreGuard(deadline_s=2.0, pause_s=1.0)
         self.cache_ttl_s = cache_ttl_s
         self.max_entries = max_entries
         self._cache: dict[str, tuple[float, Caller | None]] = {}
@@ -38,10 +47,16 @@ class KeyAuthenticator:
         if cached is not None and cached[0] > now:
             caller = cached[1]
         else:
-            caller = await self._lookup(digest)
-            if len(self._cache) >= self.max_entries:
-                self._cache.clear()
-            self._cache[digest] = (now + self.cache_ttl_s, caller)
+            try:
+                caller = await self.guard.read(lambda: self._lookup(digest))
+            except StoreUnavailable:
+                if cached is None:
+                    raise
+                caller = cached[1]  # the store is down: the last answer stands until it is back
+            else:
+                if len(self._cache) >= self.max_entries:
+                    self._cache.clear()
+                self._cache[digest] = (now + self.cache_ttl_s, caller)
         if caller is None:
             raise Unauthorized("invalid_api_key", INVALID_KEY)
         return caller

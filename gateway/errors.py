@@ -16,6 +16,18 @@ from schemas.api import ErrorBody, ErrorDetail
 
 log = logging.getLogger(__name__)
 
+# What a PostgreSQL outage raises through a time-bounded pool: a refused or reset connection and a timeout
+# (TimeoutError is an OSError), a lost connection, a server shutting down, restarting or cancelling a
+# statement, a connection closed under the caller.
+STORE_DOWN: tuple[type[Exception], ...] = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+    asyncpg.InterfaceError,
+)
+STORE_RETRY_AFTER_S = 2
+
 
 class GatewayError(Exception):
     """Base: subclasses fix status and type; code names the exact failure for machines."""
@@ -68,6 +80,15 @@ class InternalError(GatewayError):
     type = "server_error"
 
 
+class StoreUnavailable(ServiceUnavailable):
+    """PostgreSQL did not answer within its deadline and no cached answer stands in; retry shortly."""
+
+    def __init__(self, message: str = "the registry store is unavailable; retry shortly") -> None:
+        super().__init__(
+            "control_plane_unavailable", message, None, {"Retry-After": str(STORE_RETRY_AFTER_S)}
+        )
+
+
 class BadGateway(GatewayError):
     """A replica answered with something that is not the generate contract."""
 
@@ -117,9 +138,9 @@ def install_error_handlers(app: FastAPI) -> None:
         return _render(exc.status_code, GatewayError(code or "http_error", str(exc.detail)).body())
 
     async def on_store_down(_req: Request, exc: Exception) -> JSONResponse:
-        log.error("control plane store unavailable: %s", exc)
-        body = ServiceUnavailable("control_plane_unavailable", "the registry store is unavailable").body()
-        return _render(503, body, {"Retry-After": "1"})
+        log.error("control plane store unavailable: %s: %s", type(exc).__name__, exc)
+        down = StoreUnavailable()
+        return _render(down.status, down.body(), down.headers)
 
     async def on_unexpected(_req: Request, exc: Exception) -> JSONResponse:
         # the server logs the traceback; the caller gets OpenAI's shape, and nothing of the exception's text
@@ -130,9 +151,8 @@ def install_error_handlers(app: FastAPI) -> None:
     # app.exception_handler (not add_exception_handler, typed for handlers of any Exception) takes each
     # handler with the exception type it is registered for.
     app.exception_handler(GatewayError)(on_gateway_error)
-    app.exception_handler(OSError)(on_store_down)
-    app.exception_handler(asyncpg.exceptions.ConnectionDoesNotExistError)(on_store_down)
-    app.exception_handler(asyncpg.exceptions.CannotConnectNowError)(on_store_down)
+    for kind in STORE_DOWN:
+        app.exception_handler(kind)(on_store_down)
     app.exception_handler(RequestValidationError)(on_validation)
     app.exception_handler(StarletteHTTPException)(on_http)
     app.exception_handler(Exception)(on_unexpected)

@@ -17,7 +17,6 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import asyncpg
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -33,6 +32,8 @@ from gateway.openapi_doc import install_openapi
 from gateway.replica_client import ReplicaClient
 from gateway.replica_view import ReplicaView, consume_states
 from gateway.routes import chat, console, health, models
+from gateway.store_guard import StoreGuard
+from lorafleet.db.pool import create_pool
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +84,14 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = await asyncpg.create_pool(config.platform.database_url, min_size=1, max_size=10)
+        pool = await create_pool(config.platform, min_size=1, max_size=10)
+        guard = StoreGuard(settings.store_deadline_s, settings.store_pause_s)
         publisher = CompletionPublisher(config.platform)
         await publisher.start()
         online = Online(
             settings=settings,
-            auth=KeyAuthenticator(pool, settings.key_cache_ttl_s),
-            aliases=AliasCache(pool, settings.alias_cache_ttl_s),
+            auth=KeyAuthenticator(pool, settings.key_cache_ttl_s, guard=guard),
+            aliases=AliasCache(pool, settings.alias_cache_ttl_s, guard=guard),
             view=ReplicaView(settings.replica_stale_s, replica_id_prefix=settings.replica_id_prefix),
             replicas=ReplicaClient(
                 settings.replica_service_token.get_secret_value(),

@@ -1,0 +1,47 @@
+"""Every read of PostgreSQL on the public path goes through one guard: bounded by a deadline, and after a
+failure skipped for a pause, so that requests answer from the caches (or with a 503) at once instead of
+each waiting out the deadline again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from gateway.errors import STORE_DOWN, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class StoreGuard:
+    """read(fn) runs fn within deadline_s; a store failure raises StoreUnavailable and opens a pause."""
+
+    def __init__(self, deadline_s: float, pause_s: float) -> None:
+        self.deadline_s = deadline_s
+        self.pause_s = pause_s
+        self._down_until = 0.0
+        self.failures = 0
+
+    def down(self) -> bool:
+        return time.monotonic() < self._down_until
+
+    async def read(self, fn: Callable[[], Awaitable[T]]) -> T:
+        if self.down():
+            raise StoreUnavailable()
+        try:
+            async with asyncio.timeout(self.deadline_s):
+                return await fn()
+        except STORE_DOWN as exc:
+            self.failures += 1
+            self._down_until = time.monotonic() + self.pause_s
+            log.warning(
+                "registry store read failed (%s: %s); caches answer for %.1fs",
+                type(exc).__name__,
+                exc,
+                self.pause_s,
+            )
+            raise StoreUnavailable() from exc
