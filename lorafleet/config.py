@@ -29,6 +29,11 @@ class PlatformSettings(BaseSettings):
     # A worker whose Kafka or PostgreSQL fails starts over after an exponential backoff between these.
     retry_initial_s: float = Field(default=0.5, gt=0)
     retry_max_s: float = Field(default=10.0, gt=0)
+    # `lorafleet services` restarts a dead app process after a backoff that doubles from restart_initial_s
+    # up to restart_max_s while it keeps dying; one that ran restart_reset_after_s starts the backoff over.
+    restart_initial_s: float = Field(default=1.0, gt=0)
+    restart_max_s: float = Field(default=30.0, gt=0)
+    restart_reset_after_s: float = Field(default=60.0, gt=0)
 
     s3_endpoint: str = "http://127.0.0.1:19000"
     s3_access_key: str = "lorafleet"

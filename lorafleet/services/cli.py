@@ -7,18 +7,32 @@ import json
 import typer
 
 from lorafleet.config import get_settings
-from lorafleet.services import stack
+from lorafleet.services import stack, supervisor
+from lorafleet.services.paths import REPO_ROOT
 
 app = typer.Typer(no_args_is_help=True)
 
 
+ONLY_HELP = "Only this app process (repeatable); default: all of them."
+
+
 @app.command()
-def up(infra_only: bool = typer.Option(False, "--infra-only", help="Only Kafka, PostgreSQL and S3.")) -> None:
-    """Start Kafka, PostgreSQL and the object store, migrate, create topics, then start the app processes."""
+def up(
+    infra_only: bool = typer.Option(False, "--infra-only", help="Only Kafka, PostgreSQL and S3."),
+    only: list[str] = typer.Option([], "--only", help=ONLY_HELP),
+) -> None:
+    """Start Kafka, PostgreSQL and the object store, migrate, create topics, then the supervised apps."""
     settings = get_settings()
+    stack.app_commands(only)  # an unknown name fails before anything starts
     stack.infra_up(settings, typer.echo)
     if not infra_only:
-        stack.apps_up(settings, typer.echo)
+        stack.apps_up(settings, typer.echo, only)
+
+
+@app.command()
+def supervise(only: list[str] = typer.Option([], "--only", help=ONLY_HELP)) -> None:
+    """Run the app processes and restart any that dies, with backoff (what `up` starts in the background)."""
+    supervisor.supervise(get_settings(), stack.app_commands(only), REPO_ROOT)
 
 
 @app.command()

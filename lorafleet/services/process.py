@@ -40,6 +40,12 @@ class ManagedProcess:
 
     def start(self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> int:
         """Spawn argv detached in its own session, logging to the log file; return its pid."""
+        return self.spawn(argv, env, cwd).pid
+
+    def spawn(
+        self, argv: Sequence[str], env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        """start(), returning the child's handle: a parent that waits on it reaps it and reads its exit."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") as log:
@@ -53,7 +59,7 @@ class ManagedProcess:
                 start_new_session=True,
             )
         self.pid_file.write_text(str(proc.pid))
-        return proc.pid
+        return proc
 
     def stop(self, timeout: float = 20.0) -> bool:
         """SIGTERM our recorded pid (then SIGKILL after timeout); True if something was stopped."""

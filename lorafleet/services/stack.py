@@ -5,17 +5,17 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lorafleet.autoscale import view as autoscale_view
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
-from lorafleet.services import kafka, objectstore, postgres, prometheus
+from lorafleet.services import kafka, objectstore, postgres, prometheus, supervisor
 from lorafleet.services.memory import format_bytes, rss_bytes, tree_rss_bytes
 from lorafleet.services.paths import REPO_ROOT, log_dir, run_dir
-from lorafleet.services.process import ManagedProcess
+from lorafleet.services.process import ManagedProcess, wait_until
 from lorafleet.services.profile import LOCAL_REPLICA_ENV
 from lorafleet.services.scrape import ReplicaTarget, write_replica_targets
 
@@ -123,18 +123,48 @@ def prepare(settings: PlatformSettings, report: Callable[[str], None]) -> None:
     report(f"bucket: {settings.s3_bucket}")
 
 
-def apps_up(settings: PlatformSettings, report: Callable[[str], None]) -> None:
+def app_commands(only: Sequence[str] = ()) -> dict[str, list[str]]:
+    """The argv of each app process to run: all of them, or the ones named in only (in table order)."""
+    unknown = sorted(set(only) - set(APP_PROCESSES))
+    if unknown:
+        raise ValueError(f"no app process named {', '.join(unknown)}; known: {', '.join(APP_PROCESSES)}")
+    return {
+        name: [sys.executable, "-m", "lorafleet.cli", *args]
+        for name, args in APP_PROCESSES.items()
+        if not only or name in only
+    }
+
+
+def supervisor_process(settings: PlatformSettings) -> ManagedProcess:
+    return ManagedProcess(supervisor.NAME, run_dir(settings), log_dir(settings))
+
+
+def apps_up(settings: PlatformSettings, report: Callable[[str], None], only: Sequence[str] = ()) -> None:
+    """Start the supervisor, which starts the app processes and restarts any that dies."""
+    names = list(app_commands(only))
     write_replica_targets(prometheus.targets_dir(settings), "stack", stack_replicas())
-    for name, args in APP_PROCESSES.items():
-        proc = app_process(settings, name)
-        if proc.pid() is not None:
-            report(f"{name}: already running (pid {proc.pid()})")
-            continue
-        pid = proc.start([sys.executable, "-m", "lorafleet.cli", *args], env=process_env(), cwd=REPO_ROOT)
-        report(f"{name}: started (pid {pid}, log {proc.log_file})")
+    sup = supervisor_process(settings)
+    if sup.pid() is not None:
+        report(f"{supervisor.NAME}: already running (pid {sup.pid()}); it restarts what dies")
+        return
+    argv = [sys.executable, "-m", "lorafleet.cli", "services", "supervise", *(f"--only={n}" for n in names)]
+    pid = sup.start(argv, env=process_env(), cwd=REPO_ROOT)  # the children inherit its environment
+    report(f"{supervisor.NAME}: started (pid {pid}, log {sup.log_file})")
+
+    def all_started() -> bool:
+        state = supervisor.read_state(settings)
+        return all(state.get(n, {}).get("pid") for n in names)
+
+    wait_until(all_started, 30.0)
+    state = supervisor.read_state(settings)
+    for name in names:
+        report(f"{name}: pid {state.get(name, {}).get('pid')}, log {app_process(settings, name).log_file}")
 
 
 def down(settings: PlatformSettings, report: Callable[[str], None]) -> None:
+    # The supervisor first, so that nothing is restarted while the stack goes down; it stops its children.
+    stopped = supervisor_process(settings).stop(timeout=60.0)
+    report(f"{supervisor.NAME}: {'stopped' if stopped else 'not running'}")
     for name in reversed(list(APP_PROCESSES)):
         report(f"{name}: {'stopped' if app_process(settings, name).stop() else 'not running'}")
         if name == AUTOSCALER:
@@ -155,12 +185,21 @@ def status(settings: PlatformSettings) -> dict[str, dict[str, object]]:
             "pid": pid,
             "rss_bytes": tree_rss_bytes(pid) if pid is not None else None,
         }
+    sup = supervisor_process(settings).pid()
+    # its own memory only: its children are listed below
+    out[supervisor.NAME] = {
+        "healthy": sup is not None,
+        "pid": sup,
+        "rss_bytes": rss_bytes(sup) if sup else None,
+    }
+    state = supervisor.read_state(settings)
     for name in APP_PROCESSES:
         pid = app_process(settings, name).pid()
         # the autoscaler's replicas are its children, each listed (and counted) under it
         memory = rss_bytes if name == AUTOSCALER else tree_rss_bytes
         rss = memory(pid) if pid is not None else None
-        out[name] = {"healthy": pid is not None, "pid": pid, "rss_bytes": rss}
+        restarts = state.get(name, {}).get("restarts", 0)
+        out[name] = {"healthy": pid is not None, "pid": pid, "rss_bytes": rss, "restarts": restarts}
     replicas = autoscale_view.replica_rows(settings)
     for row in replicas:
         replica_pid = row["pid"]
@@ -177,7 +216,9 @@ def status_lines(result: dict[str, dict[str, object]]) -> list[str]:
         rss = info.get("rss_bytes")
         rss = rss if isinstance(rss, int) else None
         total += rss or 0
-        detail = info.get("address") or f"pid {info.get('pid')}"
+        detail = str(info.get("address") or f"pid {info.get('pid')}")
+        if "restarts" in info:
+            detail += f", restarts {info['restarts']}"
         lines.append(f"{name:18s} {mark:8s} {format_bytes(rss):>9s}  {detail}")
         replicas = info.get("replicas", [])
         assert isinstance(replicas, list)
