@@ -8,7 +8,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from gateway.errors import STORE_DOWN, StoreUnavailable
 
@@ -32,16 +32,29 @@ class StoreGuard:
     async def read(self, fn: Callable[[], Awaitable[T]]) -> T:
         if self.down():
             raise StoreUnavailable()
+        # A task of its own, not asyncio.timeout around the await: asyncpg cancelling a query that a
+        # paused server never answers waits on that server, which would stretch the deadline.
+        task = asyncio.ensure_future(fn())
         try:
-            async with asyncio.timeout(self.deadline_s):
-                return await fn()
+            done, _ = await asyncio.wait({task}, timeout=self.deadline_s)
+            if not done:
+                task.cancel()
+                task.add_done_callback(_drop_result)
+                raise TimeoutError(f"no answer within {self.deadline_s}s")
+            return task.result()
         except STORE_DOWN as exc:
             self.failures += 1
             self._down_until = time.monotonic() + self.pause_s
             log.warning(
-                "registry store read failed (%s: %s); caches answer for %.1fs",
+                "registry store read failed (%s: %s); caches answer alone for %.1fs",
                 type(exc).__name__,
                 exc,
                 self.pause_s,
             )
             raise StoreUnavailable() from exc
+
+
+def _drop_result(task: asyncio.Future[Any]) -> None:
+    """Retrieve a given-up read's outcome, so that asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()
