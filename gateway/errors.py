@@ -18,13 +18,15 @@ log = logging.getLogger(__name__)
 
 # What a PostgreSQL outage raises through a time-bounded pool: a refused or reset connection and a timeout
 # (TimeoutError is an OSError), a lost connection, a server shutting down, restarting or cancelling a
-# statement, a connection closed under the caller.
+# statement, a connection closed under the caller, or asyncpg's protocol state broken by a lost connection
+# ("cannot switch to state ...; another operation is in progress").
 STORE_DOWN: tuple[type[Exception], ...] = (
     OSError,
     asyncpg.PostgresConnectionError,
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.InsufficientResourcesError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
 )
 STORE_RETRY_AFTER_S = 2
 

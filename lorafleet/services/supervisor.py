@@ -172,10 +172,17 @@ class Supervisor:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        while not stopping:
-            self.step()
-            time.sleep(POLL_S)
-        self.stop_all()
+        # Its own pid file too when run by hand, not by `services up`: `status` and `down` find it.
+        own = ManagedProcess(NAME, run_dir(self.settings), log_dir(self.settings)).pid_file
+        own.parent.mkdir(parents=True, exist_ok=True)
+        own.write_text(str(os.getpid()))
+        try:
+            while not stopping:
+                self.step()
+                time.sleep(POLL_S)
+            self.stop_all()
+        finally:
+            own.unlink(missing_ok=True)
 
 
 def _signal(child: Child, sig: signal.Signals) -> None:

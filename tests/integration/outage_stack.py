@@ -1,0 +1,210 @@
+"""A control plane of its own for the outage tests: a private PostgreSQL cluster and Kafka broker on free
+ports in a temp folder (started with lorafleet.services' own code), and the app processes under
+`lorafleet services supervise`. The faults act on these private processes only, never the shared ones."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.ports import free_port
+from bench.processes import stop, wait_http
+from lorafleet.config import PlatformSettings
+from lorafleet.db.migrate import migrate
+from lorafleet.kafka import ensure_topics
+from lorafleet.services import kafka, postgres, supervisor
+from lorafleet.services.process import pid_alive
+
+REPO = Path(__file__).resolve().parents[2]
+SERVICE_TOKEN = "outage-test-service-token"
+APPS = ("relay", "gateway", "registry-validator", "placement-worker", "public-gateway")
+
+
+@dataclass
+class Stack:
+    settings: PlatformSettings
+    env: dict[str, str]
+    internal_url: str
+    public_url: str
+    supervisor: subprocess.Popen | None = None
+
+    def postmaster_pid(self) -> int:
+        pid_file = self.settings.data_path / "postgres" / "data" / "postmaster.pid"
+        return int(pid_file.read_text().splitlines()[0])
+
+    def app_pids(self) -> dict[str, int | None]:
+        state = supervisor.read_state(self.settings)
+        return {name: state.get(name, {}).get("pid") for name in APPS}  # type: ignore[misc]
+
+    def restarts(self) -> dict[str, int]:
+        state = supervisor.read_state(self.settings)
+        return {name: int(state.get(name, {}).get("restarts", 0)) for name in APPS}  # type: ignore[call-overload]
+
+    def all_running(self) -> bool:
+        pids = self.app_pids()
+        return all(p is not None and pid_alive(p) for p in pids.values())
+
+
+def _private_settings(base: Path, s3: PlatformSettings) -> PlatformSettings:
+    pg_port, kafka_port, controller_port = free_port(), free_port(), free_port()
+    return PlatformSettings(
+        data_dir=base,
+        postgres_port=pg_port,
+        database_url=f"postgresql://lorafleet:lorafleet@127.0.0.1:{pg_port}/lorafleet",
+        kafka_bootstrap=f"127.0.0.1:{kafka_port}",
+        kafka_controller_port=controller_port,
+        s3_endpoint=s3.s3_endpoint,
+        s3_access_key=s3.s3_access_key,
+        s3_secret_key=s3.s3_secret_key,
+    )
+
+
+def _env(settings: PlatformSettings, internal_port: int, public_port: int) -> dict[str, str]:
+    return {
+        **os.environ,
+        "LORAFLEET_DATA_DIR": str(settings.data_path),
+        "LORAFLEET_POSTGRES_PORT": str(settings.postgres_port),
+        "LORAFLEET_DATABASE_URL": settings.database_url,
+        "LORAFLEET_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "LORAFLEET_KAFKA_CONTROLLER_PORT": str(settings.kafka_controller_port),
+        "LORAFLEET_S3_ENDPOINT": settings.s3_endpoint,
+        "LORAFLEET_S3_ACCESS_KEY": settings.s3_access_key,
+        "LORAFLEET_S3_SECRET_KEY": settings.s3_secret_key,
+        # tighter bounds than the defaults, so the short faults below show every path
+        "LORAFLEET_DB_COMMAND_TIMEOUT_S": "3",
+        "LORAFLEET_DB_STATEMENT_TIMEOUT_MS": "3000",
+        "LORAFLEET_RETRY_MAX_S": "2",
+        "LORAFLEET_RESTART_INITIAL_S": "0.5",
+        "LORAFLEET_RELAY_POLL_INTERVAL_S": "0.1",
+        "LORAFLEET_RELAY_METRICS_PORT": "0",
+        "LORAFLEET_GATEWAY_VALIDATOR_METRICS_PORT": "0",
+        "LORAFLEET_PLACEMENT_METRICS_PORT": "0",
+        "LORAFLEET_PLACEMENT_TICK_S": "1",
+        "LORAFLEET_GATEWAY_INTERNAL_PORT": str(internal_port),
+        "LORAFLEET_GATEWAY_PUBLIC_PORT": str(public_port),
+        "LORAFLEET_GATEWAY_SERVICE_TOKEN": SERVICE_TOKEN,
+        "LORAFLEET_GATEWAY_KEY_CACHE_TTL_S": "1",
+        "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": "outage-",
+        "LORAFLEET_PLACEMENT_REPLICA_ID_PREFIX": "outage-",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+
+
+def _infra_up(settings: PlatformSettings) -> None:
+    postgres.up(settings)
+    kafka.up(settings)
+    asyncio.run(migrate(settings.database_url))
+    asyncio.run(ensure_topics(settings))
+
+
+def _infra_down(settings: PlatformSettings) -> None:
+    with contextlib.suppress(Exception):
+        resume_postgres_tree(settings)
+    with contextlib.suppress(Exception):
+        postgres.down(settings)
+    with contextlib.suppress(Exception):
+        kafka.down(settings)
+
+
+def postgres_tree(settings: PlatformSettings) -> list[int]:
+    """The postmaster and every process it forked (backends, checkpointer, WAL writer...)."""
+    pid_file = settings.data_path / "postgres" / "data" / "postmaster.pid"
+    root = int(pid_file.read_text().splitlines()[0])
+    found = [root]
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == root:
+            found.append(int(proc.name))
+    return found
+
+
+def pause_postgres_tree(settings: PlatformSettings) -> list[int]:
+    pids = postgres_tree(settings)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    return pids
+
+
+def resume_postgres_tree(settings: PlatformSettings) -> None:
+    for pid in postgres_tree(settings):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+@contextlib.asynccontextmanager
+async def outage_stack(s3: PlatformSettings) -> AsyncIterator[Stack]:
+    # Not pytest's tmp_path: PostgreSQL runs as the postgres user when we are root, and pytest's base
+    # folder is private to us.
+    base = Path(tempfile.mkdtemp(prefix="lorafleet-outage-"))
+    base.chmod(0o755)
+    settings = _private_settings(base, s3)
+    internal_port, public_port = free_port(), free_port()
+    stack = Stack(
+        settings,
+        _env(settings, internal_port, public_port),
+        f"http://127.0.0.1:{internal_port}",
+        f"http://127.0.0.1:{public_port}",
+    )
+    try:
+        await asyncio.to_thread(_infra_up, settings)
+        log = settings.data_path / "logs"
+        log.mkdir(parents=True, exist_ok=True)
+        with open(log / "supervisor.log", "ab") as out:
+            stack.supervisor = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "lorafleet.cli",
+                    "services",
+                    "supervise",
+                    *(f"--only={a}" for a in APPS),
+                ],
+                env=stack.env,
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        await wait_http(f"{stack.public_url}/health", 120, stack.supervisor)
+        await wait_http(f"{stack.internal_url}/openapi.json", 60, stack.supervisor)
+        yield stack
+    finally:
+        await asyncio.to_thread(stop, stack.supervisor, 40.0)
+        await asyncio.to_thread(_infra_down, settings)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def tail(stack: Stack, name: str, lines: int = 40) -> str:
+    path = stack.settings.data_path / "logs" / f"{name}.log"
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+def status_json(stack: Stack) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "lorafleet.cli", "services", "status", "--json"],
+        env=stack.env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return json.loads(out.stdout)
