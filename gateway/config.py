@@ -47,10 +47,6 @@ class GatewaySettings(BaseSettings):
     default_max_tokens: int = Field(default=256, ge=1)
     key_cache_ttl_s: float = Field(default=5.0, ge=0)
     alias_cache_ttl_s: float = Field(default=10.0, ge=0)
-    # A public-path read of PostgreSQL gives up after this (then a cached answer or a 503 with Retry-After),
-    # and after a failed read the caches answer alone for store_pause_s before the store is tried again.
-    store_deadline_s: float = Field(default=2.0, gt=0)
-    store_pause_s: float = Field(default=1.0, ge=0)
     # Router: affinity | cost | random (the A/B baseline); owners per adapter; spill past this many tokens.
     routing_mode: str = "affinity"
     owners_k: int = Field(default=2, ge=1)

@@ -85,7 +85,7 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool = await create_pool(config.platform, min_size=1, max_size=10)
-        guard = StoreGuard(settings.store_deadline_s, settings.store_pause_s)
+        guard = StoreGuard(config.platform.db_read_deadline_s, config.platform.db_read_pause_s)
         publisher = CompletionPublisher(config.platform)
         await publisher.start()
         online = Online(

@@ -26,6 +26,10 @@ class PlatformSettings(BaseSettings):
     db_acquire_timeout_s: float = Field(default=5.0, gt=0, description="waiting for a pooled connection")
     db_command_timeout_s: float = Field(default=10.0, gt=0, description="one query, on the client")
     db_statement_timeout_ms: int = Field(default=10_000, ge=0, description="server statement_timeout")
+    # A read with a cached answer to fall back on (the public gateway's keys and aliases) gives up after
+    # db_read_deadline_s; after a failed one the caches answer alone for db_read_pause_s.
+    db_read_deadline_s: float = Field(default=2.0, gt=0)
+    db_read_pause_s: float = Field(default=1.0, ge=0)
     # A worker whose Kafka or PostgreSQL fails starts over after an exponential backoff between these.
     retry_initial_s: float = Field(default=0.5, gt=0)
     retry_max_s: float = Field(default=10.0, gt=0)

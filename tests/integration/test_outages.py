@@ -44,7 +44,7 @@ pytestmark = [
 
 FAULT_S = 6.0  # each fault's length before the service is brought back
 HANG_S = 15.0  # a request still unanswered after this counts as hung
-PUBLIC_DEADLINE_S = 2.0 + 3.0  # store_deadline_s, plus slack for a loaded machine
+PUBLIC_DEADLINE_S = 2.0 + 3.0  # db_read_deadline_s, plus slack for a loaded machine
 INTERNAL_DEADLINE_S = 3.0 + 3.0 + 3.0  # db connect + command timeouts (as the test env sets them), plus slack
 HEALTHY_WITHIN_S = 60.0
 TENANT = "outage"
