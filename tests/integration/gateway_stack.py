@@ -95,10 +95,16 @@ async def gateway_stack(
     adapter_root: Path,
     base_hash: str,
     work: Path,
-    replica_ids: tuple[str, ...] = ("gwt-a", "gwt-b"),
+    replica_ids: tuple[str, ...] | None = None,
     extra_env: dict[str, str] | None = None,
 ) -> AsyncIterator[GatewayStack]:
     name = f"gw_{uuid.uuid4().hex[:10]}"
+    # Two replicas with ids of this stack's own by default: parallel runs share Kafka's replica.state, and
+    # the gateway routes only to ids with the given ones' common prefix.
+    if replica_ids is None:
+        unique = f"gwt{uuid.uuid4().hex[:6]}-"
+        replica_ids = (unique + "a", unique + "b")
+    prefix = os.path.commonprefix(list(replica_ids))
     database_url = await create_database(platform.database_url, name)
     keys = await _seed(database_url, {k: adapter_root / k for k in ADAPTERS}, base_hash)
     env = {
@@ -117,7 +123,7 @@ async def gateway_stack(
         "LORAFLEET_GATEWAY_REPLICA_STALE_S": "1.5",
         "LORAFLEET_GATEWAY_KEY_CACHE_TTL_S": "0.5",
         # route only to this stack's replicas, never to a `make up` fleet sharing the same Kafka
-        "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": "gwt-",
+        "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": prefix,
         "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
         **(extra_env or {}),

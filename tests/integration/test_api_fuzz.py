@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -61,10 +60,9 @@ async def stack(
     await asyncio.to_thread(make_peft_adapters, model_dir, root, list(ADAPTERS), base_hash)
     # No replica is killed here: a long staleness keeps a loaded machine's late replica.state from
     # emptying the router's view, so a 503 would be the gateway's own.
-    prefix = f"fz{uuid.uuid4().hex[:6]}-"  # parallel runs share Kafka's replica.state
-    extra = {"LORAFLEET_GATEWAY_REPLICA_STALE_S": "30", "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": prefix}
-    work, ids = tmp_path_factory.mktemp("gw"), (prefix + "a", prefix + "b")
-    async with gateway_stack(services.settings(), root, base_hash, work, ids, extra) as s:
+    extra = {"LORAFLEET_GATEWAY_REPLICA_STALE_S": "30"}
+    work = tmp_path_factory.mktemp("gw")
+    async with gateway_stack(services.settings(), root, base_hash, work, extra_env=extra) as s:
         await wait_until(lambda: _both_replicas_live(s), "both replicas to become live", 60)
         yield s
 

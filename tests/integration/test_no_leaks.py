@@ -172,11 +172,7 @@ async def test_no_prompt_key_or_token_leaks_and_no_process_outlives_the_stack(
 
     base_hash = base_model_hash(model_dir)
     await asyncio.to_thread(make_peft_adapters, model_dir, tmp_path / "adapters", list(ADAPTERS), base_hash)
-    prefix = f"lk{uuid.uuid4().hex[:6]}-"  # parallel runs share Kafka's replica.state
-    ids, extra = (prefix + "a", prefix + "b"), {"LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": prefix}
-    async with gateway_stack(
-        services.settings(), tmp_path / "adapters", base_hash, tmp_path, ids, extra
-    ) as stack:
+    async with gateway_stack(services.settings(), tmp_path / "adapters", base_hash, tmp_path) as stack:
         t = Traffic(stack)
         internal_token = "sk-internal-" + uuid.uuid4().hex
         t.extra_secrets.append(internal_token)
