@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
 from schemas.console import AdapterWindow, AlertView, FleetReplica, FleetSnapshot, ReplicaPhase
@@ -36,14 +36,18 @@ def fleet_snapshot(
     alerts: list[AlertView],
     stale_s: float,
     replica_prefix: str = "",
+    hit_rates: Mapping[str, float | None] | None = None,
     at: datetime | None = None,
 ) -> FleetSnapshot:
-    """Replicas seen in the last FORGET_AFTER_S, the stats windows of the adapters they hold, and the alerts
-    but a replica alert about another fleet's replica (adapter.stats and alerts are shared by every fleet on
-    one Kafka; replica ids carry the fleet's prefix)."""
+    """Replicas seen in the last FORGET_AFTER_S with this gateway's GPU hit rate on each, the stats windows of
+    the adapters they hold, and the alerts but a replica alert about another fleet's replica (adapter.stats
+    and alerts are shared by every fleet on one Kafka; replica ids carry the fleet's prefix)."""
     replicas = [
         FleetReplica(
-            **s.model_dump(include=set(FleetReplica.model_fields)), phase=phase(s, age, stale_s), age_s=age
+            **s.model_dump(include=set(FleetReplica.model_fields)),
+            phase=phase(s, age, stale_s),
+            age_s=age,
+            gpu_hit_rate=(hit_rates or {}).get(s.replica_id),
         )
         for s, age in states
         if age <= FORGET_AFTER_S

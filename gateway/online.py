@@ -103,6 +103,7 @@ class Online:
         rec.replica_id = upstream.replica.replica_id
         rec.tier = upstream.adapter_tier
         self.view.add_inflight(rec.replica_id, rec.reserved_tokens)
+        self.view.record_tier(rec.replica_id, rec.tier)
         return upstream
 
     async def finish(self, rec: RequestRecord, status: RequestStatus, error_code: str | None) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from aiokafka.structs import TopicPartition
 
+from gateway.hit_window import HitWindow
 from gateway.routing import ReplicaLoad
 from lorafleet.config import PlatformSettings
 from lorafleet.kafka import make_consumer
@@ -43,6 +44,7 @@ class ReplicaView:
         self.replica_id_prefix = replica_id_prefix
         self._entries: dict[str, _Entry] = {}
         self._inflight: dict[str, int] = {}
+        self._hits = HitWindow()
 
     def apply(self, state: ReplicaState) -> None:
         """Keep the newest state; its age counts from when the replica sent it, not when it arrived."""
@@ -65,6 +67,14 @@ class ReplicaView:
 
     def inflight(self, replica_id: str) -> int:
         return self._inflight.get(replica_id, 0)
+
+    def record_tier(self, replica_id: str, tier: str | None) -> None:
+        """Where a request this gateway routed to replica_id found its adapter."""
+        self._hits.record(replica_id, tier == "gpu", self.clock())
+
+    def gpu_hit_rate(self, replica_id: str) -> float | None:
+        """Of the last minute's requests this gateway routed there, the share served from a GPU slot."""
+        return self._hits.rate(replica_id, self.clock())
 
     def states(self) -> list[tuple[ReplicaState, float]]:
         """Every replica's newest state with its age in seconds (stale ones included), by replica id."""

@@ -25,6 +25,8 @@ ReplicaPhase = Literal["starting", "warming", "ready", "draining", "merged", "st
 class FleetReplica(ReplicaStateBody):
     phase: ReplicaPhase
     age_s: float = Field(ge=0)  # since the replica sent its last state
+    # of the last minute's requests this gateway routed there, the share served from a GPU slot
+    gpu_hit_rate: float | None = None
 
 
 class AdapterWindow(BaseModel):

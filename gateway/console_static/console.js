@@ -174,6 +174,7 @@ function renderFleet(snap) {
     el("td", {}, tags(r.disk_adapters)),
     el("td", {}, String(r.queue_depth)),
     el("td", {}, String(r.tokens_in_flight)),
+    el("td", { class: "gpu-hit-rate" }, pct(r.gpu_hit_rate)),
     el("td", {}, r.loads_per_min.toFixed(1)),
     el("td", {}, r.evictions_per_min.toFixed(1)),
     el("td", {}, `${r.age_s.toFixed(1)} s`),

@@ -85,7 +85,9 @@ async def list_reports() -> ReportList:
 
 def _snapshot(online: Online, feed: ConsoleFeed) -> FleetSnapshot:
     view = online.view
-    return fleet_snapshot(view.states(), feed.windows(), feed.alerts(), view.stale_s, view.replica_id_prefix)
+    states = view.states()
+    hits = {s.replica_id: view.gpu_hit_rate(s.replica_id) for s, _ in states}
+    return fleet_snapshot(states, feed.windows(), feed.alerts(), view.stale_s, view.replica_id_prefix, hits)
 
 
 @admin.get("/fleet", response_model=FleetSnapshot)

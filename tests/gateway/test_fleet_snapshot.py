@@ -39,9 +39,14 @@ def test_the_snapshot_keeps_recent_replicas_and_the_stats_of_the_adapters_they_h
     windows = [window("a", 10, 1.0), window("b", 10, 0.0), window("other-fleet", 100, 0.0)]
     alerts = [alert("thrashing", "r1"), alert("thrashing", "other-fleet-0"), alert("slo_ttft", "acme")]
     states = [(held, 1.0), (gone, FORGET_AFTER_S + 1)]
-    snap = fleet_snapshot(states, windows, alerts, 3.0, replica_prefix="r", at=T0 + timedelta(1))
+    hit_rates = {"r1": 0.25}
+    snap = fleet_snapshot(states, windows, alerts, 3.0, "r", hit_rates, at=T0 + timedelta(1))
     assert [r.replica_id for r in snap.replicas] == ["r1"]
-    assert (snap.replicas[0].phase, snap.replicas[0].age_s) == ("ready", 1.0)
+    assert (snap.replicas[0].phase, snap.replicas[0].age_s, snap.replicas[0].gpu_hit_rate) == (
+        "ready",
+        1.0,
+        0.25,
+    )
     assert [w.adapter_id for w in snap.adapter_stats] == ["a", "b"]
     assert snap.gpu_hit_rate == 0.5
     assert [a.subject for a in snap.alerts] == ["r1", "acme"]  # not another fleet's replica

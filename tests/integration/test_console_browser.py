@@ -6,6 +6,7 @@ the fleet view shows the replica live, and a wrong key shows OpenAI's error from
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -160,6 +161,17 @@ async def test_the_fleet_view_shows_the_replica_live_behind_the_token(
     await expect(page.locator("#fleet-status")).to_have_text("live")
     replica = page.locator("tr[data-replica='gwt-console']")
     await expect(replica.locator(".status")).to_have_text("ready")
+    await expect(replica.locator(".gpu-hit-rate")).to_have_text(re.compile(r"^(-|\d+%)$"))
+    async with httpx.AsyncClient() as c:  # a request through this gateway: the replica's hit rate is a share
+        chat = {
+            "model": "acme/support:prod",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+        }
+        headers = {"Authorization": f"Bearer {stack.keys['acme']}"}
+        resp = await c.post(f"{stack.url}/v1/chat/completions", json=chat, headers=headers, timeout=120)
+        assert resp.status_code == 200, resp.text
+    await expect(replica.locator(".gpu-hit-rate")).to_have_text(re.compile(r"^\d+%$"))
 
     async def pushed_again() -> bool:  # a snapshot a second, not a one-off page
         first = await page.locator("#fleet-summary").inner_text()
