@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 from collections.abc import AsyncIterator
 
 import asyncpg
@@ -22,6 +23,7 @@ from tests.integration.waiting import wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CHROMIUM = "/usr/bin/chromium"
+REPLICA = f"gwc{uuid.uuid4().hex[:6]}-a"  # its own id prefix: the gateway routes only to this stack's replica
 TIMEOUT_MS = 90_000  # a chat on a loaded 2-core machine, first load of the adapter included
 
 
@@ -35,10 +37,8 @@ async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
     # B large enough that two versions' greedy answers differ, so a deploy shows in the text
     await asyncio.to_thread(make_peft_adapters, model_dir, root, list(ADAPTERS), base_hash, 8, 0.5)
     work = tmp_path_factory.mktemp("gw")
-    async with gateway_stack(services.settings(), root, base_hash, work, replica_ids=("gwt-console",)) as s:
-        await wait_until(
-            lambda: _routes_to(s, "gwt-console"), "the replica to become live in the gateway", 90
-        )
+    async with gateway_stack(services.settings(), root, base_hash, work, replica_ids=(REPLICA,)) as s:
+        await wait_until(lambda: _routes_to(s, REPLICA), "the replica to become live in the gateway", 90)
         yield s
 
 
@@ -159,7 +159,7 @@ async def test_the_fleet_view_shows_the_replica_live_behind_the_token(
     await page.fill("#admin-token-fleet", ADMIN_TOKEN)
     await page.click("#fleet-connect")
     await expect(page.locator("#fleet-status")).to_have_text("live")
-    replica = page.locator("tr[data-replica='gwt-console']")
+    replica = page.locator(f"tr[data-replica='{REPLICA}']")
     await expect(replica.locator(".status")).to_have_text("ready")
     await expect(replica.locator(".gpu-hit-rate")).to_have_text(re.compile(r"^(-|\d+%)$"))
     async with httpx.AsyncClient() as c:  # a request through this gateway: the replica's hit rate is a share
