@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -47,8 +48,9 @@ class GatewaySettings(BaseSettings):
     default_max_tokens: int = Field(default=256, ge=1)
     key_cache_ttl_s: float = Field(default=5.0, ge=0)
     alias_cache_ttl_s: float = Field(default=10.0, ge=0)
-    # Router: affinity | cost | random (the A/B baseline); owners per adapter; spill past this many tokens.
-    routing_mode: str = "affinity"
+    # Router (gateway/routing.py): cost (the default) | affinity | random (the A/B baseline); owners per
+    # adapter; spill past this many tokens.
+    routing_mode: Literal["cost", "affinity", "random"] = "cost"
     owners_k: int = Field(default=2, ge=1)
     spill_threshold_tokens: int = Field(default=32_000, ge=0)
     # Prefer an owner that has the adapter in a GPU slot unless it is this many tokens busier.

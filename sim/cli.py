@@ -82,7 +82,7 @@ def simulate_cmd(
     adapters: Annotated[int, typer.Option(help="Adapters in the Zipf mix.")] = 5000,
     rate: Annotated[float, typer.Option(help="Requests per second (Poisson).")] = 40.0,
     zipf: Annotated[float, typer.Option(help="Zipf exponent s of adapter popularity.")] = 1.0,
-    routing: Annotated[str, typer.Option(help="affinity | cost | table | random")] = "affinity",
+    routing: Annotated[str, typer.Option(help="cost | affinity | table | random")] = "cost",
     duration: Annotated[float, typer.Option(help="Simulated seconds of arrivals.")] = 3600.0,
     warmup: Annotated[float, typer.Option(help="Seconds of arrivals left out of the report.")] = 60.0,
     seed: Annotated[int, typer.Option()] = 0,
