@@ -65,6 +65,15 @@ class GatewaySettings(BaseSettings):
     replica_service_token: SecretStr = SecretStr("dev-service-token")
     replica_connect_timeout_s: float = Field(default=2.0, gt=0)
     replica_read_timeout_s: float = Field(default=60.0, gt=0)
+    # A replica that sends no first token this long after the request went to it is given up on (and
+    # marked failed): the next owner gets the request, and past the last the client gets 504.
+    first_token_timeout_s: float = Field(default=10.0, gt=0)
+    # A streaming replica silent this long is given up on: the stream ends with an upstream_timeout error.
+    stall_timeout_s: float = Field(default=10.0, gt=0)
+    # Bytes one SSE stream may hold for a client that is not reading them; past this the stream is cut.
+    stream_buffer_bytes: int = Field(default=256 * 1024, ge=1024)
+    # A client that takes no SSE message for this long has its stream cut as well.
+    client_send_timeout_s: float = Field(default=30.0, gt=0)
     # When set, the public gateway runs under cProfile (CPU time) and writes its stats here when it stops.
     profile_path: Path | None = None
 

@@ -91,6 +91,13 @@ class StoreUnavailable(ServiceUnavailable):
         )
 
 
+class GatewayTimeout(GatewayError):
+    """A replica sent no first token, or went silent mid-stream, within its deadline."""
+
+    status = 504
+    type = "server_error"
+
+
 class BadGateway(GatewayError):
     """A replica answered with something that is not the generate contract."""
 

@@ -50,3 +50,14 @@ class GatewayMetrics:
             ["tenant", "limit"],
             registry=self.registry,
         )
+        self.replica_failures = Counter(
+            "gateway_replica_failures",
+            "Replicas given up on (no first token in time, silent mid-stream, connection lost), by replica.",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.streams_cut = Counter(
+            "gateway_streams_cut",
+            "SSE streams cut because the client stopped reading (buffer full or a send timed out).",
+            registry=self.registry,
+        )

@@ -96,10 +96,21 @@ class Online:
             self.metrics.requests.labels(caller.tenant_id, "429").inc()
         return decision
 
+    def replica_failed(self, replica_id: str) -> None:
+        """A replica was given up on: count it and keep the router off it until it reports again."""
+        self.metrics.replica_failures.labels(replica_id).inc()
+        self.view.mark_failed(replica_id)
+
     async def open_upstream(self, rec: RequestRecord, body: GenerateRequest) -> UpstreamStream:
         assert rec.adapter_id is not None
         plan = self.route(rec.adapter_id, self.view.live(), self.policy, self.rng)
-        upstream = await self.replicas.open(plan.replicas, body, self.view.mark_failed)
+        upstream = await self.replicas.open(
+            plan.replicas,
+            body,
+            self.replica_failed,
+            first_token_s=self.settings.first_token_timeout_s,
+            stall_s=self.settings.stall_timeout_s,
+        )
         rec.replica_id = upstream.replica.replica_id
         rec.tier = upstream.adapter_tier
         self.view.add_inflight(rec.replica_id, rec.reserved_tokens)

@@ -1,16 +1,21 @@
 """Streaming client to the replica service: open a generate stream on the first replica that answers.
 
-A connection failure before any byte (refused, reset, timed out connecting) moves to the next replica of
-the route plan, once; the failed replica is reported so the router stops choosing it. A replica that
-answers with an error status is not retried when the request itself is at fault (4xx other than "adapter
-not here"); a replica that cannot take it (503, adapter missing there) passes it on like a failure.
+A stream counts as open once its first event line has arrived, within first_token_s of sending the request
+(connecting included). A replica that fails before that (refused, reset, silent past the deadline, or a
+body that ends before its first line) is reported so the router stops choosing it, and the next replica of
+the route plan is tried, once: nothing has reached the client yet. A replica that answers with an error
+status is not retried when the request itself is at fault (4xx other than "adapter not here"); a replica
+that cannot take it (503, adapter missing there) passes it on like a failure. Once open, a stream whose
+replica sends nothing for stall_s raises UpstreamStalled.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import get_args
 
 import httpx
@@ -30,7 +35,20 @@ _TIERS: dict[str, Tier] = {tier: tier for tier in get_args(Tier)}
 
 
 class ReplicaUnavailable(Exception):
-    """No replica of the plan could take the request."""
+    """No replica of the plan could take the request; timed_out when the last one tried sent no first
+    event within the first-token deadline."""
+
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+class UpstreamStalled(Exception):
+    """An open stream's replica sent nothing within the stall deadline."""
+
+
+class _NoFirstLine(Exception):
+    """The body ended before its first event line."""
 
 
 class ReplicaRejected(Exception):
@@ -44,27 +62,58 @@ class ReplicaRejected(Exception):
 
 @dataclass
 class UpstreamStream:
-    """An open NDJSON generate stream on one replica."""
+    """An open NDJSON generate stream on one replica; on_failure reports the replica as failed."""
 
     replica: ReplicaLoad
     response: httpx.Response
     retried: bool
+    stall_s: float = math.inf
+    on_failure: Callable[[str], None] = field(default=lambda _replica_id: None)
+    _chunks: AsyncIterator[bytes] | None = field(default=None, init=False, repr=False)
+    _lines: list[bytes] = field(default_factory=list, init=False, repr=False)
+    _rest: bytes = field(default=b"", init=False, repr=False)
+    _ended: bool = field(default=False, init=False, repr=False)
 
     @property
     def adapter_tier(self) -> Tier | None:
         """The tier the replica found the adapter in (x-adapter-tier); None when absent or unknown."""
         return _TIERS.get(self.response.headers.get("x-adapter-tier", ""))
 
+    async def _fill(self, deadline_s: float) -> None:
+        """Read chunks until a whole line is buffered or the body ends; UpstreamStalled past deadline_s
+        without a byte."""
+        if self._chunks is None:
+            self._chunks = self.response.aiter_bytes()
+        while not self._lines and not self._ended:
+            try:
+                async with asyncio.timeout(None if math.isinf(deadline_s) else deadline_s):
+                    chunk = await anext(self._chunks)
+            except StopAsyncIteration:
+                self._ended = True
+                if self._rest:
+                    self._lines.append(self._rest)
+                return
+            except TimeoutError as exc:
+                raise UpstreamStalled(
+                    f"no byte from replica {self.replica.replica_id} in {deadline_s} s"
+                ) from exc
+            *lines, self._rest = (self._rest + chunk).split(b"\n")
+            self._lines.extend(line for line in lines if line)
+
+    async def prefetch(self) -> None:
+        """Buffer the first event line (the caller bounds the wait); _NoFirstLine when the body has none."""
+        await self._fill(math.inf)
+        if not self._lines:
+            raise _NoFirstLine(f"replica {self.replica.replica_id} ended the stream before its first line")
+
     async def lines(self) -> AsyncIterator[bytes]:
-        """The NDJSON body's non-empty lines, as raw bytes without their newline."""
-        rest = b""
-        async for chunk in self.response.aiter_bytes():
-            *lines, rest = (rest + chunk).split(b"\n")
-            for line in lines:
-                if line:
-                    yield line
-        if rest:
-            yield rest
+        """The NDJSON body's non-empty lines, as raw bytes without their newline; UpstreamStalled when the
+        replica is silent for stall_s."""
+        while True:
+            await self._fill(self.stall_s)
+            if not self._lines:
+                return
+            yield self._lines.pop(0)
 
     async def aclose(self) -> None:
         await self.response.aclose()
@@ -91,37 +140,41 @@ class ReplicaClient:
         body: GenerateRequest,
         on_failure: Callable[[str], None],
         max_attempts: int = 2,
+        first_token_s: float = math.inf,
+        stall_s: float = math.inf,
     ) -> UpstreamStream:
-        """Open the stream on plan[0], or on the next replica after a connection failure (once)."""
-        attempts = 0
+        """Open the stream on plan[0], or on the next replica after a failure before its first line (once)."""
         content = body.model_dump_json(exclude_none=True)
-        for replica in plan:
-            if attempts >= max_attempts:
-                break
-            attempts += 1
+        timed_out = False
+        for attempt, replica in enumerate(plan[:max_attempts], start=1):
             url = f"{replica.url.rstrip('/')}/internal/replicas/{replica.replica_id}/generate"
             request = self.http.build_request("POST", url, content=content, headers=_JSON)
+            response: httpx.Response | None = None
             try:
-                response = await self.http.send(request, stream=True)
-            except (
-                httpx.ConnectError,
-                httpx.ConnectTimeout,
-                httpx.RemoteProtocolError,
-                httpx.ReadError,
-            ) as exc:
-                log.warning("replica %s unreachable before the first byte: %r", replica.replica_id, exc)
+                async with asyncio.timeout(None if math.isinf(first_token_s) else first_token_s):
+                    response = await self.http.send(request, stream=True)
+                    if response.status_code != 200:
+                        await self._refused(replica, response)
+                        timed_out = False
+                        continue
+                    upstream = UpstreamStream(replica, response, attempt > 1, stall_s, on_failure)
+                    await upstream.prefetch()
+                return upstream
+            except (TimeoutError, httpx.HTTPError, _NoFirstLine) as exc:
+                timed_out = isinstance(exc, TimeoutError | httpx.TimeoutException)
+                log.warning("replica %s failed before its first line: %r", replica.replica_id, exc)
                 on_failure(replica.replica_id)
-                continue
-            if response.status_code == 200:
-                return UpstreamStream(replica, response, retried=attempts > 1)
-            error = await _error_of(response)
-            if response.status_code >= 500 or error.code in _PASS_ON:
-                log.warning(
-                    "replica %s cannot take it: %s %s", replica.replica_id, response.status_code, error
-                )
-                continue
-            raise ReplicaRejected(response.status_code, error)
-        raise ReplicaUnavailable("no replica could take the request")
+                if response is not None:
+                    await response.aclose()
+        raise ReplicaUnavailable("no replica could take the request", timed_out)
+
+    async def _refused(self, replica: ReplicaLoad, response: httpx.Response) -> None:
+        """Return when the replica cannot take it (the next may); raise when the request is at fault."""
+        error = await _error_of(response)
+        if response.status_code >= 500 or error.code in _PASS_ON:
+            log.warning("replica %s cannot take it: %s %s", replica.replica_id, response.status_code, error)
+            return
+        raise ReplicaRejected(response.status_code, error)
 
 
 async def _error_of(response: httpx.Response) -> ErrorDetail:

@@ -3,8 +3,9 @@
 Each NDJSON line is parsed once, by the contract's own TypeAdapter, straight from its bytes. The reader
 yields every token line and then the done line, and records them on the request (first-token time, token
 count, usage). Any other ending raises the GatewayError the client gets, in OpenAI's error shape: the
-replica's own error line, a line that is not a generate event (502), or a stream that stops before its
-done line (503, retry).
+replica's own error line, a line that is not a generate event (502), a stream that stops before its
+done line (503 replica_lost, retry) or a replica silent past the stall deadline (504 upstream_timeout). A
+lost or silent replica is reported failed, so the router stops choosing it until it reports again.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from collections.abc import AsyncGenerator
 import httpx
 from pydantic import ValidationError
 
-from gateway.errors import BadGateway, GatewayError, ServiceUnavailable
+from gateway.errors import BadGateway, GatewayError, GatewayTimeout, ServiceUnavailable
 from gateway.online import RequestRecord
-from gateway.replica_client import UpstreamStream
+from gateway.replica_client import UpstreamStalled, UpstreamStream
 from schemas.replica_api import STREAM_EVENT, DoneEvent, TokenEvent
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,15 @@ log = logging.getLogger(__name__)
 def replica_lost() -> GatewayError:
     return ServiceUnavailable(
         "replica_lost", "the replica stopped before the completion finished", None, {"Retry-After": "1"}
+    )
+
+
+def upstream_timeout() -> GatewayError:
+    return GatewayTimeout(
+        "upstream_timeout",
+        "the replica stopped answering before the completion finished",
+        None,
+        {"Retry-After": "1"},
     )
 
 
@@ -58,7 +68,13 @@ async def completion_events(
             else:
                 err = event.error
                 raise ServiceUnavailable(err.code or "generation_failed", err.message or "generation failed")
+    except UpstreamStalled as exc:
+        log.warning("request %s: replica %s stalled mid-stream: %s", rec.request_id, rec.replica_id, exc)
+        upstream.on_failure(upstream.replica.replica_id)
+        raise upstream_timeout() from exc
     except httpx.HTTPError as exc:
         log.warning("request %s: replica %s lost mid-stream: %r", rec.request_id, rec.replica_id, exc)
+        upstream.on_failure(upstream.replica.replica_id)
         raise replica_lost() from exc
+    upstream.on_failure(upstream.replica.replica_id)
     raise replica_lost()

@@ -15,7 +15,14 @@ from pydantic import ValidationError
 
 from gateway.chat_relay import completion_response, sse_chunks
 from gateway.deps import PublicCaller
-from gateway.errors import BadRequest, NotFound, PayloadTooLarge, RateLimited, ServiceUnavailable
+from gateway.errors import (
+    BadRequest,
+    GatewayTimeout,
+    NotFound,
+    PayloadTooLarge,
+    RateLimited,
+    ServiceUnavailable,
+)
 from gateway.online import Online, RequestRecord
 from gateway.rate_limit import retry_after_header
 from gateway.replica_client import ReplicaRejected, ReplicaUnavailable
@@ -119,6 +126,11 @@ async def chat_completions(request: Request, caller: PublicCaller) -> Response:
             raise BadRequest(code or "invalid_request", msg, param) from exc
         raise ServiceUnavailable(code or "replica_error", msg, None, {"Retry-After": "1"}) from exc
     except ReplicaUnavailable as exc:
+        if exc.timed_out:
+            await online.finish(rec, "error", "upstream_timeout")
+            raise GatewayTimeout(
+                "upstream_timeout", "no replica sent a first token in time", None, {"Retry-After": "1"}
+            ) from exc
         await online.finish(rec, "error", "no_replica")
         raise ServiceUnavailable(
             "no_replica_available", "no replica can take this request now", None, {"Retry-After": "1"}
@@ -132,5 +144,12 @@ async def chat_completions(request: Request, caller: PublicCaller) -> Response:
         headers["x-lorafleet-merged"] = "true"
     if body.stream:
         stream = sse_chunks(rec, upstream, body.model, body.wants_usage_chunk(), online.finish)
-        return SseResponse(stream, headers=headers, ping_s=15)
+        return SseResponse(
+            stream,
+            headers=headers,
+            ping_s=15,
+            buffer_bytes=settings.stream_buffer_bytes,
+            send_timeout_s=settings.client_send_timeout_s,
+            on_cut=online.metrics.streams_cut.inc,
+        )
     return await completion_response(rec, upstream, body.model, headers, online.finish)

@@ -80,3 +80,49 @@ async def test_a_disconnect_stops_the_iterator_and_runs_its_cleanup() -> None:
     await task
     assert cleaned.is_set()
     assert exchange.bodies() == [b"data: a\r\n\r\n"]
+
+
+class StoppedReader(Exchange):
+    """A client that takes the response head and then reads nothing: every body message blocks."""
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.body":
+            await asyncio.Event().wait()
+        self.sent.append(message)
+
+
+async def test_a_client_that_stops_reading_is_cut_once_the_buffer_is_full() -> None:
+    closed = asyncio.Event()
+    produced = 0
+
+    async def endless() -> AsyncGenerator[bytes, None]:
+        nonlocal produced
+        try:
+            while True:
+                produced += 1
+                yield b"data: %06d\r\n\r\n" % produced
+                await asyncio.sleep(0)
+        finally:
+            closed.set()
+
+    cuts: list[bool] = []
+    response = SseResponse(endless(), buffer_bytes=1024, send_timeout_s=30, on_cut=lambda: cuts.append(True))
+    await _run(response, StoppedReader())
+    frame = len(b"data: 000001\r\n\r\n")
+    assert closed.is_set() and cuts == [True] and response.cut
+    assert response.buffered <= 1024 and produced <= 1024 // frame + 2
+
+
+async def test_a_send_that_waits_past_its_deadline_cuts_the_stream() -> None:
+    closed = asyncio.Event()
+
+    async def two() -> AsyncGenerator[bytes, None]:
+        try:
+            yield b"data: a\r\n\r\n"
+            yield b"data: b\r\n\r\n"
+        finally:
+            closed.set()
+
+    response = SseResponse(two(), send_timeout_s=0.1)
+    await _run(response, StoppedReader())
+    assert closed.is_set() and response.cut
