@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 
+import anyio
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
@@ -135,6 +136,10 @@ async def chat_completions(request: Request, caller: PublicCaller) -> Response:
         raise ServiceUnavailable(
             "no_replica_available", "no replica can take this request now", None, {"Retry-After": "1"}
         ) from exc
+    except BaseException:  # cancelled while waiting for the first token: the reservation still comes back
+        with anyio.CancelScope(shield=True):
+            await online.finish(rec, "cancelled", "client_disconnected")
+        raise
     headers = {
         "x-adapter-id": adapter_id,
         "x-adapter-tier": rec.tier or "ram",
