@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -30,6 +31,11 @@ class ReplicaSettings(BaseSettings):
     max_num_seqs: int = 32
     max_model_len: int = 2048
     max_num_batched_tokens: int = 8192  # prompt tokens admitted per step (at least one prompt)
+    # Which waiting request gets the next row: fair (least tokens served per tenant, see
+    # replica.engine.admission_queue) or fifo; under fair, one tenant holds at most max_rows_per_tenant
+    # rows (None: three quarters of max_num_seqs, so a burst leaves rows to the others).
+    admission: Literal["fair", "fifo"] = "fair"
+    max_rows_per_tenant: int | None = Field(default=None, ge=1)
 
     # rank bucket -> GPU slots in that bucket; an adapter goes to the smallest bucket >= its rank
     lora_slots: dict[int, int] = Field(default_factory=lambda: {8: 16, 16: 16, 32: 8, 64: 4})
@@ -74,3 +80,7 @@ class ReplicaSettings(BaseSettings):
 
     def url(self) -> str:
         return self.advertise_url or f"http://{self.host}:{self.port}"
+
+    def tenant_row_cap(self) -> int:
+        """Rows one tenant may hold at once under fair admission."""
+        return self.max_rows_per_tenant or max(1, self.max_num_seqs * 3 // 4)

@@ -20,6 +20,7 @@ from replica.adapter_cache.registry_client import RegistryClient
 from replica.adapter_cache.scrubber import scrub_forever
 from replica.config import ReplicaSettings
 from replica.control.state_publisher import Load, build_state
+from replica.engine.admission_queue import make_queue
 from replica.engine.async_engine import AsyncEngine
 from replica.engine.engine import LLMEngine
 from replica.engine.model_runner import ModelRunner
@@ -79,7 +80,8 @@ class Replica:
         runner = ModelRunner(model, settings.max_num_seqs, settings.max_model_len)
         eos = tokenizer.stop_token_ids if tokenizer is not None else set()
         factory = (lambda: IncrementalDetokenizer(tokenizer)) if tokenizer is not None else None
-        core = LLMEngine(runner, self.gpu, eos, settings.max_num_batched_tokens, factory)
+        waiting = make_queue(settings.admission, settings.tenant_row_cap())
+        core = LLMEngine(runner, self.gpu, eos, settings.max_num_batched_tokens, factory, waiting)
         self.engine = AsyncEngine(core)
         self.metrics = ReplicaMetrics(Path(settings.model_dir).name)
         self.metrics.watch_engine(self.gpu_slots, self.engine_load)

@@ -238,7 +238,7 @@ def create_app(replica: Replica, on_drained: Callable[[], None] | None = None) -
             replica.release(use)
 
         return LeasedStream(
-            _stream(replica, prompt, params, use, request_id, timer, trace),
+            _stream(replica, prompt, params, use, request_id, timer, trace, body.tenant_id),
             done,
             media_type="application/x-ndjson",
             headers=headers,
@@ -302,13 +302,14 @@ async def _stream(
     request_id: str,
     timer: RequestTimer,
     trace: AdmissionTrace,
+    tenant_id: str | None,
 ) -> AsyncIterator[bytes]:
     """NDJSON lines for one request; if the client goes away, closing this generator aborts the request."""
     if replica.lifecycle.expired:  # accepted, but the drain's deadline passed before it started
         err = ReplicaDrainingError("the replica is shutting down; retry the request")
         yield encode_event(ErrorEvent(error=err.to_body().error))
         return
-    gen = replica.engine.generate(prompt, params, use.engine_adapter_id, request_id, trace)
+    gen = replica.engine.generate(prompt, params, use.engine_adapter_id, request_id, trace, tenant_id)
     first = True
     async with contextlib.aclosing(gen):
         async for out in gen:

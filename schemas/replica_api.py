@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, TypeAdapter
 
 from schemas.api import ErrorDetail
 from schemas.events import ReplicaState, ReplicaStateBody
-from schemas.ids import AdapterId, Sha256
+from schemas.ids import AdapterId, Sha256, TenantId
 from schemas.openai import FinishReason, Usage
 
 _CONTRACT = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -45,13 +45,15 @@ class ChatMessage(BaseModel):
 
 
 class GenerateRequest(BaseModel):
-    """A prompt (exactly one of chat messages or token ids), the adapter to use (None = base) and sampling."""
+    """A prompt (exactly one of chat messages or token ids), the adapter to use (None = base), the tenant
+    whose fair share of the replica it counts against (None = no tenant) and sampling."""
 
     model_config = _CONTRACT
 
     messages: list[ChatMessage] | None = None
     prompt_token_ids: list[int] | None = None
     adapter_id: AdapterId | None = None
+    tenant_id: TenantId | None = None
     request_id: str | None = Field(default=None, max_length=128)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)

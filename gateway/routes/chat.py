@@ -69,7 +69,7 @@ def estimate_prompt_tokens(body: ChatCompletionRequest) -> int:
 
 
 def replica_body(
-    body: ChatCompletionRequest, adapter_id: str, request_id: str, max_tokens: int
+    body: ChatCompletionRequest, adapter_id: str, request_id: str, max_tokens: int, tenant_id: str
 ) -> GenerateRequest:
     """The replica's generate request; sampling fields the caller left out keep the replica's defaults."""
     # The replica's chat template knows system/user/assistant/tool; developer is OpenAI's new name for system.
@@ -81,6 +81,7 @@ def replica_body(
     return GenerateRequest(
         messages=messages,
         adapter_id=adapter_id,
+        tenant_id=tenant_id,
         request_id=request_id,
         max_tokens=max_tokens,
         max_tokens_is_default=body.max_completion_tokens is None and body.max_tokens is None,
@@ -119,7 +120,9 @@ async def chat_completions(request: Request, caller: PublicCaller) -> Response:
             {"Retry-After": wait, "retry-after-ms": str(max(1, int(decision.retry_after_s * 1000)))},
         )
     try:
-        upstream = await online.open_upstream(rec, replica_body(body, adapter_id, rec.request_id, max_tokens))
+        upstream = await online.open_upstream(
+            rec, replica_body(body, adapter_id, rec.request_id, max_tokens, caller.tenant_id)
+        )
     except ReplicaRejected as exc:
         await online.finish(rec, "error", exc.error.code or "replica_rejected")
         code, msg, param = exc.error.code, exc.error.message, exc.error.param

@@ -59,6 +59,7 @@ class AsyncEngine:
         adapter_id: str | None = None,
         request_id: str | None = None,
         trace: AdmissionTrace | None = None,
+        tenant_id: str | None = None,
     ) -> AsyncGenerator[StepOutput, None]:
         """Stream this request's outputs; leaving the iteration early cancels the request."""
         self.engine.check_request(prompt_token_ids, params)  # bad input fails here, before any event
@@ -67,7 +68,7 @@ class AsyncEngine:
         self._streams[request_id] = (asyncio.get_running_loop(), stream)
         if trace is not None:
             trace.queued = time.perf_counter()
-        self._commands.put(("add", (request_id, prompt_token_ids, params, adapter_id, trace)))
+        self._commands.put(("add", (request_id, prompt_token_ids, params, adapter_id, trace, tenant_id)))
         self._wake.set()
         finished = False
         try:

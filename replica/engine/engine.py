@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from replica.engine.admission_queue import AdmissionQueue
 from replica.engine.kv_cache import RowAllocator
 from replica.engine.model_runner import ModelRunner, StepInput
 from replica.engine.sampler import SamplingParams, make_generator, sample
@@ -44,13 +45,14 @@ class LLMEngine:
         eos_token_ids: set[int],
         max_num_batched_tokens: int = 8192,
         detokenizer_factory: Callable[[], Detokenizer] | None = None,
+        waiting: AdmissionQueue[Sequence] | None = None,
     ) -> None:
         self.runner = runner
         self.lora = lora
         self.eos_token_ids = set(eos_token_ids)
         self.detokenizer_factory = detokenizer_factory
         self.scheduler = Scheduler(
-            runner.max_num_seqs, max_num_batched_tokens, RowAllocator(runner.max_num_seqs), lora
+            runner.max_num_seqs, max_num_batched_tokens, RowAllocator(runner.max_num_seqs), lora, waiting
         )
         self.seqs: dict[str, Sequence] = {}
 
@@ -84,12 +86,13 @@ class LLMEngine:
         params: SamplingParams,
         adapter_id: str | None = None,
         trace: AdmissionTrace | None = None,
+        tenant_id: str | None = None,
     ) -> Sequence:
-        """Queue a request; it joins the running batch at the next step."""
+        """Queue a request; it joins the running batch at a coming step (the admission queue's choice)."""
         self.check_request(prompt_token_ids, params)
         if request_id in self.seqs:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight", param="request_id")
-        seq = Sequence(request_id, list(prompt_token_ids), params, adapter_id, trace=trace)
+        seq = Sequence(request_id, list(prompt_token_ids), params, adapter_id, tenant_id, trace=trace)
         seq.generator = make_generator(params)
         seq.detokenizer = self.detokenizer_factory() if self.detokenizer_factory else None
         self.seqs[request_id] = seq

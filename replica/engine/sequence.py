@@ -35,11 +35,13 @@ class Sequence:
     prompt_token_ids: list[int]
     params: SamplingParams
     adapter_id: str | None = None  # stable adapter id; None = base model
+    tenant_id: str | None = None  # whose fair share it counts against; None = no tenant
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     row: int | None = None  # KV-cache row while running
     slot: SlotRef | None = None  # GPU slot pinned for adapter_id while running
     num_cached: int = 0  # tokens whose K/V are in the cache
+    charged: int = 0  # tokens already charged to its tenant's fair share
     generator: torch.Generator | None = None
     detokenizer: Detokenizer | None = None
     text: str = ""

@@ -16,6 +16,7 @@ from gateway.routing import ReplicaLoad
 from gateway.upstream_events import completion_events
 from lorafleet.model.base_hash import base_model_hash
 from replica.config import ReplicaSettings
+from replica.engine.admission_queue import FairQueue
 from replica.engine.sampler import SamplingParams
 from replica.runtime import Replica, build_replica
 from replica.server import create_app
@@ -98,7 +99,7 @@ async def test_every_generated_token_reaches_the_gateway_in_order(served, client
 
 
 async def test_the_gateways_chat_request_is_one_the_replica_serves(served, client: ReplicaClient) -> None:
-    _, load = served
+    replica, load = served
     chat = ChatCompletionRequest.model_validate(
         {
             "model": "acme/support:prod",
@@ -111,11 +112,16 @@ async def test_the_gateways_chat_request_is_one_the_replica_serves(served, clien
         }
     )
     rec = RequestRecord(request_id="join-2", tenant_id="acme", started=0.0)
-    events = await _read(await client.open([load], replica_body(chat, "join-a", "join-2", 12), _failed), rec)
+    events = await _read(
+        await client.open([load], replica_body(chat, "join-a", "join-2", 12, "acme"), _failed), rec
+    )
     done = events[-1]
     assert isinstance(done, DoneEvent) and "".join(e.text for e in events).strip()
     stopped = done.finish_reason == "stop"
     assert done.usage.completion_tokens == len(events) - 1 + stopped <= 12
+    # the caller's tenant reached the replica's fair admission, charged with the prompt and the completion
+    fair = replica.engine.engine.scheduler.waiting
+    assert isinstance(fair, FairQueue) and fair.served["acme"] >= done.usage.total_tokens - 1
 
 
 async def test_a_refused_request_comes_back_as_the_replicas_error(served, client: ReplicaClient) -> None:
