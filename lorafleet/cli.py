@@ -50,6 +50,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "autoscale": ("lorafleet.autoscale.cli", "autoscale"),
     "simulate": ("sim.cli", "simulate_cmd"),
     "loadtest": ("loadtest.cli", "loadtest"),
+    "loadtest-noisy": ("loadtest.noisy_cli", "noisy_neighbour"),
 }
 
 
