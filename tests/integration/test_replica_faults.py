@@ -46,6 +46,7 @@ async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
         "LORAFLEET_GATEWAY_FIRST_TOKEN_TIMEOUT_S": str(FIRST_TOKEN_S),
         "LORAFLEET_GATEWAY_STALL_TIMEOUT_S": str(STALL_S),
         # the less loaded replica goes first even where the other holds the adapter in a GPU slot
+        "LORAFLEET_GATEWAY_ROUTING_MODE": "affinity",
         "LORAFLEET_GATEWAY_GPU_PREFERENCE_TOKENS": "0",
     }
     prefix = f"rft{uuid.uuid4().hex[:6]}-"
