@@ -1,9 +1,10 @@
 """Streaming client to the replica service: open a generate stream on the first replica that answers.
 
 A stream counts as open once its first event line has arrived, within first_token_s of sending the request
-(connecting included). A replica that fails before that (refused, reset, silent past the deadline, or a
-body that ends before its first line) is reported so the router stops choosing it, and the next replica of
-the route plan is tried, once: nothing has reached the client yet. A replica that answers with an error
+(connecting included). A replica that fails before that is given up on and the next replica of the route
+plan is tried, once: nothing has reached the client yet. It is also reported failed, so the router stops
+choosing it, unless it did answer (the response head came, only the first token did not): that replica is
+busy, not hung. A replica that answers with an error
 status is not retried when the request itself is at fault (4xx other than "adapter not here"); a replica
 that cannot take it (503, adapter missing there) passes it on like a failure. Once open, a stream whose
 replica sends nothing for stall_s raises UpstreamStalled.
@@ -162,8 +163,12 @@ class ReplicaClient:
                 return upstream
             except (TimeoutError, httpx.HTTPError, _NoFirstLine) as exc:
                 timed_out = isinstance(exc, TimeoutError | httpx.TimeoutException)
-                log.warning("replica %s failed before its first line: %r", replica.replica_id, exc)
-                on_failure(replica.replica_id)
+                if timed_out and response is not None:
+                    # it answered, so it is alive: busy, not hung; the next replica may still be quicker
+                    log.warning("replica %s sent no first token in %s s", replica.replica_id, first_token_s)
+                else:
+                    log.warning("replica %s failed before its first line: %r", replica.replica_id, exc)
+                    on_failure(replica.replica_id)
                 if response is not None:
                     await response.aclose()
         raise ReplicaUnavailable("no replica could take the request", timed_out)

@@ -28,6 +28,13 @@ async def _silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     await asyncio.sleep(30)  # a stopped process: the connection is accepted, nothing comes back
 
 
+async def _head_then_silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(HEAD)  # alive, but its queue holds the request past the deadline
+    await writer.drain()
+    await asyncio.sleep(30)
+
+
 async def _one_line_then_silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     await reader.readuntil(b"\r\n\r\n")
     writer.write(HEAD + _chunk(TOKEN_LINE))
@@ -83,5 +90,19 @@ async def test_every_replica_silent_is_unavailable_timed_out(servers) -> None:
         with pytest.raises(ReplicaUnavailable) as exc:
             await client.open(plan, GenerateRequest(prompt_token_ids=[1]), failed.append, first_token_s=0.2)
         assert exc.value.timed_out and failed == [r.replica_id for r in plan]
+    finally:
+        await client.aclose()
+
+
+async def test_a_replica_that_answers_but_sends_no_token_in_time_is_busy_not_failed(servers) -> None:
+    busy, serving = await servers(_head_then_silent), await servers(_one_line_then_silent)
+    failed: list[str] = []
+    client = ReplicaClient("t")
+    try:
+        upstream = await client.open(
+            [busy, serving], GenerateRequest(prompt_token_ids=[1]), failed.append, first_token_s=0.3
+        )
+        assert upstream.replica == serving and failed == []
+        await upstream.aclose()
     finally:
         await client.aclose()
