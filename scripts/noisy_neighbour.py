@@ -28,7 +28,12 @@ from tests.integration.gateway_stack import ADAPTERS, gateway_stack
 
 async def one_policy(policy: str, args: argparse.Namespace, root: Path, base_hash: str) -> dict[str, Any]:
     prefix = f"nn{uuid.uuid4().hex[:6]}-"
-    settings = {"LORAFLEET_REPLICA_ADMISSION": policy, "LORAFLEET_REPLICA_MAX_NUM_SEQS": str(args.rows)}
+    settings = {
+        "LORAFLEET_REPLICA_ADMISSION": policy,
+        "LORAFLEET_REPLICA_MAX_NUM_SEQS": str(args.rows),
+        # measure each wait to its first token rather than cut it at the gateway's deadline
+        "LORAFLEET_GATEWAY_FIRST_TOKEN_TIMEOUT_S": "600",
+    }
     with tempfile.TemporaryDirectory() as work:
         async with gateway_stack(
             PlatformSettings(), root, base_hash, Path(work), (f"{prefix}a",), settings, prefix
