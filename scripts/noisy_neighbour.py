@@ -36,7 +36,7 @@ async def one_policy(policy: str, args: argparse.Namespace, root: Path, base_has
     }
     with tempfile.TemporaryDirectory() as work:
         async with gateway_stack(
-            PlatformSettings(), root, base_hash, Path(work), (f"{prefix}a",), settings, prefix
+            PlatformSettings(), root, base_hash, Path(work), (f"{prefix}a",), settings
         ) as stack:
             cfg = NoisyConfig(
                 stack.url,

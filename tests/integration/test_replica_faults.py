@@ -52,9 +52,7 @@ async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
     prefix = f"rft{uuid.uuid4().hex[:6]}-"
     work = tmp_path_factory.mktemp("faults")
     ids = (f"{prefix}a", f"{prefix}b")
-    async with gateway_stack(
-        services.settings(), root, base_hash, work, ids, extra_env=settings
-    ) as s:
+    async with gateway_stack(services.settings(), root, base_hash, work, ids, extra_env=settings) as s:
         await wait_until(lambda: _live_is(s, set(s.replicas)), "both replicas to become live", 60)
         yield s
         await wait_until(lambda: _reservations_returned(s), "every reservation to be returned", 30)
