@@ -26,10 +26,15 @@ def peft_key(layer: int, module: str, which: str) -> str:
 
 
 def adapter_config(
-    rank: int, alpha: float, target_modules: list[str], base_model_name_or_path: str, base_model_hash: str
+    rank: int,
+    alpha: float,
+    target_modules: list[str],
+    base_model_name_or_path: str,
+    base_model_hash: str,
+    layers: list[int] | None = None,
 ) -> dict[str, object]:
-    """The adapter_config.json fields peft reads for a plain LoRA on a causal LM."""
-    return {
+    """The adapter_config.json fields peft reads for a plain LoRA on a causal LM (on `layers` if given)."""
+    config: dict[str, object] = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "r": rank,
@@ -46,6 +51,9 @@ def adapter_config(
         "base_model_name_or_path": base_model_name_or_path,
         "base_model_hash": base_model_hash,
     }
+    if layers is not None:
+        config["layers_to_transform"] = sorted(layers)
+    return config
 
 
 def save_peft_adapter(out_dir: Path, tensors: ModuleTensors, config: dict[str, object]) -> Path:

@@ -1,0 +1,59 @@
+"""The trained demo adapters under <data dir>/demo/trained/<recipe key>/, trained once and then reused.
+
+The key hashes the recipe (which names the trainer's version) and the base model's hash, so a change to
+either trains a new set and an unchanged one is never trained twice. Training writes into a fresh folder
+beside the target and renames it when done: a crash never leaves a set that looks complete, and two runs
+training at once never write into each other's folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from gateway.demo_recipe import DemoRecipe
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "demo.json"
+
+Trainer = Callable[[Path, Path, DemoRecipe, str], dict[str, object]]
+
+
+def set_dir(root: Path, recipe: DemoRecipe, base_hash: str) -> Path:
+    """Where the set for this recipe and base lives (complete once it holds the manifest)."""
+    return root / recipe.key(base_hash)
+
+
+def read_manifest(out: Path) -> dict[str, object]:
+    """The set's manifest: per adapter its sign-off and training examples, and the training time."""
+    manifest: dict[str, object] = json.loads((out / MANIFEST_NAME).read_text())
+    return manifest
+
+
+def ensure_trained(root: Path, model_dir: Path, recipe: DemoRecipe, base_hash: str, train: Trainer) -> Path:
+    """The set's folder; when absent, `train(model_dir, folder, recipe, base_hash)` fills a new one."""
+    out = set_dir(root, recipe, base_hash)
+    if (out / MANIFEST_NAME).is_file():
+        return out
+    root.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=root))
+    try:
+        start = time.perf_counter()
+        manifest = train(model_dir, partial, recipe, base_hash)
+        manifest["wall_s"] = round(time.perf_counter() - start, 1)
+        (partial / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+        try:
+            partial.rename(out)
+        except OSError:
+            if not (out / MANIFEST_NAME).is_file():
+                raise  # not another run's finished copy: a real failure
+        log.info("trained the demo adapters in %s s into %s", manifest["wall_s"], out)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return out
