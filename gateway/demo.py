@@ -1,9 +1,10 @@
 """`lorafleet demo`: seed the local stack with two tenants, their keys, three real PEFT adapters and aliases,
 idempotently, then print a working curl command and an openai-client snippet.
 
-Adapters are random PEFT folders (written without peft) on the served base under .data/demo/adapters,
-uploaded to the object store and registered through the internal API (the registry validator marks them
-ready); aliases then point at them.
+Adapters are small LoRAs trained on the served base on the CPU (gateway.demo_train), each with a visible
+sign-off, cached under .data/demo/trained/<recipe key>; they are uploaded to the object store and
+registered through the internal API (the registry validator marks them ready); aliases then point at them.
+Once a replica is live, one chat per alias is printed as a transcript.
 Demo keys are kept in .data/demo/keys.json (mode 600) so a rerun prints the same working key.
 """
 
@@ -18,8 +19,11 @@ import httpx
 import typer
 
 from gateway.config import GatewayConfig
+from gateway.demo_recipe import DemoRecipe
+from gateway.demo_transcript import transcript
 from gateway.served_base import served_base_hash
 from lorafleet.client.errors import RegistrationError
+from lorafleet.client.peft_dir import weights_checksum
 from lorafleet.client.registration import AdapterUpload, register_and_wait
 
 TENANTS = {"acme": (20.0, 200_000), "globex": (5.0, 100_000)}
@@ -36,15 +40,21 @@ def demo_dir(config: GatewayConfig) -> Path:
 
 
 def prepare_adapters(config: GatewayConfig) -> dict[str, Path]:
-    """The demo's PEFT folders (made once)."""
-    from gateway.demo_adapters import make_peft_adapters  # torch: only when the files are made
+    """The demo's trained PEFT folders (trained once per recipe and base, then reused)."""
+    from gateway.demo_cache import ensure_trained
     from lorafleet.model.base_hash import base_model_hash
     from lorafleet.model.prepare import ensure_default_model
 
     model_dir = ensure_default_model()
-    return make_peft_adapters(
-        model_dir, demo_dir(config) / "adapters", list(ADAPTERS), base_model_hash(model_dir)
-    )
+    root = demo_dir(config) / "trained"
+    out = ensure_trained(root, model_dir, DemoRecipe(), base_model_hash(model_dir), _train)
+    return {adapter_id: out / adapter_id for adapter_id in ADAPTERS}
+
+
+def _train(model_dir: Path, out: Path, recipe: DemoRecipe, base_hash: str) -> dict[str, object]:
+    from gateway.demo_train import train_demo_adapters  # torch and transformers: only when a set is trained
+
+    return train_demo_adapters(model_dir, out, recipe, base_hash)
 
 
 async def _keys(config: GatewayConfig) -> dict[str, str]:
@@ -72,14 +82,22 @@ async def _keys(config: GatewayConfig) -> dict[str, str]:
 
 
 def _register(config: GatewayConfig, dirs: dict[str, Path], wait_s: float) -> None:
-    """Upload and register the demo versions not registered yet; wait until every one is ready."""
+    """Upload and register the demo versions not registered yet; wait until every one is ready, and say so
+    when a version was registered earlier with other weights (it keeps serving those)."""
     uploads = [
         AdapterUpload(adapter_id, tenant, version, dirs[adapter_id])
         for adapter_id, (tenant, version) in ADAPTERS.items()
     ]
     token = config.gateway.service_token.get_secret_value()
     base_hash = served_base_hash(config.gateway)
-    register_and_wait(config.gateway.internal_base_url(), token, config.platform, base_hash, uploads, wait_s)
+    views = register_and_wait(
+        config.gateway.internal_base_url(), token, config.platform, base_hash, uploads, wait_s
+    )
+    for view in views:  # versions are immutable: an older demo's registration keeps its own weights
+        if view.checksum != weights_checksum(dirs[view.adapter_id]):
+            typer.echo(
+                f"{view.adapter_id} is registered with other weights than {dirs[view.adapter_id]}", err=True
+            )
 
 
 def snippet(public_url: str, key: str, alias: str) -> str:
@@ -118,7 +136,7 @@ def demo(
     config = GatewayConfig.from_env()
     dirs = prepare_adapters(config)
     if prepare_only:
-        typer.echo(f"demo adapters in {demo_dir(config) / 'adapters'}")
+        typer.echo(f"demo adapters in {next(iter(dirs.values())).parent}")
         return
     keys = asyncio.run(_keys(config))
     try:
@@ -147,4 +165,6 @@ def demo(
         f"tenants: {', '.join(TENANTS)}; aliases: {', '.join(ALIASES)}; live replicas: {live or 'none yet'}"
     )
     typer.echo(f"keys are in {demo_dir(config) / 'keys.json'}\n")
+    if live:
+        typer.echo(transcript(public, {alias: keys[alias.split("/")[0]] for alias in ALIASES}) + "\n")
     typer.echo(snippet(public, keys["acme"], "acme/support:prod"))

@@ -1,4 +1,4 @@
-"""Random PEFT LoRA adapters on the served base (demo, load test and tests), written without peft."""
+"""Random PEFT LoRA adapters on the served base (load test, benchmarks and tests), written without peft."""
 
 from __future__ import annotations
 
