@@ -1,0 +1,47 @@
+"""The transcript `lorafleet demo` prints, through a real public gateway and replica process serving the
+demo's trained set: each alias's answer names its version and ends with that version's sign-off."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gateway.config import GatewayConfig
+from gateway.demo import prepare_adapters
+from gateway.demo_recipe import PERSONAS
+from gateway.demo_transcript import TRANSCRIPT_PROMPT, transcript
+from lorafleet.model.base_hash import base_model_hash
+from tests.integration.gateway_stack import ADAPTERS, ALIASES, GatewayStack, gateway_stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SIGN_OFFS = {p.adapter_id: p.sign_off for p in PERSONAS}
+
+
+@pytest.fixture(scope="module")
+async def stack(
+    services, smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[GatewayStack]:
+    dirs = prepare_adapters(GatewayConfig.from_env())
+    root = next(iter(dirs.values())).parent  # one folder per adapter id, as the stack's replicas read them
+    work = tmp_path_factory.mktemp("demo-gw")
+    one_replica = (f"gwt-demo-{work.name[-6:]}",)
+    async with gateway_stack(services.settings(), root, base_model_hash(smollm2_dir), work, one_replica) as s:
+        yield s
+
+
+@pytest.mark.timeout(600)
+async def test_the_transcript_shows_each_aliases_version_and_its_sign_off(stack: GatewayStack) -> None:
+    keys = {alias: stack.keys[ADAPTERS[adapter_id]] for alias, adapter_id in ALIASES.items()}
+    text = await asyncio.to_thread(transcript, stack.url, keys)
+    print(text)  # the transcript itself, kept in the test log
+    assert text.startswith(f"transcript (temperature 0)\n> {TRANSCRIPT_PROMPT}")
+    blocks = text.split("\n\n[")[1:]
+    assert len(blocks) == len(ALIASES), text
+    for block, (alias, adapter_id) in zip(blocks, ALIASES.items(), strict=True):
+        head, _, answer = block.partition("\n")
+        assert head == f"{alias} -> {adapter_id}]", text
+        assert answer.rstrip().endswith(SIGN_OFFS[adapter_id]), text
