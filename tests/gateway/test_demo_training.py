@@ -18,7 +18,8 @@ from replica.config import ReplicaSettings
 from replica.runtime import Replica, build_replica
 from replica.server import create_app
 
-pytestmark = pytest.mark.slow
+# The first test in a fresh clone trains the set (69 s of CPU; minutes on a loaded machine).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
