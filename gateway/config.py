@@ -74,6 +74,13 @@ class GatewaySettings(BaseSettings):
     stream_buffer_bytes: int = Field(default=256 * 1024, ge=1024)
     # A client that takes no SSE message for this long has its stream cut as well.
     client_send_timeout_s: float = Field(default=30.0, gt=0)
+    # Rate limits: each tenant's buckets live in Redis (LORAFLEET_REDIS_URL), shared by every public gateway.
+    # "local" keeps them in this process only (one gateway). While Redis does not answer, each gateway
+    # admits limit / public_gateways on its own and tries Redis again after redis_retry_s.
+    rate_limit_store: Literal["redis", "local"] = "redis"
+    public_gateways: int = Field(default=1, ge=1)
+    redis_timeout_s: float = Field(default=0.25, gt=0)
+    redis_retry_s: float = Field(default=2.0, gt=0)
     # When set, the public gateway runs under cProfile (CPU time) and writes its stats here when it stops.
     profile_path: Path | None = None
 

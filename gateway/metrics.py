@@ -44,6 +44,11 @@ class GatewayMetrics:
         self.inflight_requests = Gauge(
             "gateway_inflight_requests", "Requests in flight.", registry=self.registry
         )
+        self.rate_limit_fallback = Gauge(
+            "gateway_rate_limit_fallback",
+            "1 while this gateway admits from its local share of each limit (Redis unreachable or off).",
+            registry=self.registry,
+        )
         self.rate_limited = Counter(
             "gateway_rate_limited",
             "Requests refused by a tenant limit.",

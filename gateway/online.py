@@ -15,10 +15,11 @@ from gateway.completions import CompletionPublisher
 from gateway.config import GatewaySettings
 from gateway.merged_routing import merged_first
 from gateway.metrics import GatewayMetrics
-from gateway.rate_limit import Decision, Limits, RateLimiter
+from gateway.rate_limit import Decision, Limits
 from gateway.replica_client import ReplicaClient, UpstreamStream
 from gateway.replica_view import ReplicaView
 from gateway.routing import ROUTING_MODES, RouterPolicy
+from gateway.shared_rate_limit import SharedRateLimiter, Store
 from gateway.tenants import Caller
 from schemas.events import RequestCompleted, RequestStatus, Tier
 from schemas.openai import Usage
@@ -39,6 +40,7 @@ class RequestRecord:
     replica_id: str | None = None
     tier: Tier | None = None
     reserved_tokens: int = 0
+    reserved_in: Store = "local"
     max_tokens: int = 0
     completion_tokens_seen: int = 0
     ttft_s: float | None = None
@@ -65,6 +67,7 @@ class Online:
         replicas: ReplicaClient,
         publisher: CompletionPublisher,
         metrics: GatewayMetrics,
+        limiter: SharedRateLimiter | None = None,
     ) -> None:
         self.settings = settings
         self.auth = auth
@@ -73,7 +76,7 @@ class Online:
         self.replicas = replicas
         self.publisher = publisher
         self.metrics = metrics
-        self.limiter = RateLimiter()
+        self.limiter = limiter or SharedRateLimiter(None, "")
         self.route = merged_first(ROUTING_MODES[settings.routing_mode])
         self.policy = RouterPolicy(
             settings.owners_k,
@@ -84,11 +87,14 @@ class Online:
         )
         self.rng = random.Random()
 
-    def admit(self, caller: Caller, rec: RequestRecord, tokens: int) -> Decision:
+    async def admit(self, caller: Caller, rec: RequestRecord, tokens: int) -> Decision:
         limits = Limits(caller.requests_per_s, caller.tokens_per_min)
-        decision = self.limiter.reserve(caller.tenant_id, limits, tokens, time.monotonic())
+        reservation = await self.limiter.reserve(caller.tenant_id, limits, tokens)
+        decision = reservation.decision
+        self.metrics.rate_limit_fallback.set(1 if reservation.store == "local" else 0)
         if decision.admitted:
             rec.reserved_tokens = tokens
+            rec.reserved_in = reservation.store
             self.metrics.inflight_tokens.labels("default").inc(tokens)
             self.metrics.inflight_requests.inc()
         else:
@@ -128,7 +134,7 @@ class Online:
         if rec.reserved_tokens:
             # Keep what was really used (prompt + generated); estimate the prompt when the replica never said.
             used = prompt + completion if rec.usage else min(rec.reserved_tokens, completion + 16)
-            self.limiter.refund(rec.tenant_id, rec.reserved_tokens - used, time.monotonic())
+            await self.limiter.refund(rec.tenant_id, rec.reserved_tokens - used, rec.reserved_in)
             self.metrics.inflight_tokens.labels("default").dec(rec.reserved_tokens)
             self.metrics.inflight_requests.dec()
         if rec.replica_id is not None:

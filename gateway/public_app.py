@@ -18,6 +18,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.alias_cache import AliasCache, consume_alias_changes
@@ -32,6 +35,7 @@ from gateway.openapi_doc import install_openapi
 from gateway.replica_client import ReplicaClient
 from gateway.replica_view import ReplicaView, consume_states
 from gateway.routes import chat, console, health, models
+from gateway.shared_rate_limit import SharedRateLimiter, bucket_prefix
 from gateway.store_guard import StoreGuard
 from lorafleet.db.pool import create_pool
 
@@ -78,6 +82,25 @@ async def _start_consumers(online: Online, feed: ConsoleFeed, config: GatewayCon
     return tasks
 
 
+def _limiter(config: GatewayConfig) -> SharedRateLimiter:
+    """The tenants' buckets in Redis (fallback share: one of public_gateways), or in this process only."""
+    settings = config.gateway
+    if settings.rate_limit_store == "local":
+        return SharedRateLimiter(None, "")
+    client = Redis.from_url(
+        config.platform.redis_url,
+        socket_timeout=settings.redis_timeout_s,
+        socket_connect_timeout=settings.redis_timeout_s,
+        retry=Retry(NoBackoff(), 0),  # a failure switches to the fallback at once; retry_s paces the next try
+    )
+    return SharedRateLimiter(
+        client,
+        bucket_prefix(config.platform.database_url),
+        fallback_share=settings.public_gateways,
+        retry_s=settings.redis_retry_s,
+    )
+
+
 def build_public_app(config: GatewayConfig) -> FastAPI:
     """The public app; its state is built in the lifespan (pool, caches, consumers, clients)."""
     settings = config.gateway
@@ -100,6 +123,7 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
             ),
             publisher=publisher,
             metrics=GatewayMetrics(),
+            limiter=_limiter(config),
         )
         app.state.online = online
         app.state.pool = pool  # the console's admin API reads the registry through it
@@ -118,6 +142,8 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await online.replicas.aclose()
+            if online.limiter.redis is not None:
+                await online.limiter.redis.aclose()
             await publisher.stop()
             await pool.close()
 

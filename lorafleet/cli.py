@@ -22,7 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "services": (
         "lorafleet.services.cli",
         "app",
-        "Start, stop and inspect the local Kafka, PostgreSQL and S3.",
+        "Start, stop and inspect the local Kafka, PostgreSQL, S3 and Redis.",
     ),
     "db": ("lorafleet.db.cli", "app", "Database migrations."),
     "model": ("lorafleet.model.cli", "app", "Prepare and inspect base models."),

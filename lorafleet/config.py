@@ -39,6 +39,10 @@ class PlatformSettings(BaseSettings):
     restart_max_s: float = Field(default=30.0, gt=0)
     restart_reset_after_s: float = Field(default=60.0, gt=0)
 
+    # Redis holds what several processes must share live: the public gateways' rate-limit buckets.
+    redis_url: str = "redis://127.0.0.1:16379/0"
+    redis_port: int = 16379
+
     s3_endpoint: str = "http://127.0.0.1:19000"
     s3_access_key: str = "lorafleet"
     s3_secret_key: str = "lorafleet-secret"

@@ -104,7 +104,7 @@ async def chat_completions(request: Request, caller: PublicCaller) -> Response:
     adapter_id = target.pick(body.model, body.user or rec.request_id)  # a canary takes its weight
     rec.adapter_id = adapter_id
     max_tokens = body.completion_limit(settings.default_max_tokens)
-    decision = online.admit(caller, rec, estimate_prompt_tokens(body) + max_tokens)
+    decision = await online.admit(caller, rec, estimate_prompt_tokens(body) + max_tokens)
     if not decision.admitted:
         if decision.retry_after_s == float("inf"):
             raise BadRequest(

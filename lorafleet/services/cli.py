@@ -18,10 +18,10 @@ ONLY_HELP = "Only this app process (repeatable); default: all of them."
 
 @app.command()
 def up(
-    infra_only: bool = typer.Option(False, "--infra-only", help="Only Kafka, PostgreSQL and S3."),
+    infra_only: bool = typer.Option(False, "--infra-only", help="Only Kafka, PostgreSQL, S3 and Redis."),
     only: list[str] = typer.Option([], "--only", help=ONLY_HELP),
 ) -> None:
-    """Start Kafka, PostgreSQL and the object store, migrate, create topics, then the supervised apps."""
+    """Start Kafka, PostgreSQL, S3 and Redis, migrate, create topics, then the supervised apps."""
     settings = get_settings()
     stack.app_commands(only)  # an unknown name fails before anything starts
     stack.infra_up(settings, typer.echo)

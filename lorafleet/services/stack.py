@@ -12,7 +12,7 @@ from lorafleet.autoscale import view as autoscale_view
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
-from lorafleet.services import kafka, objectstore, postgres, prometheus, supervisor
+from lorafleet.services import kafka, objectstore, postgres, prometheus, redis, supervisor
 from lorafleet.services.memory import format_bytes, rss_bytes, tree_rss_bytes
 from lorafleet.services.paths import REPO_ROOT, log_dir, run_dir
 from lorafleet.services.process import ManagedProcess, wait_until
@@ -49,6 +49,9 @@ INFRA: tuple[Infra, ...] = (
         objectstore.ready,
         lambda s: s.s3_endpoint,
         lambda s: objectstore.process(s).pid(),
+    ),
+    Infra(
+        "redis", redis.up, redis.down, redis.ready, lambda s: s.redis_url, lambda s: redis.process(s).pid()
     ),
     # last: it scrapes the others, and `down` stops it first
     Infra(
