@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from bench.standin_http import Connection, Request, Stream, serve_http
 from lorafleet.config import PlatformSettings
 from lorafleet.kafka import make_producer
+from replica.control.registration import register_until_done
 from schemas.api import ErrorBody, ErrorDetail
 from schemas.events import ReplicaState
 from schemas.openai import Usage
@@ -142,7 +143,10 @@ class Standin:
 
 async def _publish_states(config: StandinConfig, standin: Standin, stop: asyncio.Event) -> None:
     """replica.state every interval until stop, like a replica's control loop; a failed send is logged."""
-    producer = make_producer(PlatformSettings())
+    platform = PlatformSettings()
+    # the gateway routes only to registered addresses, like a replica's own start-up row
+    await register_until_done(platform.database_url, config.replica_id, config.url, stop)
+    producer = make_producer(platform)
     await producer.start()
     try:
         while not stop.is_set():

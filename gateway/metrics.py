@@ -44,6 +44,12 @@ class GatewayMetrics:
         self.inflight_requests = Gauge(
             "gateway_inflight_requests", "Requests in flight.", registry=self.registry
         )
+        self.replica_states_rejected = Counter(
+            "gateway_replica_states_rejected",
+            "replica.state messages ignored: their (replica_id, url) is not in replica_registrations.",
+            ["reason"],
+            registry=self.registry,
+        )
         self.rate_limit_fallback = Gauge(
             "gateway_rate_limit_fallback",
             "1 while this gateway admits from its local share of each limit (Redis unreachable or off).",

@@ -33,7 +33,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.online import Online
 from gateway.openapi_doc import install_openapi
 from gateway.replica_client import ReplicaClient
-from gateway.replica_view import ReplicaView, consume_states
+from gateway.replica_registry import ReplicaRegistry
+from gateway.replica_view import ReplicaView, StateRejections, consume_states
 from gateway.routes import chat, console, health, models
 from gateway.shared_rate_limit import SharedRateLimiter, bucket_prefix
 from gateway.store_guard import StoreGuard
@@ -64,15 +65,21 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
-async def _start_consumers(online: Online, feed: ConsoleFeed, config: GatewayConfig) -> list[asyncio.Task]:
-    """Follow replica.state and aliases.changed (and the console's topics); wait (briefly) until the first two
+async def _start_consumers(
+    online: Online, feed: ConsoleFeed, config: GatewayConfig, registry: ReplicaRegistry
+) -> list[asyncio.Task]:
+    """Follow replica.state (registered addresses only) and aliases.changed (and the console's topics);
+    wait (briefly) until the first two
     are positioned."""
     ready_states, ready_aliases = asyncio.Event(), asyncio.Event()
+    rejected = StateRejections(lambda reason: online.metrics.replica_states_rejected.labels(reason).inc())
+    states = consume_states(config.platform, online.view, ready_states, registry, rejected)
     tasks = [
         asyncio.create_task(
             consume_console_topics(config.platform, feed, asyncio.Event()), name="console-feed"
         ),
-        asyncio.create_task(consume_states(config.platform, online.view, ready_states), name="replica-state"),
+        asyncio.create_task(registry.run(), name="replica-registry"),
+        asyncio.create_task(states, name="replica-state"),
         asyncio.create_task(
             consume_alias_changes(config.platform, online.aliases, ready_aliases), name="aliases-changed"
         ),
@@ -128,7 +135,9 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
         app.state.online = online
         app.state.pool = pool  # the console's admin API reads the registry through it
         app.state.console_feed = ConsoleFeed()
-        tasks = await _start_consumers(online, app.state.console_feed, config)
+        registry = ReplicaRegistry(pool, settings.replica_id_prefix)
+        await registry.refresh()
+        tasks = await _start_consumers(online, app.state.console_feed, config, registry)
         profiler = cProfile.Profile(time.process_time) if settings.profile_path is not None else None
         if profiler is not None:
             profiler.enable()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from aiokafka.structs import TopicPartition
 
 from gateway.hit_window import HitWindow
+from gateway.replica_registry import ReplicaRegistry
 from gateway.routing import ReplicaLoad
 from lorafleet.config import PlatformSettings
 from lorafleet.kafka import make_consumer
@@ -103,8 +104,37 @@ class ReplicaView:
         return out
 
 
-async def consume_states(platform: PlatformSettings, view: ReplicaView, ready: asyncio.Event) -> None:
-    """Read replica.state from the newest offsets of every partition (no group: every gateway sees all)."""
+class StateRejections:
+    """Counts and logs replica.state messages whose address is not registered (once per address)."""
+
+    def __init__(self, count: Callable[[str], None]) -> None:
+        self.count = count
+        self._logged: set[tuple[str, str]] = set()
+
+    def __call__(self, state: ReplicaState, verdict: str) -> None:
+        self.count(verdict)
+        key = (state.replica_id, state.url)
+        if key not in self._logged and len(self._logged) < 10_000:
+            self._logged.add(key)
+            log.warning(
+                "ignoring replica.state of %r at %r: %s (only registered addresses are routed to)",
+                state.replica_id[:100],
+                state.url[:200],
+                verdict,
+            )
+
+
+async def consume_states(
+    platform: PlatformSettings,
+    view: ReplicaView,
+    ready: asyncio.Event,
+    registry: ReplicaRegistry | None = None,
+    rejected: Callable[[ReplicaState, str], None] | None = None,
+) -> None:
+    """Read replica.state from the newest offsets of every partition (no group: every gateway sees all).
+
+    With a registry, a state is applied only if its (replica_id, url) is registered; others go to
+    rejected."""
     consumer = make_consumer(platform, group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
@@ -125,6 +155,13 @@ async def consume_states(platform: PlatformSettings, view: ReplicaView, ready: a
                 log.warning("ignoring a bad replica.state message: %s", exc)
                 continue
             assert isinstance(event, ReplicaState)
+            if not event.replica_id.startswith(view.replica_id_prefix):
+                continue  # another fleet's replica on the same Kafka
+            verdict = registry.check(event.replica_id, event.url) if registry is not None else "registered"
+            if verdict != "registered":
+                if rejected is not None:
+                    rejected(event, verdict)
+                continue
             view.apply(event)
     finally:
         await consumer.stop()

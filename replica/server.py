@@ -24,6 +24,7 @@ from replica.arrival import StampArrival, arrived
 from replica.control.drain import Drain
 from replica.control.merged_mode import merge_until_done, publish_forever
 from replica.control.placements import PlacementsTable
+from replica.control.registration import register_until_done
 from replica.control.supervisor import supervise_control
 from replica.control.warming import warm_up
 from replica.engine.sampler import SamplingParams
@@ -125,9 +126,14 @@ def create_app(replica: Replica, on_drained: Callable[[], None] | None = None) -
             replica.lifecycle.begin_warming()  # ready once its adapter is folded in (_merge)
         else:
             replica.lifecycle.become_ready()
-        merged: list[asyncio.Task[None]] = []
+        background: list[asyncio.Task[None]] = []
+        if settings.control_enabled:  # it announces itself on replica.state: the gateway checks this row
+            registration = register_until_done(
+                settings.platform.database_url, settings.replica_id, settings.url(), shutdown
+            )
+            background.append(asyncio.create_task(registration, name="replica-registration"))
         if replica.merged_adapter_id is not None:
-            merged.append(asyncio.create_task(_merge(replica, shutdown), name="replica-merge"))
+            background.append(asyncio.create_task(_merge(replica, shutdown), name="replica-merge"))
             if settings.control_enabled:
                 state = publish_forever(
                     settings.platform,
@@ -136,7 +142,7 @@ def create_app(replica: Replica, on_drained: Callable[[], None] | None = None) -
                     settings.state_interval_s,
                     nudge=replica.state_changed,
                 )
-                merged.append(asyncio.create_task(state, name="replica-merged-state"))
+                background.append(asyncio.create_task(state, name="replica-merged-state"))
         try:
             yield
         finally:
@@ -145,7 +151,7 @@ def create_app(replica: Replica, on_drained: Callable[[], None] | None = None) -
                 if task is not None and not task.done():
                     task.cancel()
             await asyncio.gather(*(t for t in (control, warming) if t is not None), return_exceptions=True)
-            await asyncio.gather(*merged, return_exceptions=True)
+            await asyncio.gather(*background, return_exceptions=True)
             if table is not None:
                 await table.close()
             await replica.stop()

@@ -1,0 +1,64 @@
+"""Where the fleet's replicas registered themselves (replica_registrations), as the router's allow-list.
+
+The public gateway sends a replica its service token and tenants' prompts, so it routes only to an
+address a replica wrote over its authenticated database connection. A replica.state whose (replica_id,
+url) does not match a row is dropped: anyone able to produce to the topic cannot point the router
+anywhere. The rows are cached, re-read every refresh_s and soon after a miss, so a replica that just
+registered is routed to within about min_refresh_s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Literal
+
+import asyncpg
+
+log = logging.getLogger(__name__)
+
+Verdict = Literal["registered", "unregistered", "url_mismatch"]
+
+
+class ReplicaRegistry:
+    """replica_id -> registered url, for the replicas whose id starts with prefix."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, prefix: str = "", refresh_s: float = 2.0, min_refresh_s: float = 0.5
+    ) -> None:
+        self.pool = pool
+        self.prefix = prefix
+        self.refresh_s = refresh_s
+        self.min_refresh_s = min_refresh_s
+        self._urls: dict[str, str] = {}
+        self._missed = asyncio.Event()
+
+    def check(self, replica_id: str, url: str) -> Verdict:
+        """Whether this (replica_id, url) is registered; a miss asks for an early refresh."""
+        registered = self._urls.get(replica_id)
+        if registered == url:
+            return "registered"
+        self._missed.set()
+        return "unregistered" if registered is None else "url_mismatch"
+
+    async def refresh(self) -> None:
+        rows = await self.pool.fetch(
+            "SELECT replica_id, url FROM replica_registrations WHERE starts_with(replica_id, $1)",
+            self.prefix,
+            timeout=10,
+        )
+        self._urls = {r["replica_id"]: r["url"] for r in rows}
+
+    async def run(self) -> None:
+        """Refresh every refresh_s, or min_refresh_s after a miss; a failed read keeps the last rows."""
+        while True:
+            try:
+                await asyncio.wait_for(self._missed.wait(), self.refresh_s)
+            except TimeoutError:
+                pass
+            self._missed.clear()
+            try:
+                await self.refresh()
+            except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+                log.warning("could not re-read replica_registrations (%r); keeping the last rows", exc)
+            await asyncio.sleep(self.min_refresh_s)
