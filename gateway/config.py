@@ -74,6 +74,11 @@ class GatewaySettings(BaseSettings):
     stream_buffer_bytes: int = Field(default=256 * 1024, ge=1024)
     # A client that takes no SSE message for this long has its stream cut as well.
     client_send_timeout_s: float = Field(default=30.0, gt=0)
+    # Per-tenant metrics: served on this second listener behind the service token, never on the public
+    # /metrics; 0 disables it. At most tenant_metrics_max tenants get series of their own, the rest "other".
+    tenant_metrics_host: str = "127.0.0.1"
+    tenant_metrics_port: int = Field(default=0, ge=0)
+    tenant_metrics_max: int = Field(default=50, ge=1)
     # Rate limits: each tenant's buckets live in Redis (LORAFLEET_REDIS_URL), shared by every public gateway.
     # "local" keeps them in this process only (one gateway). While Redis does not answer, each gateway
     # admits limit / public_gateways on its own and tries Redis again after redis_retry_s.

@@ -98,8 +98,7 @@ class Online:
             self.metrics.inflight_tokens.labels("default").inc(tokens)
             self.metrics.inflight_requests.inc()
         else:
-            self.metrics.rate_limited.labels(caller.tenant_id, decision.limit).inc()
-            self.metrics.requests.labels(caller.tenant_id, "429").inc()
+            self.metrics.refused(caller.tenant_id, decision.limit or "unknown")
         return decision
 
     def replica_failed(self, replica_id: str) -> None:
@@ -140,11 +139,8 @@ class Online:
         if rec.replica_id is not None:
             self.view.add_inflight(rec.replica_id, -rec.reserved_tokens)
         http_status = {"ok": "200", "cancelled": "499"}.get(status, "error")
-        self.metrics.requests.labels(rec.tenant_id, http_status).inc()
-        self.metrics.duration.labels(rec.tenant_id).observe(total)
-        self.metrics.output_tokens.labels(rec.tenant_id).inc(completion)
-        if rec.ttft_s is not None:
-            self.metrics.ttft.labels(rec.tenant_id, rec.tier or "unknown").observe(rec.ttft_s)
+        ttft = (rec.tier or "unknown", rec.ttft_s) if rec.ttft_s is not None else None
+        self.metrics.request_done(rec.tenant_id, http_status, total, completion, ttft)
         log.info(
             "request %s tenant=%s alias=%s adapter=%s replica=%s tier=%s status=%s code=%s "
             "prompt=%d completion=%d ttft=%s total=%.3f",

@@ -38,6 +38,7 @@ from gateway.replica_view import ReplicaView, StateRejections, consume_states
 from gateway.routes import chat, console, health, models
 from gateway.shared_rate_limit import SharedRateLimiter, bucket_prefix
 from gateway.store_guard import StoreGuard
+from gateway.tenant_metrics import build_tenant_metrics_app, serve_tenant_metrics
 from lorafleet.db.pool import create_pool
 
 log = logging.getLogger(__name__)
@@ -69,8 +70,7 @@ async def _start_consumers(
     online: Online, feed: ConsoleFeed, config: GatewayConfig, registry: ReplicaRegistry
 ) -> list[asyncio.Task]:
     """Follow replica.state (registered addresses only) and aliases.changed (and the console's topics);
-    wait (briefly) until the first two
-    are positioned."""
+    wait (briefly) until the first two are positioned."""
     ready_states, ready_aliases = asyncio.Event(), asyncio.Event()
     rejected = StateRejections(lambda reason: online.metrics.replica_states_rejected.labels(reason).inc())
     states = consume_states(config.platform, online.view, ready_states, registry, rejected)
@@ -129,7 +129,7 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
                 settings.replica_read_timeout_s,
             ),
             publisher=publisher,
-            metrics=GatewayMetrics(),
+            metrics=GatewayMetrics(settings.tenant_metrics_max),
             limiter=_limiter(config),
         )
         app.state.online = online
@@ -138,6 +138,15 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
         registry = ReplicaRegistry(pool, settings.replica_id_prefix)
         await registry.refresh()
         tasks = await _start_consumers(online, app.state.console_feed, config, registry)
+        tenant_server = None
+        if settings.tenant_metrics_port:
+            token = settings.service_token.get_secret_value()
+            task, tenant_server = await serve_tenant_metrics(
+                build_tenant_metrics_app(online.metrics, token),
+                settings.tenant_metrics_host,
+                settings.tenant_metrics_port,
+            )
+            tasks.append(task)
         profiler = cProfile.Profile(time.process_time) if settings.profile_path is not None else None
         if profiler is not None:
             profiler.enable()
@@ -147,6 +156,8 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
             if profiler is not None and settings.profile_path is not None:
                 profiler.disable()
                 profiler.dump_stats(settings.profile_path)
+            if tenant_server is not None:
+                tenant_server.should_exit = True
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)

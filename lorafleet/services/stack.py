@@ -90,6 +90,10 @@ FLEET_ENV: dict[str, str] = {
     "LORAFLEET_STATS_REPLICA_ID_PREFIX": "replica-",
 }
 
+# The local stack's own listeners: the public gateway's per-tenant metrics, behind the service token (the
+# public /metrics names no tenant).
+LOCAL_ENV: dict[str, str] = {"LORAFLEET_GATEWAY_TENANT_METRICS_PORT": "18082"}
+
 
 def stack_replicas() -> list[ReplicaTarget]:
     """The replicas of the process table (replica-0, replica-1) as scrape targets."""
@@ -102,8 +106,10 @@ def stack_replicas() -> list[ReplicaTarget]:
 
 
 def process_env() -> dict[str, str]:
-    """The fleet's id prefixes and the local profile's replica sizing, except what the environment sets."""
-    return {k: v for k, v in {**FLEET_ENV, **LOCAL_REPLICA_ENV}.items() if k not in os.environ}
+    """The fleet's id prefixes, the local profile's replica sizing and the local listeners, except what the
+    environment sets."""
+    wanted = {**FLEET_ENV, **LOCAL_REPLICA_ENV, **LOCAL_ENV}
+    return {k: v for k, v in wanted.items() if k not in os.environ}
 
 
 def app_process(settings: PlatformSettings, name: str) -> ManagedProcess:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from bench.ports import free_port
 from gateway.demo_adapters import make_peft_adapters
 from lorafleet.kafka import make_producer
 from lorafleet.model.prepare import ensure_default_model
@@ -25,6 +26,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 # as their replicas' (an older gateway would route to them).
 PREFIX = f"gwtrust-{uuid.uuid4().hex[:8]}-"
 REAL, EVIL = PREFIX + "a", PREFIX + "evil"
+SERVICE_TOKEN = "trust-test-service-token"
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +38,13 @@ async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
     root = tmp_path_factory.mktemp("adapters")
     await asyncio.to_thread(make_peft_adapters, model_dir, root, list(ADAPTERS), base_hash)
     work = tmp_path_factory.mktemp("gw")
-    only_ours = {"LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": PREFIX}
-    async with gateway_stack(services.settings(), root, base_hash, work, (REAL,), only_ours) as s:
+    env = {
+        "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": PREFIX,
+        "LORAFLEET_GATEWAY_SERVICE_TOKEN": SERVICE_TOKEN,
+        "LORAFLEET_GATEWAY_TENANT_METRICS_PORT": str(free_port()),
+        "LORAFLEET_GATEWAY_TENANT_METRICS_MAX": "1",  # one tenant of its own, the rest "other"
+    }
+    async with gateway_stack(services.settings(), root, base_hash, work, (REAL,), env) as s:
         await wait_until(lambda: _live(s, {REAL}), "the registered replica to become live", 60)
         yield s
 
@@ -143,3 +150,36 @@ async def test_a_forged_alias_change_does_not_move_the_alias(stack: GatewayStack
         await wait_until(consumed, "the gateway to consume the forged aliases.changed", 30)
         after = await c.post(f"{stack.url}/v1/chat/completions", json=body, timeout=60)
         assert after.status_code == 200 and after.headers["x-adapter-id"] == "acme-support-v1"
+
+
+async def test_public_metrics_name_no_tenant_and_the_tenant_listener_needs_the_token(
+    stack: GatewayStack,
+) -> None:
+    body = {"model": "acme/support:prod", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    async with httpx.AsyncClient(timeout=60) as c:
+        for tenant, alias in (("acme", "acme/support:prod"), ("globex", "globex/sales:prod")):
+            for _ in range(4):  # globex's 2 requests/s: some of these are refused, counted per tenant too
+                resp = await c.post(
+                    f"{stack.url}/v1/chat/completions",
+                    json=body | {"model": alias},
+                    headers={"Authorization": f"Bearer {stack.keys[tenant]}"},
+                )
+                assert resp.status_code in (200, 429), resp.text
+
+        public = (await c.get(f"{stack.url}/metrics")).text
+        assert "gateway_requests_total" in public and "gateway_time_to_first_token_seconds" in public
+        assert "acme" not in public and "globex" not in public and "tenant=" not in public
+
+        tenants_url = f"http://127.0.0.1:{stack.env['LORAFLEET_GATEWAY_TENANT_METRICS_PORT']}/metrics"
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": f"Bearer {stack.keys['acme']}"},
+        ):
+            denied = await c.get(tenants_url, headers=headers)
+            assert denied.status_code == 401 and denied.json()["error"]["code"] == "invalid_service_token"
+        tenants = await c.get(tenants_url, headers={"Authorization": f"Bearer {SERVICE_TOKEN}"})
+        assert tenants.status_code == 200
+        # bounded: the first tenant seen has its own series, every later one is "other"
+        assert 'tenant="acme"' in tenants.text and 'tenant="other"' in tenants.text
+        assert "globex" not in tenants.text

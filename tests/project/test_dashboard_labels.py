@@ -28,7 +28,13 @@ SUFFIXES = ("_total", "_bucket", "_count", "_sum")
 def _labels_by_name() -> dict[str, set[str]]:
     replica = ReplicaMetrics("base")
     replica.watch_engine(4, lambda: EngineLoad(0, 0, 0.0, 0, (), ()))
-    registries: list[CollectorRegistry] = [REGISTRY, replica.registry, GatewayMetrics().registry]
+    gateway = GatewayMetrics()  # the public families and the per-tenant ones behind the token
+    registries: list[CollectorRegistry] = [
+        REGISTRY,
+        replica.registry,
+        gateway.registry,
+        gateway.tenant_registry,
+    ]
     out: dict[str, set[str]] = {}
     for registry in registries:
         for family in registry.collect():  # custom collectors (the replica's engine gauges) carry samples

@@ -45,7 +45,8 @@ def _process_exposed() -> set[str]:
     replica = ReplicaMetrics("base")
     replica.watch_engine(4, lambda: EngineLoad(0, 0, 0.0, 0, (), ()))
     out: set[str] = set()
-    for registry in (replica.registry, GatewayMetrics().registry):
+    gateway = GatewayMetrics()
+    for registry in (replica.registry, gateway.registry, gateway.tenant_registry):
         for family in registry.collect():
             out |= {family.name + suffix for suffix in ("", "_total", "_bucket", "_count", "_sum")}
     return out
