@@ -36,6 +36,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench._util import median
+from lorafleet.profile import DEV_PROFILE_ENV
 from replica.engine.trace import STAGES
 from schemas.replica_api import STREAM_EVENT, TokenEvent
 
@@ -163,6 +164,7 @@ async def replica_process(model_dir: Path | None, timeout_s: float) -> AsyncIter
     work = Path(tempfile.mkdtemp(prefix="bench-admission-"))
     env = {
         **os.environ,
+        **DEV_PROFILE_ENV,  # a bench stack runs on dev tokens
         "LORAFLEET_REPLICA_SERVICE_TOKEN": TOKEN,
         "LORAFLEET_REPLICA_CACHE_DIR": str(work / "cache"),
         "LORAFLEET_REPLICA_MAX_NUM_SEQS": "8",

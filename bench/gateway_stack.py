@@ -28,6 +28,7 @@ from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from gateway.tenants import create_key, create_tenant
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
+from lorafleet.profile import DEV_PROFILE_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 TENANT = "bench"
@@ -139,6 +140,7 @@ async def bench_stack(
     standin_port, gateway_port = free_port(), free_port()
     env = {
         **os.environ,
+        **DEV_PROFILE_ENV,  # a bench stack runs on dev tokens
         "PYTHONPATH": str(REPO),
         "LORAFLEET_DATABASE_URL": database_url,
         "LORAFLEET_GATEWAY_PUBLIC_PORT": str(gateway_port),

@@ -36,6 +36,7 @@ from lorafleet.db.migrate import migrate
 from lorafleet.kafka import make_consumer
 from lorafleet.model.base_hash import base_model_hash
 from lorafleet.model.prepare import ensure_default_model
+from lorafleet.profile import DEV_PROFILE_ENV
 from schemas import topics
 from schemas.replica_api import StateResponse
 from schemas.topics import Topic
@@ -258,6 +259,7 @@ def _env(
     prefix, ports = f"as{run}-", first_port + cfg.max_replicas + 1  # the block's ports after the replicas'
     return {
         **os.environ,
+        **DEV_PROFILE_ENV,  # a bench stack runs on dev tokens
         "LORAFLEET_DATA_DIR": str(work / "data"),
         "LORAFLEET_KAFKA_BOOTSTRAP": platform.kafka_bootstrap,
         "LORAFLEET_DATABASE_URL": database_url,

@@ -15,6 +15,7 @@ from gateway.registration_rules import RegistryRules
 from gateway.routes import internal
 from gateway.served_base import served_base_hash
 from lorafleet.db.pool import create_pool
+from lorafleet.profile import refuse_dev_tokens
 
 
 def build_internal_app(config: GatewayConfig, rules: RegistryRules | None = None) -> FastAPI:
@@ -46,6 +47,9 @@ def serve() -> None:
     import uvicorn
 
     config = GatewayConfig.from_env()
+    refuse_dev_tokens(
+        config.platform, "gateway", {"LORAFLEET_GATEWAY_SERVICE_TOKEN": config.gateway.service_token}
+    )
     uvicorn.run(
         build_internal_app(config),
         host=config.gateway.internal_host,

@@ -40,6 +40,7 @@ from gateway.shared_rate_limit import SharedRateLimiter, bucket_prefix
 from gateway.store_guard import StoreGuard
 from gateway.tenant_metrics import build_tenant_metrics_app, serve_tenant_metrics
 from lorafleet.db.pool import create_pool
+from lorafleet.profile import refuse_dev_tokens
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +190,10 @@ def serve_public() -> None:
     import uvicorn
 
     config = GatewayConfig.from_env()
+    tokens = {"LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN": config.gateway.replica_service_token}
+    if config.gateway.tenant_metrics_port:  # the tenant-metrics listener checks the service token
+        tokens["LORAFLEET_GATEWAY_SERVICE_TOKEN"] = config.gateway.service_token
+    refuse_dev_tokens(config.platform, "public-gateway", tokens)
     uvicorn.run(
         build_public_app(config),
         host=config.gateway.public_host,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -15,6 +16,8 @@ class PlatformSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LORAFLEET_", extra="ignore")
 
     data_dir: Path = Field(default=Path(".data"), description="git-ignored folder for data, logs and pids")
+    # "dev" allows the well-known default tokens (lorafleet/profile.py); otherwise a process refuses them.
+    profile: Literal["dev", "production"] = "production"
 
     kafka_bootstrap: str = "127.0.0.1:19092"
     kafka_controller_port: int = 19093

@@ -30,6 +30,7 @@ def serve(
     ] = None,
 ) -> None:
     """Serve generate, adapter load/unload and state over HTTP (LORAFLEET_REPLICA_* settings; flags win)."""
+    from lorafleet.profile import refuse_dev_tokens
     from replica.config import DEFAULT_MODEL_DIR, ReplicaSettings
     from replica.main import serve as run
 
@@ -44,6 +45,10 @@ def serve(
     }
     # The flags given beat the environment; model_validate still reads LORAFLEET_REPLICA_* for the rest.
     settings = ReplicaSettings.model_validate({k: v for k, v in flags.items() if v is not None})
+    tokens = {"LORAFLEET_REPLICA_SERVICE_TOKEN": settings.service_token}
+    if settings.registry_url is not None:
+        tokens["LORAFLEET_REPLICA_REGISTRY_TOKEN"] = settings.registry_token
+    refuse_dev_tokens(settings.platform, "replica", tokens)
     if settings.model_dir == DEFAULT_MODEL_DIR and not (DEFAULT_MODEL_DIR / "config.json").is_file():
         from lorafleet.model.prepare import ensure_default_model
 

@@ -11,6 +11,8 @@ from hypothesis import settings
 # Nothing in the suite may reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The suite's processes run on the well-known dev tokens, which only the dev profile accepts.
+os.environ.setdefault("LORAFLEET_PROFILE", "dev")
 
 # Triton picks interpreter or compiler when it is first imported (peft imports it too), so choose here:
 # without a GPU, Triton kernels run through the interpreter on CPU tensors.

@@ -10,6 +10,7 @@ import typer
 
 from lorafleet.autoscale.config import AutoscaleSettings
 from lorafleet.config import get_settings
+from lorafleet.profile import refuse_dev_tokens
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,11 @@ def autoscale(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a state request per replica per tick
     settings = AutoscaleSettings()
+    refuse_dev_tokens(
+        get_settings(),
+        "autoscale",
+        {"LORAFLEET_AUTOSCALE_REPLICA_SERVICE_TOKEN": settings.replica_service_token},
+    )
     log.info(
         "autoscale --local: fleet %s, %d..%d replicas (%d not ours), cooldown %.0fs",
         settings.fleet,

@@ -12,6 +12,7 @@ from lorafleet.autoscale import view as autoscale_view
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
+from lorafleet.profile import DEV_PROFILE_ENV
 from lorafleet.services import kafka, objectstore, postgres, prometheus, redis, supervisor
 from lorafleet.services.memory import format_bytes, rss_bytes, tree_rss_bytes
 from lorafleet.services.paths import REPO_ROOT, log_dir, run_dir
@@ -106,9 +107,9 @@ def stack_replicas() -> list[ReplicaTarget]:
 
 
 def process_env() -> dict[str, str]:
-    """The fleet's id prefixes, the local profile's replica sizing and the local listeners, except what the
-    environment sets."""
-    wanted = {**FLEET_ENV, **LOCAL_REPLICA_ENV, **LOCAL_ENV}
+    """The dev profile (the local stack runs on the default tokens), the fleet's id prefixes, the local
+    profile's replica sizing and the local listeners, except what the environment sets."""
+    wanted = {**DEV_PROFILE_ENV, **FLEET_ENV, **LOCAL_REPLICA_ENV, **LOCAL_ENV}
     return {k: v for k, v in wanted.items() if k not in os.environ}
 
 

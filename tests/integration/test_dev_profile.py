@@ -1,0 +1,71 @@
+"""Real processes refuse to start on the default dev token outside the dev profile, and start on real
+secrets."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.ports import free_port
+from bench.processes import stop, wait_http
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _env(services, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_TOKEN")}
+    return {**env, **services.env(), "LORAFLEET_PROFILE": "production", **extra}
+
+
+@pytest.mark.parametrize(
+    ("argv", "setting"),
+    [
+        (["gateway"], "LORAFLEET_GATEWAY_SERVICE_TOKEN"),
+        (["public-gateway"], "LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN"),
+        (["replica", "serve", "--replica-id", "profile-test"], "LORAFLEET_REPLICA_SERVICE_TOKEN"),
+        (["autoscale", "--local"], "LORAFLEET_AUTOSCALE_REPLICA_SERVICE_TOKEN"),
+    ],
+)
+def test_a_process_on_the_dev_token_refuses_to_start_outside_the_dev_profile(
+    services, argv: list[str], setting: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "lorafleet.cli", *argv],
+        env=_env(services),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert setting in done.stderr and "default dev token" in done.stderr, done.stderr[-2000:]
+
+
+async def test_the_gateway_starts_on_a_real_secret_outside_the_dev_profile(services, tmp_path) -> None:
+    port = free_port()
+    env = _env(
+        services,
+        LORAFLEET_GATEWAY_SERVICE_TOKEN="a-real-secret-of-its-own",
+        LORAFLEET_GATEWAY_INTERNAL_PORT=str(port),
+    )
+    with open(tmp_path / "gateway.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lorafleet.cli", "gateway"], env=env, cwd=REPO, stdout=log, stderr=log
+        )
+    try:
+        await wait_http(f"http://127.0.0.1:{port}/docs", 90, proc)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as c:
+            ok = await c.get(
+                "/internal/adapters", headers={"Authorization": "Bearer a-real-secret-of-its-own"}
+            )
+            dev = await c.get("/internal/adapters", headers={"Authorization": "Bearer dev-service-token"})
+        assert ok.status_code == 200 and dev.status_code == 401
+    finally:
+        stop(proc)
