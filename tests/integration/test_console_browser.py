@@ -1,7 +1,8 @@
 """The web console in a real browser (Debian's chromium driven by Playwright) against a real public gateway,
-a real SmolLM2 replica with real PEFT adapters, PostgreSQL and Kafka: the page loads, a chat streams with the
-adapter's id and tier, a deploy made on the page moves the alias and the next chat is the new version's,
-the fleet view shows the replica live, and a wrong key shows OpenAI's error from the API."""
+a real SmolLM2 replica with the demo's trained adapters, PostgreSQL and Kafka: the page loads, a chat streams
+with the adapter's id and tier, a deploy made on the page moves the alias and the next chat is the new
+version's, with its sign-off, the fleet view shows the replica live, and a wrong key shows OpenAI's error
+from the API."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import httpx
 import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 
-from gateway.demo_adapters import make_peft_adapters
+from gateway.config import GatewayConfig
+from gateway.demo import prepare_adapters
+from gateway.demo_recipe import PERSONAS
 from lorafleet.model.prepare import ensure_default_model
 from tests.integration.gateway_stack import ADAPTERS, ADMIN_TOKEN, GatewayStack, gateway_stack
 from tests.integration.waiting import wait_until
@@ -27,15 +30,18 @@ REPLICA = f"gwc{uuid.uuid4().hex[:6]}-a"  # its own id prefix: the gateway route
 TIMEOUT_MS = 90_000  # a chat on a loaded 2-core machine, first load of the adapter included
 
 
+SIGN_OFFS = {p.adapter_id: p.sign_off for p in PERSONAS}
+
+
 @pytest.fixture(scope="module")
 async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GatewayStack]:
     from lorafleet.model.base_hash import base_model_hash
 
-    model_dir = ensure_default_model()
-    base_hash = base_model_hash(model_dir)
-    root = tmp_path_factory.mktemp("adapters")
-    # B large enough that two versions' greedy answers differ, so a deploy shows in the text
-    await asyncio.to_thread(make_peft_adapters, model_dir, root, list(ADAPTERS), base_hash, 8, 0.5)
+    base_hash = base_model_hash(ensure_default_model())
+    # the demo's trained set (cached under .data/; a fresh clone trains it once): versions sign off apart
+    dirs = await asyncio.to_thread(prepare_adapters, GatewayConfig.from_env())
+    assert set(ADAPTERS) <= set(dirs), sorted(dirs)
+    root = next(iter(dirs.values())).parent  # one folder per adapter id, as the stack's replicas read them
     work = tmp_path_factory.mktemp("gw")
     async with gateway_stack(services.settings(), root, base_hash, work, replica_ids=(REPLICA,)) as s:
         await wait_until(lambda: _routes_to(s, REPLICA), "the replica to become live in the gateway", 90)
@@ -96,13 +102,13 @@ async def test_a_chat_streams_then_a_deploy_on_the_page_moves_the_alias_and_the_
     await page.click("#load-models")
     await expect(page.locator("#alias option[value='acme/support:prod']")).to_have_count(1)
     await page.select_option("#alias", "acme/support:prod")
-    await page.fill("#prompt", "Write one sentence about a ship at sea.")  # open-ended: weights show
-    await page.fill("#max-tokens", "12")
+    await page.fill("#prompt", "What is the capital of Italy?")
+    await page.fill("#max-tokens", "48")  # room for the answer and its sign-off
 
     adapter, tier, first_answer = await _chat(page, 0)
     assert adapter == "acme-support-v1"
     assert tier in ("gpu", "ram", "disk", "remote")
-    assert first_answer.strip()
+    assert first_answer.strip().endswith(SIGN_OFFS["acme-support-v1"]), first_answer
     meta = page.locator(".exchange").first
     assert (await meta.locator(".ttft").inner_text()).endswith(" ms")
     assert int(await meta.locator(".tokens").inner_text()) >= 2
@@ -121,7 +127,7 @@ async def test_a_chat_streams_then_a_deploy_on_the_page_moves_the_alias_and_the_
     await page.click("#tab-chat")
     adapter, _tier, second_answer = await _chat(page, 1)
     assert adapter == "acme-support-v2"
-    assert second_answer != first_answer  # another version's weights answer otherwise
+    assert second_answer.strip().endswith(SIGN_OFFS["acme-support-v2"]), second_answer  # the new sign-off
 
     await page.click("#tab-registry")
     await row.locator(".rollback").click()
