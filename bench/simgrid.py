@@ -24,6 +24,7 @@ from typing import Any
 
 import typer
 
+from lorafleet import html_report
 from sim import report
 from sim.cli import find_replicas
 from sim.replica import CacheSizes
@@ -164,7 +165,7 @@ def simgrid(
     seed: int = typer.Option(0),
     slo_p95_ttft: float = typer.Option(1.0, help="p95 TTFT target that sizes each cell's fleet, s"),
     jobs: int = typer.Option(os.cpu_count() or 1, help="cells simulated in parallel processes"),
-    out_dir: Path = typer.Option(Path("bench/results"), help="writes simgrid.json and simgrid.png here"),
+    out_dir: Path = typer.Option(Path("bench/results"), help="writes simgrid.json, .png and .html here"),
 ) -> None:
     """Cost vs table vs affinity vs random routing over adapters x Zipf x rate, fleets by --find-replicas."""
     from bench._util import emit
@@ -183,4 +184,10 @@ def simgrid(
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "simgrid.json").write_text(json.dumps(result, indent=1) + "\n")
     plot(result, out_dir / "simgrid.png")
+    html_report.write(
+        out_dir / "simgrid.html",
+        "Simulator grid: replicas and routing modes",
+        json.loads(json.dumps(result)),  # as the JSON file holds it (tuples as lists)
+        ["simgrid.png"],
+    )
     emit({"summary": result["summary"], "wall_s": result["wall_s"], "out_dir": str(out_dir)})

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from lorafleet import html_report
 from placement_worker.planner import Policy
 from sim import report
 from sim.replica import CacheSizes
@@ -118,6 +119,9 @@ def simulate_cmd(
     slo_p95_ttft: Annotated[float, typer.Option(help="p95 TTFT target for --find-replicas, s.")] = 1.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the whole report as JSON.")] = False,
     out: Annotated[Path | None, typer.Option(help="Also write the JSON here.")] = None,
+    html: Annotated[
+        Path | None, typer.Option(help="Write the report as one HTML page here (the console links it).")
+    ] = Path(".data/sim/report.html"),
 ) -> None:
     """Simulate the fleet at scale with the real router, placement and cache code."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -150,6 +154,9 @@ def simulate_cmd(
     text = json.dumps(result, indent=2)
     if out is not None:
         out.write_text(text + "\n")
+    if html is not None:
+        intro = f"{adapters} adapters, {rate:g} req/s, Zipf {zipf:g}."
+        html_report.write(html, "Simulator", result, intro=intro)
     if as_json:
         typer.echo(text)
     else:

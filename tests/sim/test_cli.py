@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -27,6 +28,18 @@ SMALL = [
     "--warmup",
     "5",
 ]
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the default HTML report goes to .data/sim/ under the working directory
+
+
+def test_simulate_writes_its_report_as_one_html_page_where_the_console_links_it(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, SMALL)
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / ".data" / "sim" / "report.html").read_text()
+    assert page.startswith("<!doctype html>") and "100 adapters, 5 req/s" in page and "gpu_hit_rate" in page
 
 
 def test_simulate_prints_the_report_as_json() -> None:

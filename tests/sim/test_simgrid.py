@@ -26,6 +26,8 @@ def test_a_two_cell_grid_sizes_each_fleet_and_runs_every_mode(tmp_path: Path) ->
     assert result.exit_code == 0, result.output
     grid = json.loads((tmp_path / "simgrid.json").read_text())
     assert (tmp_path / "simgrid.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (tmp_path / "simgrid.html").read_text()
+    assert page.startswith("<!doctype html>") and 'src="simgrid.png"' in page
     assert [(c["adapters"], c["zipf"], c["rate"]) for c in grid["cells"]] == [
         (200, 1.0, 2.0),
         (200, 1.0, 4.0),
