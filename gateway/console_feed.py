@@ -16,7 +16,7 @@ from collections import deque
 from aiokafka.structs import TopicPartition
 
 from lorafleet.config import PlatformSettings
-from lorafleet.kafka import make_consumer
+from lorafleet.kafka import make_consumer, seek_to_times
 from schemas import topics
 from schemas.console import AdapterWindow, AlertView
 from schemas.events import AdapterStats, Alert, EventValidationError, parse_event
@@ -83,11 +83,7 @@ async def consume_console_topics(platform: PlatformSettings, feed: ConsoleFeed, 
         parts = {TopicPartition(t.name, p): s for t, s in lookback.items() for p in range(t.partitions)}
         consumer.assign(list(parts))
         now_ms = time.time() * 1000
-        offsets = await consumer.offsets_for_times({p: int(now_ms - s * 1000) for p, s in parts.items()})
-        ends = await consumer.end_offsets(list(parts))
-        for p in parts:
-            found = offsets.get(p)
-            consumer.seek(p, found.offset if found is not None else ends[p])
+        await seek_to_times(consumer, {p: int(now_ms - s * 1000) for p, s in parts.items()})
         ready.set()
         async for msg in consumer:
             try:

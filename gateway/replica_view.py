@@ -19,7 +19,7 @@ from gateway.hit_window import HitWindow
 from gateway.replica_registry import ReplicaRegistry
 from gateway.routing import ReplicaLoad
 from lorafleet.config import PlatformSettings
-from lorafleet.kafka import make_consumer
+from lorafleet.kafka import make_consumer, seek_to_times
 from schemas import topics
 from schemas.events import EventValidationError, ReplicaState, parse_event
 
@@ -142,11 +142,7 @@ async def consume_states(
         consumer.assign(parts)
         # States are per second: the last few seconds are enough to know the fleet at start-up.
         since_ms = int((time.time() - view.stale_s) * 1000)
-        offsets = await consumer.offsets_for_times({p: since_ms for p in parts})
-        ends = await consumer.end_offsets(parts)
-        for p in parts:
-            found = offsets.get(p)
-            consumer.seek(p, found.offset if found is not None else ends[p])
+        await seek_to_times(consumer, dict.fromkeys(parts, since_ms))
         ready.set()
         async for msg in consumer:
             try:

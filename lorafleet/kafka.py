@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
@@ -35,6 +36,15 @@ def make_consumer(
     }
     options.update(overrides)
     return AIOKafkaConsumer(*topics, bootstrap_servers=settings.kafka_bootstrap, group_id=group_id, **options)
+
+
+async def seek_to_times(consumer: AIOKafkaConsumer, since_ms: Mapping[TopicPartition, int]) -> None:
+    """Seek each assigned partition to its first record at or after its timestamp (ms), else to its end."""
+    offsets = await consumer.offsets_for_times(dict(since_ms))
+    ends = await consumer.end_offsets(list(since_ms))
+    for p in since_ms:
+        found = offsets.get(p)
+        consumer.seek(p, found.offset if found is not None else ends[p])
 
 
 async def ensure_topics(settings: PlatformSettings, topics: tuple[Topic, ...] = ALL_TOPICS) -> list[str]:

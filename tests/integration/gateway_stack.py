@@ -4,6 +4,7 @@ own replica.state; the public gateway as a process."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import asyncpg
 import httpx
+import pytest
 
 from bench.databases import create_database, drop_database
 from bench.ports import free_port
@@ -59,6 +61,21 @@ class GatewayStack:
         async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}) as c:
             resp = await c.get(f"{r.url}/internal/replicas/{replica_id}/state", timeout=5)
             return resp.json()
+
+
+async def random_adapters(
+    tmp_path_factory: pytest.TempPathFactory, ids: list[str] | None = None
+) -> tuple[Path, str]:
+    """The stack's adapters (ADAPTERS, or ids) as random PEFT folders under a fresh root, and the base hash."""
+    from gateway.demo_adapters import make_peft_adapters
+    from lorafleet.model.base_hash import base_model_hash
+    from lorafleet.model.prepare import ensure_default_model
+
+    model_dir = ensure_default_model()
+    base_hash = await asyncio.to_thread(base_model_hash, model_dir)
+    root = tmp_path_factory.mktemp("adapters")
+    await asyncio.to_thread(make_peft_adapters, model_dir, root, ids or list(ADAPTERS), base_hash)
+    return root, base_hash
 
 
 async def _seed(database_url: str, adapter_dirs: dict[str, Path], base_hash: str) -> dict[str, str]:

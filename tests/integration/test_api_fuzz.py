@@ -22,9 +22,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from gateway.demo_adapters import make_peft_adapters
-from lorafleet.model.prepare import ensure_default_model
-from tests.integration.gateway_stack import ADAPTERS, GatewayStack, gateway_stack
+from tests.integration.gateway_stack import GatewayStack, gateway_stack, random_adapters
 from tests.integration.internal_api_proc import InternalApi, internal_api
 from tests.integration.openai_errors import openai_error
 from tests.integration.services import ServiceAddresses
@@ -52,12 +50,7 @@ def fuzz_settings(max_examples: int) -> settings:
 async def stack(
     services: ServiceAddresses, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[GatewayStack]:
-    from lorafleet.model.base_hash import base_model_hash
-
-    model_dir = ensure_default_model()
-    base_hash = base_model_hash(model_dir)
-    root = tmp_path_factory.mktemp("adapters")
-    await asyncio.to_thread(make_peft_adapters, model_dir, root, list(ADAPTERS), base_hash)
+    root, base_hash = await random_adapters(tmp_path_factory)
     # No replica is killed here: a long staleness keeps a loaded machine's late replica.state from
     # emptying the router's view, so a 503 would be the gateway's own.
     extra = {"LORAFLEET_GATEWAY_REPLICA_STALE_S": "30"}

@@ -18,20 +18,18 @@ from httpx_sse import EventSource
 
 from bench.processes import wait_http
 from gateway import aliases
-from gateway.demo_adapters import make_peft_adapters
 from gateway.rollout import unit_hash
 from lorafleet.config import RelaySettings
 from lorafleet.kafka import make_producer
-from lorafleet.model.prepare import ensure_default_model
 from lorafleet.outbox.relay import Relay
 from schemas.api import CanaryTarget
 from schemas.events import AliasChanged, RequestCompleted, parse_event
 from schemas.topics import REQUESTS_COMPLETED
 from tests.integration.gateway_stack import (
-    ADAPTERS,
     TENANT_LIMITS,
     GatewayStack,
     gateway_stack,
+    random_adapters,
     start_replica,
 )
 from tests.integration.kafka_helpers import collect
@@ -44,12 +42,7 @@ CHAT = {"model": "acme/support:prod", "messages": [{"role": "user", "content": "
 
 @pytest.fixture(scope="module")
 async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GatewayStack]:
-    from lorafleet.model.base_hash import base_model_hash
-
-    model_dir = ensure_default_model()
-    base_hash = base_model_hash(model_dir)
-    root = tmp_path_factory.mktemp("adapters")
-    await asyncio.to_thread(make_peft_adapters, model_dir, root, list(ADAPTERS), base_hash)
+    root, base_hash = await random_adapters(tmp_path_factory)
     async with gateway_stack(services.settings(), root, base_hash, tmp_path_factory.mktemp("gw")) as s:
         await wait_until(lambda: _live_replicas_are(s, set(s.replicas)), "both replicas to become live", 60)
         yield s

@@ -13,11 +13,9 @@ import httpx
 import pytest
 
 from bench.ports import free_port
-from gateway.demo_adapters import make_peft_adapters
 from lorafleet.kafka import make_producer
-from lorafleet.model.prepare import ensure_default_model
 from schemas.events import AliasChanged, ReplicaState
-from tests.integration.gateway_stack import ADAPTERS, GatewayStack, gateway_stack
+from tests.integration.gateway_stack import ADAPTERS, GatewayStack, gateway_stack, random_adapters
 from tests.integration.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -31,12 +29,7 @@ SERVICE_TOKEN = "trust-test-service-token"
 
 @pytest.fixture(scope="module")
 async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GatewayStack]:
-    from lorafleet.model.base_hash import base_model_hash
-
-    model_dir = ensure_default_model()
-    base_hash = base_model_hash(model_dir)
-    root = tmp_path_factory.mktemp("adapters")
-    await asyncio.to_thread(make_peft_adapters, model_dir, root, list(ADAPTERS), base_hash)
+    root, base_hash = await random_adapters(tmp_path_factory)
     work = tmp_path_factory.mktemp("gw")
     env = {
         "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": PREFIX,

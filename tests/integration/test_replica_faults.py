@@ -21,9 +21,7 @@ import pytest
 from httpx_sse import EventSource
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.demo_adapters import make_peft_adapters
-from lorafleet.model.prepare import ensure_default_model
-from tests.integration.gateway_stack import ADAPTERS, GatewayStack, gateway_stack
+from tests.integration.gateway_stack import GatewayStack, gateway_stack, random_adapters
 from tests.integration.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -35,12 +33,7 @@ CHAT = {"model": "acme/support:prod", "messages": [{"role": "user", "content": "
 
 @pytest.fixture(scope="module")
 async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GatewayStack]:
-    from lorafleet.model.base_hash import base_model_hash
-
-    model_dir = ensure_default_model()
-    base_hash = base_model_hash(model_dir)
-    root = tmp_path_factory.mktemp("adapters")
-    await asyncio.to_thread(make_peft_adapters, model_dir, root, list(ADAPTERS), base_hash)
+    root, base_hash = await random_adapters(tmp_path_factory)
     settings = {
         "LORAFLEET_GATEWAY_REPLICA_STALE_S": "600",
         "LORAFLEET_GATEWAY_FIRST_TOKEN_TIMEOUT_S": str(FIRST_TOKEN_S),

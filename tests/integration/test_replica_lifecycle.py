@@ -15,12 +15,10 @@ import httpx
 import pytest
 from httpx_sse import EventSource
 
-from gateway.demo_adapters import make_peft_adapters
-from lorafleet.model.prepare import ensure_default_model
 from placement_worker import store
 from schemas.events import ReplicaState, RequestCompleted
 from schemas.topics import REPLICA_STATE, REQUESTS_COMPLETED
-from tests.integration.gateway_stack import REPO, TOKEN
+from tests.integration.gateway_stack import REPO, TOKEN, random_adapters
 from tests.integration.lifecycle_stack import ADAPTER_IDS, LEAN_ALIAS, LifecycleStack, Tap, lifecycle_stack
 from tests.integration.waiting import wait_until
 
@@ -31,12 +29,7 @@ STORY = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 
 @pytest.fixture(scope="module")
 async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LifecycleStack]:
-    from lorafleet.model.base_hash import base_model_hash
-
-    model_dir = ensure_default_model()
-    base_hash = base_model_hash(model_dir)
-    root = tmp_path_factory.mktemp("adapters")
-    await asyncio.to_thread(make_peft_adapters, model_dir, root, list(ADAPTER_IDS), base_hash)
+    root, base_hash = await random_adapters(tmp_path_factory, list(ADAPTER_IDS))
     async with lifecycle_stack(services.settings(), root, base_hash, tmp_path_factory.mktemp("lc")) as s:
         yield s
 
