@@ -1,0 +1,133 @@
+"""Every route of every app has an auth dependency of the right scope, or is on the explicit list of open
+routes (probes, /metrics without tenant data, the OpenAPI documents, the console's static page and reports).
+A route added without one fails here: the list is walked from the real apps, not written by hand.
+
+Scopes: `tenant` is an API key (gateway.deps.public_caller); `service` is the service token
+(gateway.deps.require_service_token on the gateways, replica.server.service_authorized / authorized on the
+replica). A tenant key never opens a service route: the two checks compare against different secrets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from fastapi import APIRouter, FastAPI
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
+
+from gateway.config import GatewayConfig
+from gateway.deps import public_caller, require_service_token
+from gateway.main import build_internal_app
+from gateway.metrics import GatewayMetrics
+from gateway.public_app import build_public_app
+from gateway.tenant_metrics import build_tenant_metrics_app
+from replica.config import ReplicaSettings
+from replica.server import authorized, create_app, service_authorized
+
+TENANT: set[Callable[..., Any]] = {public_caller}
+SERVICE: set[Callable[..., Any]] = {require_service_token, service_authorized, authorized}
+
+OPEN = {
+    "public": {
+        ("GET", "/health"),
+        ("GET", "/ready"),
+        ("GET", "/metrics"),  # no tenant id (tests/integration/test_gateway_trust.py)
+        ("GET", "/console"),
+        ("GET", "/console/"),
+        ("GET", "/console/static/{name}"),
+        ("GET", "/console/reports/{index}/"),
+        ("GET", "/console/reports/{index}/{name}"),
+        ("GET", "/console/api/reports"),  # report links; reports hold no tenant data
+    },
+    "internal": set(),
+    "tenant-metrics": set(),
+    "replica": {("GET", "/health"), ("GET", "/ready"), ("GET", "/metrics")},
+}
+TENANT_ROUTES = {
+    ("POST", "/v1/chat/completions"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/{model:path}"),
+}
+DOCS = {"/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+
+
+def _calls(dependant: Dependant) -> Iterator[Callable[..., Any]]:
+    for dep in dependant.dependencies:
+        if dep.call is not None:
+            yield dep.call
+        yield from _calls(dep)
+
+
+def _walk(routes: list[Any], prefix: str, extra: set[Callable[..., Any]]) -> Iterator[tuple[str, str, set]]:
+    for route in routes:
+        if isinstance(route, APIRoute):
+            calls = set(_calls(route.dependant)) | extra
+            for method in sorted(route.methods):
+                yield method, prefix + route.path, calls
+        elif hasattr(route, "original_router"):  # an included router (FastAPI >= 0.16x keeps it whole)
+            context = route.include_context
+            deps = {d.dependency for d in getattr(context, "dependencies", ()) if d.dependency is not None}
+            yield from _walk(route.original_router.routes, prefix + (context.prefix or ""), extra | deps)
+        else:
+            assert getattr(route, "path", None) in DOCS, f"a route outside FastAPI's APIRoute: {route}"
+
+
+def _routes(app: FastAPI) -> Iterator[tuple[str, str, set[Callable[..., Any]]]]:
+    yield from _walk(list(app.routes), "", set())
+
+
+def _apps() -> dict[str, FastAPI]:
+    config = GatewayConfig.from_env()
+    replica = SimpleNamespace(settings=ReplicaSettings(replica_id="r0", control_enabled=False), gpu=None)
+    return {
+        "public": build_public_app(config),
+        "internal": build_internal_app(config),
+        "tenant-metrics": build_tenant_metrics_app(GatewayMetrics(), "a-service-token"),
+        "replica": create_app(replica),  # type: ignore[arg-type]
+    }
+
+
+def _violations(name: str, app: FastAPI) -> list[str]:
+    out, seen = [], set()
+    for method, path, calls in _routes(app):
+        seen.add((method, path))
+        route = f"{name}: {method} {path}"
+        if (method, path) in OPEN[name]:
+            if calls & (TENANT | SERVICE):
+                out.append(f"{route} is listed open but checks a credential")
+        elif (method, path) in TENANT_ROUTES:
+            if not calls & TENANT or calls & SERVICE:
+                out.append(f"{route} must take a tenant API key")
+        elif not calls & SERVICE:
+            out.append(f"{route} has no service-token dependency")
+        elif calls & TENANT:
+            out.append(f"{route} is a service route that also takes API keys")
+    out += [f"{name}: listed open, but the app has no {m} {p}" for m, p in sorted(OPEN[name] - seen)]
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(OPEN))
+def test_every_route_is_open_by_name_or_has_its_scope_of_auth(name: str) -> None:
+    assert _violations(name, _apps()[name]) == []
+
+
+def test_a_route_added_without_a_dependency_is_caught() -> None:
+    app = _apps()["internal"]
+    router = APIRouter(prefix="/internal")
+
+    @router.post("/pause")
+    async def pause() -> None:  # the vLLM-style unauthenticated ops route
+        return None
+
+    app.include_router(router)
+    assert _violations("internal", app) == ["internal: POST /internal/pause has no service-token dependency"]
+
+
+def test_the_console_admin_api_and_every_internal_route_take_the_service_token() -> None:
+    apps = _apps()
+    admin = [(m, p) for m, p, _ in _routes(apps["public"]) if p.startswith("/console/api/")]
+    assert ("GET", "/console/api/fleet") in admin and ("PUT", "/console/api/aliases/{alias:path}") in admin
+    internal = [p for _, p, _ in _routes(apps["internal"])]
+    assert internal and all(p.startswith("/internal/") for p in internal)
