@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -52,6 +53,15 @@ async def test_registration_is_pending_with_its_event_and_idempotent(client, poo
         and shown["reason_code"] is None
         and shown["checksum"] == GOOD["checksum"]
     )
+
+
+async def test_identical_registrations_sent_at_once_make_one_row_and_one_event(client, pool) -> None:
+    resps = await asyncio.gather(*(client.post("/internal/adapters", json=GOOD) for _ in range(8)))
+    assert sorted(r.status_code for r in resps) == [200] * 7 + [202], [r.text for r in resps]
+    assert [r.json()["created"] for r in resps].count(True) == 1
+    count = await pool.fetchval("SELECT count(*) FROM adapters WHERE adapter_id = $1", GOOD["adapter_id"])
+    assert count == 1
+    assert [r["aggregate_id"] for r in await _outbox(pool, "adapters.registered")] == ["acme-support-v1"]
 
 
 async def test_same_id_with_different_content_is_a_conflict(client, pool) -> None:
