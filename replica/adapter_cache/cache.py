@@ -241,13 +241,20 @@ class AdapterCache:
             self._start_writes()  # the disk copy is written once the slot (or RAM entry) is live
 
     async def _once(self, step: str, key: str, factory: Callable[[], Awaitable[T]]) -> T:
+        """Join the step's flight, or start one. A finished flight is never joined: awaiting a done future
+        does not yield, so a caller that retries (acquire, when the slot was taken again before it could
+        pin) would spin on the loop before the flight's done callback could run."""
         flight_key = (step, key)
         fut = self._flights.get(flight_key)
-        if fut is None:
+        if fut is None or fut.done():
             fut = asyncio.ensure_future(factory())
             self._flights[flight_key] = fut
-            fut.add_done_callback(lambda _f: self._flights.pop(flight_key, None))
+            fut.add_done_callback(partial(self._land, flight_key))
         return await asyncio.shield(fut)
+
+    def _land(self, flight_key: tuple[str, str], fut: asyncio.Future[Any]) -> None:
+        if self._flights.get(flight_key) is fut:  # a later flight of the same step may have replaced it
+            del self._flights[flight_key]
 
     async def _record(self, adapter_id: str) -> AdapterRecord:
         record = self.records.get(adapter_id)

@@ -188,3 +188,29 @@ async def test_ram_budget_keeps_the_most_recent_adapters(tmp_path: Path) -> None
     assert env.cache.host.adapter_ids() == ["a1", "a2"]
     assert [e.adapter_id for e in env.evictions("ram")] == ["a0"]
     assert env.cache.tier_of("a0") == "disk"
+
+
+async def test_acquire_after_a_flight_ended_starts_a_new_one_instead_of_spinning(tmp_path: Path) -> None:
+    """A finished slot flight still listed (its done callback not run yet) and the adapter's slot already
+    taken again: acquire must start a new flight. Joining the finished one returns without yielding to the
+    loop, so acquire would retry forever and the callback that lists it off would never run."""
+    env = make_env(tmp_path, capacities={8: 1}, inline_write_bytes=0)  # RAM -> slot through a flight
+    env.add("a0", seed=0)
+    await env.cache.own("a0", "ram")
+    ended = asyncio.get_running_loop().create_future()
+    ended.set_result(None)
+    env.cache._flights[("gpu", "a0")] = ended
+    tries = 0
+    try_pin = env.cache.gpu.try_pin
+
+    def counted(adapter_id: str):
+        nonlocal tries
+        tries += 1
+        assert tries < 100, "acquire retries without yielding to the event loop"
+        return try_pin(adapter_id)
+
+    env.cache.gpu.try_pin = counted  # type: ignore[method-assign]
+    lease = await asyncio.wait_for(env.cache.acquire("a0"), 10)
+    assert lease.adapter_id == "a0" and env.cache.gpu.ref_count("a0") == 1
+    env.cache.release(lease)
+    assert env.cache._flights == {}
