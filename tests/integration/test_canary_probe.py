@@ -175,6 +175,8 @@ async def test_probe_finds_no_leak_through_the_public_api_and_reruns_idempotentl
     services, stack: GatewayStack, canaries: Path
 ) -> None:
     gateway_settings = GatewaySettings(
+        # the probe reads the registry with the stack's token, so the control plane takes the same one
+        service_token=stack.env["LORAFLEET_GATEWAY_SERVICE_TOKEN"],
         internal_port=free_port(),
         validator_group=f"canary-probe-{uuid.uuid4().hex[:8]}",
         validator_metrics_port=0,
