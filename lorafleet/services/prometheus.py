@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 
 from lorafleet.config import PlatformSettings
+from lorafleet.profile import DEV_TOKEN
 from lorafleet.services import scrape
 from lorafleet.services.paths import INFRA, log_dir, run_dir, service_dir
 from lorafleet.services.process import ManagedProcess, wait_until
@@ -54,9 +55,12 @@ def ready(settings: PlatformSettings) -> bool:
 
 def write_config(settings: PlatformSettings, env: Mapping[str, str], processes: Collection[str]) -> Path:
     """Render the scrape config for these processes at the ports env gives them; return its path."""
-    config = scrape.render(env, processes, RULES, targets_dir(settings), SCRAPE_INTERVAL_S)
-    path = config_file(settings)
     targets_dir(settings).mkdir(parents=True, exist_ok=True)
+    token = config_file(settings).with_name("service-token")
+    token.touch(mode=0o600)
+    token.write_text(env.get(scrape.TOKEN_ENV, DEV_TOKEN))  # the gateway's token, as its env gives it
+    config = scrape.render(env, processes, RULES, targets_dir(settings), SCRAPE_INTERVAL_S, token)
+    path = config_file(settings)
     path.write_text(json.dumps(config, indent=2))  # JSON is YAML: Prometheus reads it as is
     return path
 
@@ -72,7 +76,7 @@ def up(
     if proc.pid() is not None and ready(settings):
         return "already running"
     listed = processes if processes is not None else [listener.process for listener in scrape.LISTENERS]
-    path = write_config(settings, env if env is not None else os.environ, listed)
+    path = write_config(settings, env if env is not None else {**scrape.LOCAL_ENV, **os.environ}, listed)
     data = service_dir(settings, NAME) / "data"
     argv = [
         binary(),

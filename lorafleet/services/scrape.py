@@ -27,6 +27,7 @@ class MetricsListener:
     process: str  # its name in the stack's process table
     port_env: str
     default_port: int
+    bearer: bool = False  # scraped with the service token (the gateway's per-tenant listener)
 
 
 LISTENERS: tuple[MetricsListener, ...] = (
@@ -35,7 +36,13 @@ LISTENERS: tuple[MetricsListener, ...] = (
     MetricsListener("control-plane", "placement-worker", "LORAFLEET_PLACEMENT_METRICS_PORT", 9462),
     MetricsListener("stats-stream", "stats-stream", "LORAFLEET_STATS_METRICS_PORT", 9466),
     MetricsListener("gateway", "public-gateway", "LORAFLEET_GATEWAY_PUBLIC_PORT", 18080),
+    MetricsListener("gateway-tenants", "public-gateway", "LORAFLEET_GATEWAY_TENANT_METRICS_PORT", 0, True),
 )
+TOKEN_ENV = "LORAFLEET_GATEWAY_SERVICE_TOKEN"  # what the tenant listener checks
+
+# The local stack's own listeners: the public gateway's per-tenant metrics, behind the service token (the
+# public /metrics names no tenant). `services up` gives them to its processes, and Prometheus scrapes them.
+LOCAL_ENV: dict[str, str] = {"LORAFLEET_GATEWAY_TENANT_METRICS_PORT": "18082"}
 
 
 @dataclass(frozen=True)
@@ -60,11 +67,24 @@ def static_jobs(env: Mapping[str, str], processes: Collection[str]) -> dict[str,
 
 
 def render(
-    env: Mapping[str, str], processes: Collection[str], rules: Path, targets_dir: Path, interval_s: int
+    env: Mapping[str, str],
+    processes: Collection[str],
+    rules: Path,
+    targets_dir: Path,
+    interval_s: int,
+    token_file: Path | None = None,
 ) -> dict[str, Any]:
-    """The whole Prometheus config: the static jobs, the replicas' file_sd job and the alert rules."""
+    """The whole Prometheus config: the static jobs, the replicas' file_sd job and the alert rules. The
+    bearer jobs read the service token from token_file; without one they are left out."""
     jobs = static_jobs(env, processes)
-    scrape = [{"job_name": job, "static_configs": groups} for job, groups in jobs.items()]
+    bearer = {listener.job for listener in LISTENERS if listener.bearer}
+    scrape: list[dict[str, Any]] = []
+    for job, groups in jobs.items():
+        if job not in bearer:
+            scrape.append({"job_name": job, "static_configs": groups})
+        elif token_file is not None:
+            auth = {"type": "Bearer", "credentials_file": str(token_file)}
+            scrape.append({"job_name": job, "static_configs": groups, "authorization": auth})
     replica_files = {"files": [str(targets_dir / "*.json")], "refresh_interval": f"{interval_s}s"}
     scrape.append({"job_name": REPLICA_JOB, "file_sd_configs": [replica_files]})
     interval = f"{interval_s}s"

@@ -18,7 +18,7 @@ from lorafleet.services.memory import format_bytes, rss_bytes, tree_rss_bytes
 from lorafleet.services.paths import REPO_ROOT, log_dir, run_dir
 from lorafleet.services.process import ManagedProcess, wait_until
 from lorafleet.services.profile import LOCAL_REPLICA_ENV
-from lorafleet.services.scrape import ReplicaTarget, write_replica_targets
+from lorafleet.services.scrape import LOCAL_ENV, ReplicaTarget, write_replica_targets
 
 
 @dataclass(frozen=True)
@@ -90,10 +90,6 @@ FLEET_ENV: dict[str, str] = {
     "LORAFLEET_PLACEMENT_REPLICA_ID_PREFIX": "replica-",
     "LORAFLEET_STATS_REPLICA_ID_PREFIX": "replica-",
 }
-
-# The local stack's own listeners: the public gateway's per-tenant metrics, behind the service token (the
-# public /metrics names no tenant).
-LOCAL_ENV: dict[str, str] = {"LORAFLEET_GATEWAY_TENANT_METRICS_PORT": "18082"}
 
 
 def stack_replicas() -> list[ReplicaTarget]:

@@ -21,6 +21,7 @@ import pytest
 
 from bench.ports import free_port
 from bench.scaleup_stack import Proc, ScaleupConfig, lorafleet, scaleup_stack
+from lorafleet.profile import DEV_TOKEN
 from lorafleet.services import prometheus
 from lorafleet.services.profile import LOCAL_REPLICA_ENV
 from lorafleet.services.scrape import LISTENERS, REPLICA_JOB, ReplicaTarget, write_replica_targets
@@ -90,12 +91,14 @@ async def test_prometheus_scrapes_every_process_of_a_real_stack(services, tmp_pa
                 ["promtool", "check", "config", str(config)], capture_output=True, text=True
             )
             assert check.returncode == 0, check.stdout + check.stderr
+            # every listener of the listed processes (the gateway's tenant listener too, behind the token)
+            static = sum(1 for listener in LISTENERS if listener.process in processes)
             async with httpx.AsyncClient() as client:
                 deadline = asyncio.get_running_loop().time() + 300
                 while True:
                     targets = await _targets(client, url)
                     replicas = [t for t in targets if t["labels"]["job"] == REPLICA_JOB]
-                    if len(targets) == len(processes) + 2 and all(t["health"] == "up" for t in targets):
+                    if len(targets) == static + 2 and all(t["health"] == "up" for t in targets):
                         break
                     if asyncio.get_running_loop().time() > deadline:
                         raise AssertionError(f"targets: {targets}\n{stack.tails()}")
@@ -109,8 +112,14 @@ async def test_prometheus_scrapes_every_process_of_a_real_stack(services, tmp_pa
                 loaded = {r["name"] for g in rules for r in g["rules"]}
                 assert {"TenantTTFTOverTarget", "ReplicaThrashing", "GPUHitRateLow"} <= loaded
                 names: set[str] = set()
+                token = stack.env.get("LORAFLEET_GATEWAY_SERVICE_TOKEN", DEV_TOKEN)
                 for t in targets:
-                    names |= exported((await client.get(t["scrapeUrl"], timeout=10)).text)
+                    bearer = t["labels"]["job"] == "gateway-tenants"
+                    headers = {"Authorization": f"Bearer {token}"} if bearer else {}
+                    resp = await client.get(t["scrapeUrl"], headers=headers, timeout=10)
+                    assert resp.status_code == 200, (t["scrapeUrl"], resp.status_code)
+                    names |= exported(resp.text)
+                assert "gateway-tenants" in {t["labels"]["job"] for t in targets}
             used = names_used()
             assert {"vllm:num_requests_waiting", "gateway_time_to_first_token_seconds_bucket"} <= used
             assert used <= names, sorted(used - names)

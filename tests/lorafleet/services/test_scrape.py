@@ -7,7 +7,14 @@ from pathlib import Path
 
 from gateway.config import GatewaySettings
 from lorafleet.config import RelaySettings
-from lorafleet.services.scrape import LISTENERS, ReplicaTarget, render, static_jobs, write_replica_targets
+from lorafleet.services.scrape import (
+    LISTENERS,
+    LOCAL_ENV,
+    ReplicaTarget,
+    render,
+    static_jobs,
+    write_replica_targets,
+)
 from placement_worker.config import PlacementSettings
 from stats_stream.config import StatsStreamSettings
 
@@ -21,7 +28,28 @@ DEFAULT_PORTS = {
 
 
 def test_each_listener_defaults_to_its_process_settings_port() -> None:
-    assert {listener.process: listener.default_port for listener in LISTENERS} == DEFAULT_PORTS
+    plain = {listener.process: listener.default_port for listener in LISTENERS if not listener.bearer}
+    assert plain == DEFAULT_PORTS
+    (tenants,) = [listener for listener in LISTENERS if listener.bearer]
+    assert (tenants.process, tenants.default_port) == (
+        "public-gateway",
+        GatewaySettings().tenant_metrics_port,
+    )
+    assert LOCAL_ENV[tenants.port_env] != "0"  # off by default, on in the local stack
+
+
+def test_the_tenant_listener_is_scraped_with_the_token_file_and_left_out_without_one(tmp_path: Path) -> None:
+    env = {**LOCAL_ENV}
+    token = tmp_path / "token"
+    jobs = {
+        j["job_name"]: j
+        for j in render(env, ["public-gateway"], tmp_path / "a.yml", tmp_path, 5, token)["scrape_configs"]
+    }
+    assert jobs["gateway-tenants"]["authorization"] == {"type": "Bearer", "credentials_file": str(token)}
+    assert jobs["gateway-tenants"]["static_configs"][0]["targets"] == ["127.0.0.1:18082"]
+    assert "authorization" not in jobs["gateway"]
+    without = render(env, ["public-gateway"], tmp_path / "a.yml", tmp_path, 5)["scrape_configs"]
+    assert "gateway-tenants" not in {j["job_name"] for j in without}
 
 
 def test_the_environment_moves_a_listener_and_port_zero_or_a_missing_process_drops_it() -> None:
