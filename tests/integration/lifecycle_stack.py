@@ -29,6 +29,7 @@ from gateway.tenants import create_key, create_tenant
 from lorafleet.config import PlatformSettings, RelaySettings
 from lorafleet.kafka import make_producer
 from lorafleet.outbox.relay import Relay
+from lorafleet.retry import run_with_retry
 from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
 from schemas.events import Event, parse_event
@@ -119,7 +120,16 @@ async def lifecycle_stack(
     relay = asyncio.create_task(
         Relay(pool, producer, RelaySettings(poll_interval_s=0.05, metrics_port=0)).run(stop_event)
     )
-    worker = asyncio.create_task(run_worker(config, stop_event, ready=worker_ready, from_end=True))
+    # as `lorafleet placement-worker` runs it: a failed statement (its plan lock waited out the statement
+    # timeout while the test held it) restarts the worker instead of ending it
+    worker = asyncio.create_task(
+        run_with_retry(
+            "placement-worker",
+            lambda stop: run_worker(config, stop, ready=worker_ready, from_end=True),
+            stop_event,
+            config.platform,
+        )
+    )
     stack = LifecycleStack(f"http://127.0.0.1:{port}", pool, keys, env, work, prefix)
     with open(work / "gateway.log", "ab") as log:
         gw = subprocess.Popen(
