@@ -460,11 +460,15 @@ class AdapterCache:
         return True
 
     async def _ram_to_gpu(self, adapter_id: str) -> None:
-        item = self.host.get_pinned(adapter_id)
-        if item is None:
-            await self.ensure(adapter_id, "ram")
+        """RAM -> slot. A RAM entry evicted before it is pinned (host RAM smaller than what the waiting
+        requests want) is read back again; an adapter a concurrent step put in a slot meanwhile is done."""
+        while True:
+            if self.gpu.contains(adapter_id):
+                return
             item = self.host.get_pinned(adapter_id)
-            assert item is not None
+            if item is not None:
+                break
+            await self.ensure(adapter_id, "ram")
         try:
             start = time.perf_counter()
             if item.nbytes <= self.inline_write_bytes:
