@@ -17,15 +17,18 @@ import pytest
 
 import replica.engine.model_runner as model_runner
 from canary.check import IsolationTally
+from canary.churn import ChurnConfig, churn_ok, churn_settings, run_churn
 from canary.manifest import CanaryManifest
 from canary.markers import markers_in_tokens
 from replica.engine.sampler import SamplingParams
 from replica.lora.batch_meta import LoraBatchMeta
+from replica.runtime import build_replica
 from tests.canary.canary_util import build_canary_engine, canary_replica, tiny_sampler, train_tiny_canaries
 from tests.canary.engine_run import mixed_requests, run_isolation
 
 NUM_CANARIES = 64
 SLOTS = {8: 4, 16: 4, 32: 4}  # 12 GPU slots for 64 adapters: loads and evictions all through the run
+CHURN_REQUESTS = 400  # the CI run; `python -m bench.isolation --requests 10000` is the long one
 
 
 @pytest.fixture(scope="module")
@@ -129,3 +132,24 @@ async def test_swapped_batch_metadata_is_caught_by_the_canary_markers(
     for rid, adapter in (("ra", a.adapter_id), ("rb", b.adapter_id)):
         tally.record(rid, adapter, markers_in_tokens(tokens[rid], manifest.markers()))
     assert tally.missing_marker == 2 and not tally.ok()
+
+
+async def test_churn_through_the_replica_app_keeps_every_marker_and_releases_every_pin(
+    canaries: tuple[Path, Path, CanaryManifest], tmp_path: Path
+) -> None:
+    """The production path under churn: 64 canaries, 2 GPU slots per rank bucket, host RAM for about 6,
+    requests through the replica's generate route, 64 at a time. Slots are evicted and written all through
+    the run, some from disk reads on worker threads while the engine thread decodes other rows."""
+    base, out, manifest = canaries
+    cfg = ChurnConfig(requests=CHURN_REQUESTS, concurrency=64, slots_per_bucket=2, ram_adapters=6)
+    replica = build_replica(churn_settings(base, out, manifest, cfg, tmp_path))
+    summary = await run_churn(replica, cfg, manifest.markers())
+    print(json.dumps(summary))
+    assert summary["requests"] == CHURN_REQUESTS and summary["errors"] == 0, summary["findings"]
+    assert summary["wrong_marker"] == 0 and summary["base_with_marker"] == 0, summary["findings"]
+    assert summary["missing_marker"] == 0, summary["findings"]  # no adapter request answered by the base
+    assert summary["leftover_pins"] == dict.fromkeys(summary["leftover_pins"], 0)
+    assert churn_ok(summary)
+    writes = summary["slot_writes"]
+    assert summary["gpu_evictions"] > CHURN_REQUESTS // 4 and summary["ram_evictions"] > 0
+    assert writes["off_loop"] > 0 and writes["during_decode"] > 0  # slot writes raced decoding
