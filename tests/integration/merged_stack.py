@@ -37,6 +37,7 @@ from lorafleet.config import PlatformSettings, RelaySettings
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import make_producer
 from lorafleet.outbox.relay import Relay
+from lorafleet.retry import run_with_retry
 from lorafleet.s3 import async_client
 from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
@@ -226,8 +227,15 @@ async def merged_stack(
         asyncio.create_task(
             Relay(pool, producer, RelaySettings(poll_interval_s=0.05, metrics_port=0)).run(stop_event)
         ),
-        asyncio.create_task(
-            run_worker(PlacementConfig(platform, placement), stop_event, ready=worker_ready, from_end=True)
+        asyncio.create_task(  # as `lorafleet placement-worker` runs it: restarted after a failure
+            run_with_retry(
+                "placement-worker",
+                lambda stop: run_worker(
+                    PlacementConfig(platform, placement), stop, ready=worker_ready, from_end=True
+                ),
+                stop_event,
+                platform,
+            )
         ),
     ]
     stack = MergedStack(

@@ -213,3 +213,18 @@ async def test_the_screenshot_command_saves_each_view(stack: GatewayStack, tmp_p
     assert [p.name for p in shots] == ["chat.png", "fleet.png", "registry.png", "reports.png"]
     for shot in shots:
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+async def test_the_console_admin_api_refuses_a_tenant_key(stack: GatewayStack) -> None:
+    async with httpx.AsyncClient(base_url=stack.url) as c:
+        for path in ("/console/api/fleet", "/console/api/registry"):
+            resp = await c.get(path, headers={"Authorization": f"Bearer {stack.keys['acme']}"})
+            assert resp.status_code == 401, (path, resp.status_code, resp.text)
+            assert set(resp.json()["error"]) >= {"message", "type", "code"}
+        put = await c.put(
+            "/console/api/aliases/acme/support:prod",
+            json={"adapter_id": "acme-support-v2"},
+            headers={"Authorization": f"Bearer {stack.keys['acme']}"},
+        )
+        assert put.status_code == 401, put.text
+    assert await _alias_target(stack, "acme/support:prod") == "acme-support-v1"
