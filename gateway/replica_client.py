@@ -4,10 +4,11 @@ A stream counts as open once its first event line has arrived, within first_toke
 (connecting included). A replica that fails before that is given up on and the next replica of the route
 plan is tried, once: nothing has reached the client yet. It is also reported failed, so the router stops
 choosing it, unless it did answer (the response head came, only the first token did not): that replica is
-busy, not hung. A replica that answers with an error
-status is not retried when the request itself is at fault (4xx other than "adapter not here"); a replica
-that cannot take it (503, adapter missing there) passes it on like a failure. Once open, a stream whose
-replica sends nothing for stall_s raises UpstreamStalled.
+busy, not hung. On the last replica to try, one that has answered keeps the request until its first line or
+the read timeout: a request queued on a loaded fleet waits rather than fails. A replica that answers with an
+error status is not retried when the request itself is at fault (4xx other than "adapter not here"); a
+replica that cannot take it (503, adapter missing there) passes it on like a failure. Once open, a stream
+whose replica sends nothing for stall_s raises UpstreamStalled.
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ class ReplicaClient:
         """Open the stream on plan[0], or on the next replica after a failure before its first line (once)."""
         content = body.model_dump_json(exclude_none=True)
         timed_out = False
+        last = min(len(plan), max_attempts)
         for attempt, replica in enumerate(plan[:max_attempts], start=1):
             url = f"{replica.url.rstrip('/')}/internal/replicas/{replica.replica_id}/generate"
             request = self.http.build_request("POST", url, content=content, headers=_JSON)
@@ -159,6 +161,11 @@ class ReplicaClient:
                         timed_out = False
                         continue
                     upstream = UpstreamStream(replica, response, attempt > 1, stall_s, on_failure)
+                    if attempt < last:
+                        await upstream.prefetch()
+                if attempt == last:
+                    # The last replica to try has answered: it is busy (its queue), not hung. Its first line
+                    # gets what the read timeout allows, so a loaded fleet queues the request, not fails it.
                     await upstream.prefetch()
                 return upstream
             except (TimeoutError, httpx.HTTPError, _NoFirstLine) as exc:

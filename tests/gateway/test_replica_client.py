@@ -42,6 +42,16 @@ async def _one_line_then_silent(reader: asyncio.StreamReader, writer: asyncio.St
     await asyncio.sleep(30)
 
 
+async def _head_then_one_line_late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(HEAD)  # accepted; its first token comes after the first-token deadline
+    await writer.drain()
+    await asyncio.sleep(0.6)
+    writer.write(_chunk(TOKEN_LINE))
+    await writer.drain()
+    await asyncio.sleep(30)
+
+
 @pytest.fixture
 async def servers() -> AsyncIterator[Callable[[Handler], Awaitable[ReplicaLoad]]]:
     """Start a local server per handler; each is a replica of the plan."""
@@ -103,6 +113,20 @@ async def test_a_replica_that_answers_but_sends_no_token_in_time_is_busy_not_fai
             [busy, serving], GenerateRequest(prompt_token_ids=[1]), failed.append, first_token_s=0.3
         )
         assert upstream.replica == serving and failed == []
+        await upstream.aclose()
+    finally:
+        await client.aclose()
+
+
+async def test_the_last_replica_to_try_that_answered_keeps_the_request_past_the_deadline(servers) -> None:
+    slow = await servers(_head_then_one_line_late)
+    failed: list[str] = []
+    client = ReplicaClient("t")
+    try:
+        upstream = await client.open(
+            [slow], GenerateRequest(prompt_token_ids=[1]), failed.append, first_token_s=0.2
+        )
+        assert upstream.replica == slow and failed == []  # queued, not hung: waited past 0.2 s
         await upstream.aclose()
     finally:
         await client.aclose()
