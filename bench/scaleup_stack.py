@@ -119,9 +119,13 @@ class ScaleupStack:
     platform: PlatformSettings  # this stack's data folder and database
     first_port: int
     gateway_url: str
-    key: str  # the key of tenant acme (else of the first tenant)
     procs: dict[str, Proc] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)  # tenant -> API key
+
+    @property
+    def key(self) -> str:
+        """The API key of tenant acme, else of the first tenant seeded."""
+        return self.keys.get(TENANT) or next(iter(self.keys.values()))
 
     @property
     def prefix(self) -> str:
@@ -343,11 +347,9 @@ async def scaleup_stack(
         platform=platform.model_copy(update={"data_dir": work / "data", "database_url": database_url}),
         first_port=first_port,
         gateway_url=f"http://127.0.0.1:{env['LORAFLEET_GATEWAY_PUBLIC_PORT']}",
-        key="",
     )
     try:
         stack.keys = await _seed(database_url, base_hash, cfg.adapters)
-        stack.key = stack.keys.get(TENANT) or next(iter(stack.keys.values()))
         sources = (topics.REPLICA_STATE, topics.REPLICA_EVENTS, topics.REQUESTS_COMPLETED)
         placement = (topics.ADAPTERS_VALIDATED, topics.ALIASES_CHANGED, topics.ADAPTER_STATS, *sources)
         await start_groups_at_end(
