@@ -37,6 +37,9 @@ class PlacementSettings(BaseSettings):
     decay_check_s: float = Field(default=10.0, gt=0)
     # A spill copy (an adapter a replica holds without owning it) unused this long is unloaded there.
     spill_idle_s: float = Field(default=600.0, gt=0)
+    # Waiting for the plan lock (another instance replanning) has its own bound, longer than one statement's
+    # timeout: the holder's replan is several statements.
+    plan_lock_wait_s: float = Field(default=60.0, gt=0)
     # Merged replicas: an adapter version whose own window traffic is over merge_tokens_per_s (default:
     # replica_capacity_tokens_per_s, it fills a replica) for merge_windows consecutive windows gets a
     # dedicated merged replica; under demote_tokens_per_s (default: half the merge threshold) for

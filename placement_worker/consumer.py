@@ -93,7 +93,7 @@ class PlacementWorker:
 
     async def replan(self, conn: Connection, adapter_ids: list[str] | None) -> list[Change]:
         """Bring the placements of the given adapters (None: all) to the plan for the current members."""
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", store.PLAN_LOCK_KEY)
+        await store.take_plan_lock(conn, self._s.plan_lock_wait_s)
         prefix, ttl = self._s.replica_id_prefix, self._s.demand_ttl_s
         beats = await store.heartbeats(conn, prefix)
         fleet = members(beats, time.time(), self._s.membership_ttl_s)
@@ -223,7 +223,7 @@ class PlacementWorker:
             return []
         self._next_expiry = time.monotonic() + 1.0
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", store.PLAN_LOCK_KEY)
+            await store.take_plan_lock(conn, self._s.plan_lock_wait_s)
             rows = await store.spills(conn, self._s.replica_id_prefix)
             changes = await store.take_spills(conn, idle(rows, store.utc(time.time()), self._s.spill_idle_s))
             await producer.emit_changes(conn, changes)

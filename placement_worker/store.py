@@ -17,6 +17,14 @@ from schemas.events import ResidentTier
 PLAN_LOCK_KEY = 0x706C616E  # "plan"
 
 
+async def take_plan_lock(conn: Connection, wait_s: float) -> None:
+    """Hold the plan lock until the transaction ends, waiting for it up to wait_s (then QueryCanceledError).
+    Only the wait gets the longer bound: the statements after it keep the pool's statement timeout."""
+    await conn.execute(f"SET LOCAL statement_timeout = {max(1, round(wait_s * 1000))}")
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", PLAN_LOCK_KEY, timeout=wait_s + 5.0)
+    await conn.execute("SET LOCAL statement_timeout TO DEFAULT")
+
+
 async def upsert_heartbeat(
     conn: Connection, replica_id: str, url: str, status: str, at: datetime, gpu_slots: int = 0
 ) -> bool:

@@ -120,8 +120,7 @@ async def lifecycle_stack(
     relay = asyncio.create_task(
         Relay(pool, producer, RelaySettings(poll_interval_s=0.05, metrics_port=0)).run(stop_event)
     )
-    # as `lorafleet placement-worker` runs it: a failed statement (its plan lock waited out the statement
-    # timeout while the test held it) restarts the worker instead of ending it
+    # as `lorafleet placement-worker` runs it: a failed statement restarts the worker instead of ending it
     worker = asyncio.create_task(
         run_with_retry(
             "placement-worker",
