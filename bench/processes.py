@@ -11,15 +11,17 @@ import time
 import httpx
 
 
-async def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
-    """Poll url until it answers 200; fail at once if proc (the process serving it) has exited."""
+async def wait_http(
+    url: str, timeout: float, proc: subprocess.Popen | None = None, headers: dict[str, str] | None = None
+) -> None:
+    """Poll url (sending headers) until it answers 200; fail at once if proc (its server) has exited."""
     deadline = time.monotonic() + timeout
     async with httpx.AsyncClient() as c:
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
                 raise RuntimeError(f"{url}: process exited with {proc.returncode}")
             with contextlib.suppress(httpx.HTTPError):
-                if (await c.get(url, timeout=1)).status_code == 200:
+                if (await c.get(url, headers=headers, timeout=1)).status_code == 200:
                     return
             await asyncio.sleep(0.2)
     raise TimeoutError(f"{url} did not answer 200 within {timeout}s")

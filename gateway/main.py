@@ -9,12 +9,14 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from gateway.config import GatewayConfig
+from gateway.deps import require_service_token
 from gateway.errors import install_error_handlers
 from gateway.openapi_doc import install_openapi
 from gateway.registration_rules import RegistryRules
 from gateway.routes import internal
 from gateway.served_base import served_base_hash
 from lorafleet.db.pool import create_pool
+from lorafleet.private_openapi import CLOSED_DOCS, serve_private_openapi
 from lorafleet.profile import refuse_dev_tokens
 
 
@@ -32,12 +34,13 @@ def build_internal_app(config: GatewayConfig, rules: RegistryRules | None = None
         finally:
             await app.state.pool.close()
 
-    app = FastAPI(title="lorafleet internal API", lifespan=lifespan)
+    app = FastAPI(title="lorafleet internal API", lifespan=lifespan, **CLOSED_DOCS)
     app.state.service_token_digest = hashlib.sha256(
         config.gateway.service_token.get_secret_value().encode()
     ).digest()
     install_error_handlers(app)
     install_openapi(app)
+    serve_private_openapi(app, require_service_token)
     app.include_router(internal.router)
     return app
 

@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
+from lorafleet.private_openapi import CLOSED_DOCS, serve_private_openapi
 from replica.arrival import StampArrival, arrived
 from replica.control.drain import Drain
 from replica.control.merged_mode import merge_until_done, publish_forever
@@ -156,7 +157,8 @@ def create_app(replica: Replica, on_drained: Callable[[], None] | None = None) -
                 await table.close()
             await replica.stop()
 
-    app = FastAPI(title="lorafleet replica", lifespan=lifespan)
+    app = FastAPI(title="lorafleet replica", lifespan=lifespan, **CLOSED_DOCS)
+    serve_private_openapi(app, service_authorized)
     app.state.replica = replica
     app.add_middleware(StampArrival)
     app.state.drain = drain

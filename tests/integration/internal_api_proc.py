@@ -35,7 +35,7 @@ async def internal_api(stack: GatewayStack, service_token: str, work: Path) -> A
         )
     api = InternalApi(f"http://127.0.0.1:{port}", log, proc)
     try:
-        await wait_http(f"{api.url}/openapi.json", 60, proc)
+        await wait_http(f"{api.url}/openapi.json", 60, proc, {"Authorization": f"Bearer {service_token}"})
         yield api
     finally:
         stop(proc)

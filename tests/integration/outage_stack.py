@@ -182,7 +182,8 @@ async def outage_stack(s3: PlatformSettings) -> AsyncIterator[Stack]:
                 stderr=subprocess.STDOUT,
             )
         await wait_http(f"{stack.public_url}/health", 120, stack.supervisor)
-        await wait_http(f"{stack.internal_url}/openapi.json", 60, stack.supervisor)
+        service = {"Authorization": f"Bearer {SERVICE_TOKEN}"}
+        await wait_http(f"{stack.internal_url}/openapi.json", 60, stack.supervisor, service)
         yield stack
     finally:
         await asyncio.to_thread(stop, stack.supervisor, 40.0)

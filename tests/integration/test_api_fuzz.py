@@ -95,7 +95,7 @@ def _check(resp: Any, what: str) -> None:
 
 def _run_schemathesis(url: str, auth: dict[str, str], max_examples: int) -> dict[int, int]:
     """Positive and negative cases over every operation of url's OpenAPI document; status -> count."""
-    schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
+    schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=auth)
     cases = st.one_of(
         schema.as_strategy(generation_mode=schemathesis.GenerationMode.POSITIVE),
         schema.as_strategy(generation_mode=schemathesis.GenerationMode.NEGATIVE),

@@ -48,7 +48,9 @@ def test_a_process_on_the_dev_token_refuses_to_start_outside_the_dev_profile(
     assert setting in done.stderr and "default dev token" in done.stderr, done.stderr[-2000:]
 
 
-async def test_the_gateway_starts_on_a_real_secret_outside_the_dev_profile(services, tmp_path) -> None:
+async def test_the_gateway_starts_on_a_real_secret_outside_the_dev_profile_and_guards_its_document(
+    services, tmp_path
+) -> None:
     port = free_port()
     env = _env(
         services,
@@ -59,13 +61,19 @@ async def test_the_gateway_starts_on_a_real_secret_outside_the_dev_profile(servi
         proc = subprocess.Popen(
             [sys.executable, "-m", "lorafleet.cli", "gateway"], env=env, cwd=REPO, stdout=log, stderr=log
         )
+    real = {"Authorization": "Bearer a-real-secret-of-its-own"}
     try:
-        await wait_http(f"http://127.0.0.1:{port}/docs", 90, proc)
+        await wait_http(f"http://127.0.0.1:{port}/openapi.json", 90, proc, real)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as c:
-            ok = await c.get(
-                "/internal/adapters", headers={"Authorization": "Bearer a-real-secret-of-its-own"}
-            )
+            ok = await c.get("/internal/adapters", headers=real)
             dev = await c.get("/internal/adapters", headers={"Authorization": "Bearer dev-service-token"})
+            doc = await c.get("/openapi.json", headers=real)
+            bare_doc = await c.get("/openapi.json")
+            pages = [(await c.get(p)).status_code for p in ("/docs", "/redoc")]
         assert ok.status_code == 200 and dev.status_code == 401
+        # the document lists every internal route: only the service token opens it, and no HTML page exists
+        assert "/internal/adapters" in doc.json()["paths"]
+        assert bare_doc.status_code == 401 and bare_doc.json()["error"]["type"], bare_doc.text
+        assert pages == [404, 404]
     finally:
         stop(proc)

@@ -31,6 +31,7 @@ SERVICE: set[Callable[..., Any]] = {require_service_token, service_authorized, a
 
 OPEN = {
     "public": {
+        *(("GET", p) for p in ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")),
         ("GET", "/health"),
         ("GET", "/ready"),
         ("GET", "/metrics"),  # no tenant id (tests/integration/test_gateway_trust.py)
@@ -72,6 +73,7 @@ def _walk(routes: list[Any], prefix: str, extra: set[Callable[..., Any]]) -> Ite
             yield from _walk(route.original_router.routes, prefix + (context.prefix or ""), extra | deps)
         else:
             assert getattr(route, "path", None) in DOCS, f"a route outside FastAPI's APIRoute: {route}"
+            yield "GET", prefix + route.path, extra  # FastAPI's own document and pages: no dependency
 
 
 def _routes(app: FastAPI) -> Iterator[tuple[str, str, set[Callable[..., Any]]]]:
@@ -129,5 +131,14 @@ def test_the_console_admin_api_and_every_internal_route_take_the_service_token()
     apps = _apps()
     admin = [(m, p) for m, p, _ in _routes(apps["public"]) if p.startswith("/console/api/")]
     assert ("GET", "/console/api/fleet") in admin and ("PUT", "/console/api/aliases/{alias:path}") in admin
-    internal = [p for _, p, _ in _routes(apps["internal"])]
+    internal = [p for _, p, _ in _routes(apps["internal"]) if p not in DOCS]
     assert internal and all(p.startswith("/internal/") for p in internal)
+
+
+def test_only_the_public_app_serves_its_api_document_open() -> None:
+    apps = _apps()
+    for name in ("internal", "replica"):
+        docs = {(m, p): calls for m, p, calls in _routes(apps[name]) if p in DOCS}
+        assert list(docs) == [("GET", "/openapi.json")], (name, docs)
+        assert docs["GET", "/openapi.json"] & SERVICE, f"{name}: its document must take the service token"
+        assert apps[name].openapi()["paths"], name
