@@ -2,6 +2,9 @@
 
 The folder is listed first: a pickle file anywhere under it rejects the version (nothing is opened), and a
 missing config or weights file rejects it too. Bodies are read in chunks and abandoned past their cap.
+The whole fetch runs under a FetchPolicy (lorafleet.fetch_retry): a transient failure (a 5xx, a broken or
+stalled stream) is tried again a few times with jittered backoff, and a fetch still not done at the
+deadline raises TransientFetchError, so the version stays pending and the event is retried later.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from gateway.weights_uri import ObjectLocation
 from lorafleet.adapter_rules.artifact import check_files
 from lorafleet.adapter_rules.caps import check_size
 from lorafleet.adapter_rules.errors import AdapterRejected, RejectCode
+from lorafleet.fetch_retry import FetchPolicy, fetch_with_retry
 from schemas.api import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME, artifact_keys
 
 if TYPE_CHECKING:  # a stub-only package (dev extras)
@@ -72,10 +76,30 @@ async def _get(s3: S3Client, bucket: str, key: str, cap: int) -> bytes:
 
 
 async def fetch_artifact(
-    s3: S3Client, location: ObjectLocation, max_config_bytes: int, max_weights_bytes: int
+    s3: S3Client,
+    location: ObjectLocation,
+    max_config_bytes: int,
+    max_weights_bytes: int,
+    policy: FetchPolicy | None = None,
 ) -> Artifact:
     """Read adapter_config.json and adapter_model.safetensors from the PEFT folder at location, each within
-    its cap (at most the shared caps of lorafleet.adapter_rules.caps)."""
+    its cap (at most the shared caps of lorafleet.adapter_rules.caps), under policy's deadline and retries."""
+    policy = policy or FetchPolicy()
+    what = f"fetch of {location.uri()}"
+    try:
+        return await fetch_with_retry(
+            lambda: _fetch_once(s3, location, max_config_bytes, max_weights_bytes),
+            policy,
+            (TransientFetchError,),
+            what,
+        )
+    except TimeoutError as exc:
+        raise TransientFetchError(f"{what}: not done within {policy.deadline_s:g}s") from exc
+
+
+async def _fetch_once(
+    s3: S3Client, location: ObjectLocation, max_config_bytes: int, max_weights_bytes: int
+) -> Artifact:
     try:
         listing = await _list(s3, location)
     except (ClientError, BotoCoreError) as exc:
@@ -89,4 +113,8 @@ async def fetch_artifact(
         weights = await _get(s3, location.bucket, weights_key, max_weights_bytes)
     except (ClientError, BotoCoreError) as exc:
         raise _classify(exc, "an adapter file") from exc
+    except AdapterRejected:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a broken stream (aiohttp's payload errors): try again
+        raise TransientFetchError(f"object store stream broke reading an adapter file: {exc!r}") from exc
     return Artifact(config, weights)

@@ -27,6 +27,7 @@ from gateway.registration_rules import RegistryRules, check_fields
 from lorafleet.adapter_rules.base_spec import BaseSpec
 from lorafleet.adapter_rules.errors import AdapterRejected
 from lorafleet.db.conn import Connection
+from lorafleet.fetch_retry import FetchPolicy
 from lorafleet.outbox.idempotency import apply_once
 from lorafleet.outbox.writer import emit
 from schemas.events import AdapterRegistered, ValidationStatus
@@ -57,8 +58,10 @@ class RegistryValidator:
         rules: RegistryRules,
         spec: BaseSpec,
         settings: GatewaySettings,
+        policy: FetchPolicy | None = None,
     ) -> None:
         self._pool, self._s3, self._rules, self._spec, self._settings = pool, s3, rules, spec, settings
+        self._policy = policy or FetchPolicy()
 
     async def handle(self, event: AdapterRegistered) -> str:
         """Process one registration; return what happened (for logs and tests)."""
@@ -125,7 +128,7 @@ class RegistryValidator:
                 weights_uri=event.weights_uri,
                 checksum=event.checksum,
             )
-            artifact = await fetch_artifact(self._s3, location, s.config_cap(), s.weights_cap())
+            artifact = await fetch_artifact(self._s3, location, s.config_cap(), s.weights_cap(), self._policy)
             rules = self._rules
             await asyncio.to_thread(
                 verify_artifact, artifact, event, self._spec, rules.max_rank, rules.served_base_hash

@@ -18,6 +18,7 @@ from gateway.served_base import served_base_hash, served_base_spec
 from gateway.validator import RegistryValidator
 from lorafleet import metrics
 from lorafleet.db.pool import close_pool, create_pool
+from lorafleet.fetch_retry import FetchPolicy
 from lorafleet.kafka import make_consumer
 from lorafleet.retry import run_with_retry
 from lorafleet.s3 import async_client
@@ -63,7 +64,8 @@ async def run_validator(
     consumer = make_consumer(config.platform, ADAPTERS_REGISTERED.name, group_id=settings.validator_group)
     try:
         async with async_client(config.platform) as s3:
-            validator = RegistryValidator(pool, s3, rules, spec, settings)
+            policy = FetchPolicy.from_settings(config.platform)
+            validator = RegistryValidator(pool, s3, rules, spec, settings, policy)
             await consumer.start()
             await _wait_assigned(consumer, from_end)
             if ready is not None:

@@ -51,6 +51,15 @@ class PlatformSettings(BaseSettings):
     s3_secret_key: str = "lorafleet-secret"
     s3_region: str = "us-east-1"
     s3_bucket: str = "lorafleet-adapters"
+    # Adapter downloads (the replica's cache, the registry validator): a total deadline per download, a
+    # read timeout per socket read (a stalled stream), and at most s3_fetch_attempts tries with jittered
+    # backoff between them (lorafleet.fetch_retry).
+    s3_fetch_deadline_s: float = Field(default=60.0, gt=0)
+    s3_fetch_attempts: int = Field(default=4, ge=1)
+    s3_read_timeout_s: float = Field(default=10.0, gt=0)
+    s3_connect_timeout_s: float = Field(default=5.0, gt=0)
+    s3_retry_initial_s: float = Field(default=0.2, gt=0)
+    s3_retry_max_s: float = Field(default=2.0, gt=0)
 
     prometheus_port: int = 19090  # the local stack's Prometheus (`lorafleet services up`)
 

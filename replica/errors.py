@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from lorafleet.adapter_rules.errors import AdapterRejected, RejectCode
 from schemas.api import ErrorBody, ErrorDetail
 
@@ -12,6 +14,7 @@ class ReplicaError(Exception):
     code = "replica_error"
     type = "invalid_request_error"
     status = 400
+    retry_after_s: float | None = None  # sent as Retry-After with a 429 or 503
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -23,6 +26,12 @@ class ReplicaError(Exception):
         return ErrorBody(
             error=ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
         )
+
+    def headers(self) -> dict[str, str] | None:
+        """Retry-After (whole seconds, at least 1) on a refusal the caller may retry."""
+        if self.retry_after_s is None or self.status not in (429, 503):
+            return None
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
 
 
 class UnsupportedModelError(ReplicaError):

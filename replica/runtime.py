@@ -9,6 +9,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lorafleet.fetch_retry import FetchPolicy
 from lorafleet.model.base_hash import base_model_hash
 from replica.adapter_cache.assemble import adapter_cache
 from replica.adapter_cache.cache import AdapterCache, Lease
@@ -106,6 +107,7 @@ class Replica:
 
         resources = AsyncExitStack()
         s3 = await resources.enter_async_context(async_client(self.settings.platform))
+        policy = FetchPolicy.from_settings(self.settings.platform)
         registry: RegistryClient | None = None
         if self.settings.registry_url is not None:
             registry = RegistryClient.connect(self.settings.registry_url, self.settings.registry_token)
@@ -113,7 +115,7 @@ class Replica:
         if self.gpu is None:
             local = LocalRecords(self.local.dirs)
             source = FirstFound([local] if registry is None else [local, registry])
-            self._merge_from = (source, ObjectStore(s3, local.roots))
+            self._merge_from = (source, ObjectStore(s3, local.roots, policy))
             self._resources = resources
             return
         self.cache = adapter_cache(
@@ -126,6 +128,7 @@ class Replica:
             s3=s3,
             registry=registry,
             on_event=self.metrics.cache_event,
+            policy=policy,
         )
         resources.push_async_callback(self.cache.settle)  # finish the disk copies behind loads
         stop_scrub = asyncio.Event()

@@ -165,7 +165,7 @@ def create_app(replica: Replica, on_drained: Callable[[], None] | None = None) -
 
     @app.exception_handler(ReplicaError)
     async def replica_error(request: Request, exc: ReplicaError) -> JSONResponse:
-        return JSONResponse(exc.to_body().model_dump(), status_code=exc.status)
+        return JSONResponse(exc.to_body().model_dump(), status_code=exc.status, headers=exc.headers())
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

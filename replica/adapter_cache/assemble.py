@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lorafleet.fetch_retry import FetchPolicy
 from replica.adapter_cache.cache import AdapterCache
 from replica.adapter_cache.disk import DiskTier
 from replica.adapter_cache.gpu import GpuTier
@@ -31,16 +32,18 @@ def adapter_cache(
     s3: Any | None = None,
     registry: RecordSource | None = None,
     on_event: Callable[[CacheEvent], None] = lambda _e: None,
+    policy: FetchPolicy | None = None,
 ) -> AdapterCache:
     """The cache over gpu for these folders (adapter_id -> PEFT directory), then registry when given.
 
-    s3 is an open aioboto3 client (None: file:// weights only); the caller owns it and the registry."""
+    s3 is an open aioboto3 client (None: file:// weights only); the caller owns it and the registry.
+    policy bounds each download from it (lorafleet.fetch_retry; its defaults when None)."""
     local = LocalRecords(adapter_dirs)
     sources: list[RecordSource] = [local] if registry is None else [local, registry]
     return AdapterCache(
         spec,
         FirstFound(sources),
-        ObjectStore(s3, local.roots),
+        ObjectStore(s3, local.roots, policy),
         DiskTier(cache_dir, disk_budget_bytes),
         HostTier(ram_budget_bytes),
         gpu,

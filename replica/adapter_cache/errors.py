@@ -12,6 +12,12 @@ class AdapterCacheError(ReplicaError):
     code = "adapter_loading_failed"
     type = "server_error"
     status = 503
+    retry_after_s: float | None = 1.0
+
+
+class ObjectStoreUnavailableError(AdapterCacheError):
+    """The object store did not deliver the bytes now (a 5xx, a broken or stalled stream, the deadline);
+    a later try may succeed."""
 
 
 class AdapterNotRegisteredError(AdapterCacheError):

@@ -4,8 +4,11 @@ This is where bytes enter the machine, so this is where the sha256 is verified, 
 stream into one preallocated buffer (pinned when a GPU is present), sized from the object's length and
 capped; each piece is hashed on a worker thread as soon as it lands, so hashing overlaps the transfer and
 no byte is read twice. Bytes that do not hash to the registered digest raise ChecksumMismatchError and
-never reach any tier. s3:// URIs go through aioboto3 (lorafleet.s3); file:// URIs serve the single-machine
-default and are read only under the roots this replica was configured with.
+never reach any tier. s3:// URIs go through aioboto3 (lorafleet.s3) under a FetchPolicy (a total deadline,
+bounded retries with jitter: lorafleet.fetch_retry); a download that fails transiently or runs past the
+deadline raises ObjectStoreUnavailableError (503, retryable), a missing object a plain AdapterCacheError.
+file:// URIs serve the single-machine default and are read only under the roots this replica was
+configured with.
 """
 
 from __future__ import annotations
@@ -21,12 +24,15 @@ from urllib.parse import urlparse
 
 import numpy
 import torch
+from botocore.exceptions import ClientError
 
 from lorafleet.adapter_rules import caps
+from lorafleet.fetch_retry import FetchPolicy, fetch_with_retry
 from replica.adapter_cache.errors import (
     AdapterCacheError,
     ArtifactTooLargeError,
     ChecksumMismatchError,
+    ObjectStoreUnavailableError,
     UnsupportedUriError,
 )
 from replica.adapter_cache.record import AdapterRecord
@@ -37,6 +43,8 @@ log = logging.getLogger(__name__)
 
 READ_CHUNK = 4 << 20  # file:// reads
 HASH_STEP = 1 << 20  # hash in pieces of at least this many bytes
+RETRYABLE = (ObjectStoreUnavailableError,)
+MISSING_CODES = {"NoSuchKey", "NoSuchBucket", "404", "NotFound", "AccessDenied", "403"}
 # One hashing thread: pieces of one buffer are hashed in order, beside the transfer of the next ones.
 _HASHER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adapter-sha256")
 
@@ -101,20 +109,27 @@ def new_buffer(size: int, pin: bool) -> tuple[torch.Tensor, memoryview]:
 class ObjectStore:
     """Reads PEFT folders named by weights_uri; `s3` is an open aioboto3 client (or None without S3)."""
 
-    def __init__(self, s3: Any | None, file_roots: list[Path] | None = None) -> None:
+    def __init__(
+        self, s3: Any | None, file_roots: list[Path] | None = None, policy: FetchPolicy | None = None
+    ) -> None:
         self.s3 = s3
         self.file_roots = [Path(r).resolve() for r in file_roots or []]
+        self.policy = policy or FetchPolicy()
 
     async def fetch(self, record: AdapterRecord, pin: bool = False) -> Fetched:
         """Download both files into memory and verify the weights against the registered digest."""
         parsed = urlparse(record.weights_uri)
         if parsed.scheme == "s3" and self.s3 is not None:
             bucket, prefix = parsed.netloc, parsed.path.lstrip("/")
-            config_key, weights_key = artifact_keys(prefix)
-            (weights, digest), config = await asyncio.gather(
-                self._get_s3(bucket, weights_key, WEIGHTS_NAME, pin),
-                self._get_s3_small(bucket, config_key, CONFIG_NAME),
-            )
+            what = f"adapter {record.adapter_id!r} download"
+            try:
+                weights, digest, config = await fetch_with_retry(
+                    lambda: self._get_both(bucket, prefix, pin), self.policy, RETRYABLE, what
+                )
+            except TimeoutError as exc:
+                raise ObjectStoreUnavailableError(
+                    f"{what}: the object store did not deliver it within {self.policy.deadline_s:g}s"
+                ) from exc
         elif parsed.scheme == "file":
             root = Path(parsed.path)
             weights, digest = await asyncio.to_thread(self._read_file, root / WEIGHTS_NAME, pin)
@@ -127,13 +142,33 @@ class ObjectStore:
             )
         return Fetched(weights, config, digest, hashlib.sha256(config).hexdigest())
 
+    async def _get_both(self, bucket: str, prefix: str, pin: bool) -> tuple[torch.Tensor, str, bytes]:
+        """One try at both files, side by side; the config's download ends with the weights'."""
+        config_key, weights_key = artifact_keys(prefix)
+        config_task = asyncio.ensure_future(self._get_s3_small(bucket, config_key, CONFIG_NAME))
+        try:
+            weights, digest = await self._get_s3(bucket, weights_key, WEIGHTS_NAME, pin)
+            return weights, digest, await config_task
+        finally:
+            if not config_task.done():
+                config_task.cancel()
+                await asyncio.gather(config_task, return_exceptions=True)
+            elif not config_task.cancelled():
+                config_task.exception()  # retrieved: the weights' error is the one raised
+
     async def _open_s3(self, bucket: str, key: str, filename: str, cap: int) -> tuple[Any, int]:
         if self.s3 is None:  # fetch() sends s3:// here only with a client
             raise UnsupportedUriError("this replica has no object store client")
         try:
             resp = await self.s3.get_object(Bucket=bucket, Key=key)
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            error = AdapterCacheError if code in MISSING_CODES else ObjectStoreUnavailableError
+            raise error(f"object store GET failed for {filename}: {code or type(exc).__name__}") from exc
         except Exception as exc:  # noqa: BLE001 - botocore raises many types; all mean "not fetched now"
-            raise AdapterCacheError(f"object store GET failed for {filename}: {type(exc).__name__}") from exc
+            raise ObjectStoreUnavailableError(
+                f"object store GET failed for {filename}: {type(exc).__name__}"
+            ) from exc
         length = int(resp.get("ContentLength", 0))
         if length > cap:
             resp["Body"].close()
@@ -154,18 +189,25 @@ class ObjectStore:
                     hasher.feed(filled)
         except AdapterCacheError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a broken stream: not fetched now
-            raise AdapterCacheError(f"object store read failed for {filename}: {type(exc).__name__}") from exc
+        except Exception as exc:  # noqa: BLE001 - a broken or stalled stream: not fetched now
+            raise ObjectStoreUnavailableError(
+                f"object store read failed for {filename}: {type(exc).__name__}"
+            ) from exc
         digest = await hasher.hexdigest(filled)
         if filled != length:
-            raise AdapterCacheError(f"{filename}: the object store sent {filled} of {length} bytes")
+            raise ObjectStoreUnavailableError(f"{filename}: the object store sent {filled} of {length} bytes")
         return buf, digest
 
     async def _get_s3_small(self, bucket: str, key: str, filename: str) -> bytes:
         cap = caps.MAX_CONFIG_BYTES
         body, _length = await self._open_s3(bucket, key, filename, cap)
-        async with body:
-            data = await body.read(cap + 1)
+        try:
+            async with body:
+                data = await body.read(cap + 1)
+        except Exception as exc:  # noqa: BLE001 - a broken or stalled stream: not fetched now
+            raise ObjectStoreUnavailableError(
+                f"object store read failed for {filename}: {type(exc).__name__}"
+            ) from exc
         if len(data) > cap:
             raise ArtifactTooLargeError(f"{filename} is over the cap of {cap} bytes")
         return data
