@@ -50,7 +50,8 @@ class Event(BaseModel):
 
     event_id: uuid.UUID = Field(default_factory=uuid.uuid4)
     occurred_at: datetime = Field(default_factory=_now)
-    schema_version: int = SCHEMA_VERSION
+    # a version this code does not know is refused, never read as if it were ours
+    schema_version: Annotated[int, Field(ge=1, le=SCHEMA_VERSION)] = SCHEMA_VERSION
     type: str  # each event narrows it to its own Literal name, the discriminator parse_event reads
 
     def key(self) -> str:

@@ -139,6 +139,15 @@ def test_unknown_event_types_and_garbage_are_rejected() -> None:
         parse_event(b'{"type": "alias.changed", "alias": "acme/x:prod"}')
 
 
+def test_an_event_of_a_schema_version_this_code_does_not_know_is_rejected() -> None:
+    event = events.MergedTarget(adapter_id="acme-v7", desired_replicas=1, reason="promote")
+    data = json.loads(event.to_bytes())
+    assert parse_event(json.dumps(data).encode()) == event
+    for version in (0, events.SCHEMA_VERSION + 1):
+        with pytest.raises(EventValidationError, match="schema_version"):
+            parse_event(json.dumps({**data, "schema_version": version}).encode())
+
+
 def test_a_merged_target_is_keyed_by_its_adapter_and_refuses_a_negative_count() -> None:
     target = events.MergedTarget(adapter_id="acme-v7", desired_replicas=0, reason="demote")
     assert target.key() == "acme-v7"
