@@ -20,9 +20,10 @@ from gateway.errors import StoreUnavailable
 from gateway.rollout import AliasTarget
 from gateway.store_guard import StoreGuard
 from lorafleet.config import PlatformSettings
+from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer
 from schemas import topics
-from schemas.events import AliasChanged, EventValidationError, parse_event
+from schemas.events import AliasChanged
 from schemas.ids import ALIAS_RE
 
 log = logging.getLogger(__name__)
@@ -102,17 +103,18 @@ class AliasCache:
         return listed
 
 
-async def consume_alias_changes(platform: PlatformSettings, cache: AliasCache, ready: asyncio.Event) -> None:
-    """Follow aliases.changed from its end (older moves are already in the database)."""
+async def consume_alias_changes(
+    platform: PlatformSettings, cache: AliasCache, ready: asyncio.Event, letters: DeadLetters
+) -> None:
+    """Follow aliases.changed from its end (older moves are already in the database); a record that does
+    not decode goes to letters."""
     consumer = make_consumer(platform, topics.ALIASES_CHANGED.name, group_id=None, auto_offset_reset="latest")
     await consumer.start()
     try:
         ready.set()
         async for msg in consumer:
-            try:
-                event = parse_event(msg.value, topics.ALIASES_CHANGED.name)
-            except EventValidationError as exc:
-                log.warning("ignoring a bad aliases.changed message: %s", exc)
+            event = await letters.parse_following(msg.topic, msg.partition, msg.offset, msg.value)
+            if event is None:
                 continue
             assert isinstance(event, AliasChanged)
             cache.apply(event)

@@ -16,10 +16,11 @@ from collections import deque
 from aiokafka.structs import TopicPartition
 
 from lorafleet.config import PlatformSettings
+from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer, seek_to_times
 from schemas import topics
 from schemas.console import AdapterWindow, AlertView
-from schemas.events import AdapterStats, Alert, EventValidationError, parse_event
+from schemas.events import AdapterStats, Alert
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,10 @@ class ConsoleFeed:
         return [view for _, view in self._alerts]
 
 
-async def consume_console_topics(platform: PlatformSettings, feed: ConsoleFeed, ready: asyncio.Event) -> None:
-    """Follow adapter.stats and alerts from their lookbacks."""
+async def consume_console_topics(
+    platform: PlatformSettings, feed: ConsoleFeed, ready: asyncio.Event, letters: DeadLetters
+) -> None:
+    """Follow adapter.stats and alerts from their lookbacks; a record that does not decode goes to letters."""
     consumer = make_consumer(platform, group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
@@ -86,11 +89,7 @@ async def consume_console_topics(platform: PlatformSettings, feed: ConsoleFeed, 
         await seek_to_times(consumer, {p: int(now_ms - s * 1000) for p, s in parts.items()})
         ready.set()
         async for msg in consumer:
-            try:
-                event = parse_event(msg.value, msg.topic)
-            except EventValidationError as exc:
-                log.warning("ignoring a bad %s message: %s", msg.topic, exc)
-                continue
+            event = await letters.parse_following(msg.topic, msg.partition, msg.offset, msg.value)
             if isinstance(event, AdapterStats | Alert):
                 feed.apply(event)
     finally:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from lorafleet.dead_letters import dead_letter_counter
+
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 OTHER_TENANTS = "other"
 
@@ -78,6 +80,7 @@ class GatewayMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.dead_letters = dead_letter_counter(self.registry)
         self.rate_limit_fallback = Gauge(
             "gateway_rate_limit_fallback",
             "1 while this gateway admits from its local share of each limit (Redis unreachable or off).",

@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import asyncpg
 from fastapi import FastAPI
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
@@ -40,6 +41,7 @@ from gateway.shared_rate_limit import SharedRateLimiter, bucket_prefix
 from gateway.store_guard import StoreGuard
 from gateway.tenant_metrics import build_tenant_metrics_app, serve_tenant_metrics
 from lorafleet.db.pool import create_pool
+from lorafleet.dead_letters import DeadLetters
 from lorafleet.profile import refuse_dev_tokens
 
 log = logging.getLogger(__name__)
@@ -68,21 +70,29 @@ class RequestIdMiddleware:
 
 
 async def _start_consumers(
-    online: Online, feed: ConsoleFeed, config: GatewayConfig, registry: ReplicaRegistry
+    online: Online, feed: ConsoleFeed, config: GatewayConfig, registry: ReplicaRegistry, pool: asyncpg.Pool
 ) -> list[asyncio.Task]:
     """Follow replica.state (registered addresses only) and aliases.changed (and the console's topics);
     wait (briefly) until the first two are positioned."""
     ready_states, ready_aliases = asyncio.Event(), asyncio.Event()
     rejected = StateRejections(lambda reason: online.metrics.replica_states_rejected.labels(reason).inc())
-    states = consume_states(config.platform, online.view, ready_states, registry, rejected)
+
+    def letters(consumer: str) -> DeadLetters:
+        return DeadLetters(consumer, pool, online.metrics.dead_letters)
+
+    states = consume_states(
+        config.platform, online.view, ready_states, letters("gateway-replica-state"), registry, rejected
+    )
     tasks = [
         asyncio.create_task(
-            consume_console_topics(config.platform, feed, asyncio.Event()), name="console-feed"
+            consume_console_topics(config.platform, feed, asyncio.Event(), letters("gateway-console")),
+            name="console-feed",
         ),
         asyncio.create_task(registry.run(), name="replica-registry"),
         asyncio.create_task(states, name="replica-state"),
         asyncio.create_task(
-            consume_alias_changes(config.platform, online.aliases, ready_aliases), name="aliases-changed"
+            consume_alias_changes(config.platform, online.aliases, ready_aliases, letters("gateway-aliases")),
+            name="aliases-changed",
         ),
     ]
     with contextlib.suppress(TimeoutError):
@@ -138,7 +148,7 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
         app.state.console_feed = ConsoleFeed()
         registry = ReplicaRegistry(pool, settings.replica_id_prefix)
         await registry.refresh()
-        tasks = await _start_consumers(online, app.state.console_feed, config, registry)
+        tasks = await _start_consumers(online, app.state.console_feed, config, registry, pool)
         tenant_server = None
         if settings.tenant_metrics_port:
             token = settings.service_token.get_secret_value()

@@ -19,9 +19,10 @@ from gateway.hit_window import HitWindow
 from gateway.replica_registry import ReplicaRegistry
 from gateway.routing import ReplicaLoad
 from lorafleet.config import PlatformSettings
+from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer, seek_to_times
 from schemas import topics
-from schemas.events import EventValidationError, ReplicaState, parse_event
+from schemas.events import ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -128,13 +129,14 @@ async def consume_states(
     platform: PlatformSettings,
     view: ReplicaView,
     ready: asyncio.Event,
+    letters: DeadLetters,
     registry: ReplicaRegistry | None = None,
     rejected: Callable[[ReplicaState, str], None] | None = None,
 ) -> None:
     """Read replica.state from the newest offsets of every partition (no group: every gateway sees all).
 
     With a registry, a state is applied only if its (replica_id, url) is registered; others go to
-    rejected."""
+    rejected. A record that does not decode goes to letters."""
     consumer = make_consumer(platform, group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
@@ -145,10 +147,8 @@ async def consume_states(
         await seek_to_times(consumer, dict.fromkeys(parts, since_ms))
         ready.set()
         async for msg in consumer:
-            try:
-                event = parse_event(msg.value, topics.REPLICA_STATE.name)
-            except EventValidationError as exc:
-                log.warning("ignoring a bad replica.state message: %s", exc)
+            event = await letters.parse_following(msg.topic, msg.partition, msg.offset, msg.value)
+            if event is None:
                 continue
             assert isinstance(event, ReplicaState)
             if not event.replica_id.startswith(view.replica_id_prefix):

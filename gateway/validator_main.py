@@ -1,7 +1,8 @@
 """`lorafleet registry-validator`: consume adapters.registered (both doors) and settle each version.
 
 Offsets are committed only after an event is settled, so a crash redelivers it (a no-op by event_id).
-A schema-invalid record is logged and skipped; an object-store outage retries the same record with backoff.
+A record that does not decode is dead-lettered (lorafleet.dead_letters) and committed past; an
+object-store outage retries the same record with backoff.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from gateway.served_base import served_base_hash, served_base_spec
 from gateway.validator import RegistryValidator
 from lorafleet import metrics
 from lorafleet.db.pool import close_pool, create_pool
+from lorafleet.dead_letters import DeadLetters
 from lorafleet.fetch_retry import FetchPolicy
 from lorafleet.kafka import make_consumer
 from lorafleet.retry import run_with_retry
 from lorafleet.s3 import async_client
 from lorafleet.worker import run_until_signal
-from schemas.events import AdapterRegistered, EventValidationError, parse_event
+from schemas.events import AdapterRegistered
 from schemas.topics import ADAPTERS_REGISTERED
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ async def run_validator(
     spec = served_base_spec(settings)
     pool = await create_pool(config.platform, min_size=1, max_size=4)
     consumer = make_consumer(config.platform, ADAPTERS_REGISTERED.name, group_id=settings.validator_group)
+    letters = DeadLetters("registry-validator", pool)
     try:
         async with async_client(config.platform) as s3:
             policy = FetchPolicy.from_settings(config.platform)
@@ -74,7 +77,8 @@ async def run_validator(
                 batch = await consumer.getmany(timeout_ms=300, max_records=100)
                 for tp, records in batch.items():
                     for record in records:
-                        event = _parse(record.value)
+                        event = await letters.parse(tp.topic, tp.partition, record.offset, record.value)
+                        assert event is None or isinstance(event, AdapterRegistered)  # the topic's one type
                         if event is not None and not await _handle_with_retry(validator, event, stop):
                             return
                         outcome = "handled" if event is not None else "invalid"
@@ -93,15 +97,6 @@ async def _wait_assigned(consumer: AIOKafkaConsumer, from_end: bool) -> None:
         await consumer.seek_to_end(*parts)
         for tp in parts:
             await consumer.position(tp)
-
-
-def _parse(raw: bytes) -> AdapterRegistered | None:
-    try:
-        event = parse_event(raw, ADAPTERS_REGISTERED.name)
-    except EventValidationError as exc:
-        log.error("skipping an invalid adapters.registered record: %s", str(exc)[:500])
-        return None
-    return event if isinstance(event, AdapterRegistered) else None
 
 
 def registry_validator() -> None:

@@ -1,5 +1,6 @@
 """`lorafleet placement-worker`: consume validated adapters, alias changes, replica state, adapter stats and
-completed requests; keep placements and emit replica commands. Offsets are committed after each batch."""
+completed requests; keep placements and emit replica commands. Offsets are committed after each batch;
+a record that does not decode is dead-lettered (lorafleet.dead_letters) and committed past with it."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import time
 
 from lorafleet import metrics
 from lorafleet.db.pool import close_pool, create_pool
+from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer
 from lorafleet.retry import run_with_retry
 from lorafleet.worker import run_until_signal
 from placement_worker.config import PlacementConfig
 from placement_worker.consumer import PlacementWorker
 from schemas import topics
-from schemas.events import EventValidationError, parse_event
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ async def run_worker(
     pool = await create_pool(config.platform, min_size=1, max_size=4)
     consumer = make_consumer(config.platform, *(t.name for t in TOPICS), group_id=settings.group_id)
     worker = PlacementWorker(pool, settings)
+    letters = DeadLetters("placement-worker", pool)
     try:
         await consumer.start()
         while not consumer.assignment():  # the group join runs in aiokafka's background task
@@ -52,10 +54,8 @@ async def run_worker(
             batch = await consumer.getmany(timeout_ms=int(settings.tick_s * 1000), max_records=500)
             for tp, records in batch.items():
                 for record in records:
-                    try:
-                        event = parse_event(record.value, tp.topic)
-                    except EventValidationError as exc:
-                        log.error("skipping an invalid %s record: %s", tp.topic, str(exc)[:500])
+                    event = await letters.parse(tp.topic, tp.partition, record.offset, record.value)
+                    if event is None:
                         metrics.EVENTS_HANDLED.labels("placement-worker", tp.topic, "invalid").inc()
                         continue
                     await worker.handle(event)

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from lorafleet.dead_letters import dead_letter_counter
 from replica.adapter_cache.tier import CacheEvent
 
 if TYPE_CHECKING:  # only annotations: reading the metrics module must not import torch
@@ -117,6 +118,7 @@ class ReplicaMetrics:
         self.model_name = model_name
         self.registry = CollectorRegistry()
         r, m = self.registry, ["model_name"]
+        self.dead_letters = dead_letter_counter(r)
         self.ttft = Histogram(
             "vllm:time_to_first_token_seconds",
             "Time from request arrival to its first token.",

@@ -108,6 +108,7 @@ def create_app(replica: Replica, on_drained: Callable[[], None] | None = None) -
                     shutdown,
                     settings.state_interval_s,
                     nudge=replica.state_changed,
+                    dead_letters=replica.metrics.dead_letters,
                 ),
                 name="replica-control",
             )

@@ -7,6 +7,7 @@ from typing import Any
 import faust
 
 from lorafleet.config import PlatformSettings
+from lorafleet.dead_letters import DeadLetters
 from stats_stream import tables
 from stats_stream import topics as stream_topics
 from stats_stream.agents import fleet, forward
@@ -34,8 +35,9 @@ def build_app(platform: PlatformSettings, settings: StatsStreamSettings) -> faus
     topics = stream_topics.declare(app)
     sinks = Sinks(platform, topics, settings.window_s)
     catchup = CatchUp()
+    letters = DeadLetters.own_pool("stats-stream", platform)
     keeper = WindowKeeper(tables.declare(app), sinks, settings, catchup)
-    forward.register(app, topics, catchup)
+    forward.register(app, topics, catchup, letters)
     fleet.register(app, topics, keeper, catchup, settings.tick_s)
 
     @app.on_partitions_revoked.connect
@@ -56,5 +58,6 @@ def build_app(platform: PlatformSettings, settings: StatsStreamSettings) -> faus
     @app.on_before_shutdown.connect
     async def close_sinks(app: faust.App, /, *args: Any, **kwargs: Any) -> None:
         await sinks.close()
+        await letters.close()
 
     return app

@@ -13,9 +13,10 @@ import logging
 from aiokafka import TopicPartition
 
 from lorafleet.config import PlatformSettings
+from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer
 from schemas import topics
-from schemas.events import EventValidationError, MergedTarget, parse_event
+from schemas.events import Event, MergedTarget
 
 log = logging.getLogger(__name__)
 
@@ -32,13 +33,8 @@ class TargetFollower:
             return None
         return {a: t.desired_replicas for a, t in self.latest.items()}
 
-    def take(self, raw: bytes) -> MergedTarget | None:
-        """Keep raw if it is a newer target for its adapter; the target when it was taken."""
-        try:
-            event = parse_event(raw, topics.MERGED_TARGETS.name)
-        except EventValidationError as exc:
-            log.warning("skipping an invalid merged target: %s", exc)
-            return None
+    def take(self, event: Event | None) -> MergedTarget | None:
+        """Keep event if it is a newer target for its adapter; the target when it was taken."""
         if not isinstance(event, MergedTarget) or event.fleet != self.fleet:
             return None
         known = self.latest.get(event.adapter_id)
@@ -50,6 +46,7 @@ class TargetFollower:
     async def run(self) -> None:
         """Follow the topic from its beginning until cancelled."""
         consumer = make_consumer(self.platform, group_id=None)
+        letters = DeadLetters.own_pool("autoscale-merged-targets", self.platform)
         await consumer.start()
         try:
             topic = topics.MERGED_TARGETS
@@ -63,7 +60,11 @@ class TargetFollower:
                 batch = await consumer.getmany(timeout_ms=500)
                 for records in batch.values():
                     for record in records:
-                        target = self.take(record.value)
+                        target = self.take(
+                            await letters.parse_following(
+                                record.topic, record.partition, record.offset, record.value
+                            )
+                        )
                         if target is not None and self.caught_up:
                             log.info(
                                 "merged target %s: %d (%s)",
@@ -80,3 +81,4 @@ class TargetFollower:
                         log.info("merged targets read: %s", self.targets())
         finally:
             await consumer.stop()
+            await letters.close()

@@ -14,9 +14,10 @@ import time
 from aiokafka import TopicPartition
 
 from lorafleet.config import PlatformSettings
+from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer
 from schemas import topics
-from schemas.events import AutoscaleSignal, EventValidationError, parse_event
+from schemas.events import AutoscaleSignal, Event
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +34,8 @@ class SignalFollower:
             return None
         return s.desired_replicas
 
-    def take(self, raw: bytes) -> AutoscaleSignal | None:
-        """Keep raw if it is a newer signal of our fleet; the signal when it was taken."""
-        try:
-            event = parse_event(raw, topics.AUTOSCALE_SIGNALS.name)
-        except EventValidationError as exc:
-            log.warning("skipping an invalid autoscale signal: %s", exc)
-            return None
+    def take(self, event: Event | None) -> AutoscaleSignal | None:
+        """Keep event if it is a newer signal of our fleet; the signal when it was taken."""
         if not isinstance(event, AutoscaleSignal) or event.fleet != self.fleet:
             return None
         if self.latest is not None and event.occurred_at < self.latest.occurred_at:
@@ -50,6 +46,7 @@ class SignalFollower:
     async def run(self) -> None:
         """Follow the topic until cancelled, from max_age_s back."""
         consumer = make_consumer(self.platform, group_id=None)
+        letters = DeadLetters.own_pool("autoscale-signals", self.platform)
         await consumer.start()
         try:
             topic = topics.AUTOSCALE_SIGNALS
@@ -63,7 +60,9 @@ class SignalFollower:
                 consumer.seek(tp, at.offset if at is not None else ends[tp])
             async for record in consumer:
                 before = self.latest.desired_replicas if self.latest is not None else None
-                signal = self.take(record.value)
+                signal = self.take(
+                    await letters.parse_following(record.topic, record.partition, record.offset, record.value)
+                )
                 if signal is not None and signal.desired_replicas != before:
                     log.info(
                         "signal desired=%d current=%d (%s)",
@@ -73,3 +72,4 @@ class SignalFollower:
                     )
         finally:
             await consumer.stop()
+            await letters.close()

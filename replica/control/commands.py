@@ -12,9 +12,10 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from lorafleet.dead_letters import DeadLetters
 from replica.adapter_cache.cache import AdapterCache
 from replica.errors import ReplicaError
-from schemas.events import EventValidationError, ReplicaCommand, parse_event
+from schemas.events import Event, ReplicaCommand
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer
@@ -37,15 +38,11 @@ class CommandHandler:
             "unload": lambda c: cache.unload(c.adapter_id),
         }
 
-    def parse(self, raw: bytes) -> ReplicaCommand | None:
-        """The command if it is valid and for this replica; None (logged) otherwise."""
-        try:
-            event = parse_event(raw, "replica.commands")
-        except EventValidationError as exc:
-            log.warning("skipping an invalid replica command: %s", exc)
-            return None
-        assert isinstance(event, ReplicaCommand)
-        return event if event.replica_id == self.replica_id else None
+    def mine(self, event: Event | None) -> ReplicaCommand | None:
+        """The command if it is one for this replica; None otherwise."""
+        if isinstance(event, ReplicaCommand) and event.replica_id == self.replica_id:
+            return event
+        return None
 
     async def apply(self, command: ReplicaCommand) -> bool:
         """Apply once; False for a duplicate. Failures are logged: the control plane re-sends on drift."""
@@ -71,9 +68,10 @@ class CommandHandler:
                 del self._tails[command.adapter_id]
         return True
 
-    async def apply_batch(self, raws: list[bytes]) -> int:
-        """Apply a fetched batch: concurrently across adapters, in order within one adapter."""
-        commands = [c for c in (self.parse(r) for r in raws) if c is not None]
+    async def apply_batch(self, events: list[Event | None]) -> int:
+        """Apply a fetched batch's commands for this replica: concurrently across adapters, in order within
+        one adapter."""
+        commands = [c for c in (self.mine(e) for e in events) if c is not None]
         by_adapter: dict[str, list[ReplicaCommand]] = {}
         for c in commands:
             by_adapter.setdefault(c.adapter_id, []).append(c)
@@ -84,11 +82,18 @@ class CommandHandler:
         return sum(await asyncio.gather(*(in_order(cs) for cs in by_adapter.values())))
 
 
-async def consume_commands(consumer: AIOKafkaConsumer, handler: CommandHandler, stop: asyncio.Event) -> None:
-    """Read replica.commands with a started consumer until stop; commit after each applied batch."""
+async def consume_commands(
+    consumer: AIOKafkaConsumer, handler: CommandHandler, letters: DeadLetters, stop: asyncio.Event
+) -> None:
+    """Read replica.commands with a started consumer until stop; commit after each applied batch. A record
+    that does not decode goes to letters and is committed past with its batch."""
     while not stop.is_set():
         batch = await consumer.getmany(timeout_ms=500, max_records=200)
-        raws = [r.value for records in batch.values() for r in records]
-        if raws:
-            await handler.apply_batch(raws)
+        events = [
+            await letters.parse(tp.topic, tp.partition, r.offset, r.value)
+            for tp, records in batch.items()
+            for r in records
+        ]
+        if events:
+            await handler.apply_batch(events)
             await consumer.commit()

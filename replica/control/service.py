@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 
 from lorafleet.config import PlatformSettings
+from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer, make_producer
 from replica.adapter_cache.cache import AdapterCache
 from replica.control.commands import CommandHandler, consume_commands
@@ -28,18 +29,21 @@ async def run_control(
     stop: asyncio.Event,
     state_interval_s: float = 1.0,
     nudge: asyncio.Event | None = None,
+    letters: DeadLetters | None = None,
 ) -> None:
     """Run until stop; each replica reads every command partition in a group of its own and filters by id."""
     producer = make_producer(platform)
     consumer = make_consumer(platform, REPLICA_COMMANDS.name, group_id=f"replica-{replica_id}")
     handler = CommandHandler(cache, replica_id)
+    own_letters = letters is None
+    letters = letters or DeadLetters.own_pool("replica-commands", platform)
     tasks: list[asyncio.Task[None]] = []
     waiter = asyncio.create_task(stop.wait())
     try:
         await producer.start()  # inside the try: a broker that is down still gets both clients closed
         await consumer.start()
         tasks = [
-            asyncio.create_task(consume_commands(consumer, handler, stop), name="replica-commands"),
+            asyncio.create_task(consume_commands(consumer, handler, letters, stop), name="replica-commands"),
             asyncio.create_task(
                 publish_state(producer, make_state, stop, state_interval_s, nudge), name="replica-state"
             ),
@@ -57,3 +61,5 @@ async def run_control(
             await consumer.stop()
         with contextlib.suppress(Exception):
             await producer.stop()
+        if own_letters:
+            await letters.close()

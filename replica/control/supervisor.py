@@ -11,7 +11,10 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from prometheus_client import Counter
+
 from lorafleet.config import PlatformSettings
+from lorafleet.dead_letters import DEAD_LETTERS, DeadLetters
 from replica.adapter_cache.cache import AdapterCache
 from replica.adapter_cache.tier import CacheEvent
 from replica.control.events import EventPublisher
@@ -30,10 +33,12 @@ async def supervise_control(
     state_interval_s: float = 1.0,
     retry_s: float = 2.0,
     nudge: asyncio.Event | None = None,
+    dead_letters: Counter = DEAD_LETTERS,
 ) -> None:
     """Run the control loop until shutdown, restarting it retry_s after each failure; nudge sends the
-    state at once."""
+    state at once. Commands that do not decode go to the dead_letters table, counted in dead_letters."""
     events = EventPublisher(replica_id)
+    letters = DeadLetters.own_pool("replica-commands", platform, dead_letters)
     local = cache.on_event  # the replica's metrics keep counting next to the published events
 
     def both(e: CacheEvent) -> None:
@@ -41,18 +46,23 @@ async def supervise_control(
         events(e)
 
     cache.on_event = both
-    while not shutdown.is_set():
-        stop = asyncio.Event()  # run_control sets its stop event when it ends, so one per attempt
-        forward = asyncio.create_task(_set_when(shutdown, stop))
-        try:
-            await run_control(platform, replica_id, cache, events, make_state, stop, state_interval_s, nudge)
-        except Exception as exc:  # noqa: BLE001 - Kafka down at start: keep serving, try again
-            log.warning("replica control loop failed (%s: %s); retrying", type(exc).__name__, exc)
-        finally:
-            forward.cancel()
-        if not shutdown.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(shutdown.wait(), retry_s)
+    try:
+        while not shutdown.is_set():
+            stop = asyncio.Event()  # run_control sets its stop event when it ends, so one per attempt
+            forward = asyncio.create_task(_set_when(shutdown, stop))
+            try:
+                await run_control(
+                    platform, replica_id, cache, events, make_state, stop, state_interval_s, nudge, letters
+                )
+            except Exception as exc:  # noqa: BLE001 - Kafka down at start: keep serving, try again
+                log.warning("replica control loop failed (%s: %s); retrying", type(exc).__name__, exc)
+            finally:
+                forward.cancel()
+            if not shutdown.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(shutdown.wait(), retry_s)
+    finally:
+        await letters.close()
 
 
 async def _set_when(source: asyncio.Event, target: asyncio.Event) -> None:

@@ -6,12 +6,12 @@ from datetime import UTC, datetime, timedelta
 
 from lorafleet.autoscale.signals import SignalFollower
 from lorafleet.config import PlatformSettings
-from schemas.events import AutoscaleSignal
+from schemas.events import AutoscaleSignal, Event
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def signal(fleet: str, desired: int, at_s: float) -> bytes:
+def signal(fleet: str, desired: int, at_s: float) -> Event:
     s = AutoscaleSignal(
         fleet=fleet,
         current_replicas=1,
@@ -19,7 +19,7 @@ def signal(fleet: str, desired: int, at_s: float) -> bytes:
         reason="test",
         occurred_at=T0 + timedelta(seconds=at_s),
     )
-    return s.to_bytes()
+    return s
 
 
 def test_the_newest_signal_of_our_fleet_wins_and_others_are_ignored() -> None:
@@ -27,7 +27,7 @@ def test_the_newest_signal_of_our_fleet_wins_and_others_are_ignored() -> None:
     assert f.take(signal("ours", 3, 10)) is not None
     assert f.take(signal("theirs", 9, 20)) is None
     assert f.take(signal("ours", 1, 5)) is None  # older than the one we hold
-    assert f.take(b"not json") is None
+    assert f.take(None) is None
     assert f.desired(T0.timestamp() + 30) == 3
 
 
