@@ -28,7 +28,14 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from bench.scaleup_stack import ADAPTERS, ScaleupConfig, ScaleupStack, scaleup_stack, wait_for
 from lorafleet.config import PlatformSettings
 from schemas import topics
-from schemas.events import AutoscaleSignal, Event, ReplicaState, RequestCompleted, parse_event
+from schemas.events import (
+    AutoscaleSignal,
+    Event,
+    EventValidationError,
+    ReplicaState,
+    RequestCompleted,
+    parse_event,
+)
 
 PROMPTS = (
     "Write a long story about a lighthouse keeper and a storm.",
@@ -62,7 +69,10 @@ async def record(
             await consumer.position(tp)
         ready.set()
         async for rec in consumer:
-            event = parse_event(rec.value, rec.topic)
+            try:
+                event = parse_event(rec.value, rec.topic)
+            except EventValidationError:
+                continue  # not this run's: the shared topics also carry other stacks' poison records
             ours = (
                 (isinstance(event, ReplicaState) and event.replica_id.startswith(stack.prefix))
                 or (isinstance(event, AutoscaleSignal) and event.fleet == stack.fleet)

@@ -38,6 +38,7 @@ from schemas.topics import ALERTS, AUTOSCALE_SIGNALS
 from stats_stream.closing import output_id
 from stats_stream.windows import from_ms, to_ms, window_start
 from tests.integration.kafka_helpers import collect
+from tests.integration.poison import future_version, poison_until_read, send, wait_dead_lettered
 
 pytestmark = pytest.mark.integration
 
@@ -270,3 +271,30 @@ async def test_a_restart_mid_window_loses_no_counts_and_counts_nothing_twice(
     row = await stats_row(migrated_db, adapter, window, timeout=90)
     assert row["requests"] == 12
     assert row["gpu_hit_rate"] == pytest.approx(7 / 12)
+
+
+async def test_poison_on_a_source_is_dead_lettered_and_the_next_events_still_make_a_window(
+    services, stream, migrated_db, pool
+) -> None:
+    s, run = stream
+    # a new app id reads the shared sources from their beginning (tens of thousands of records) first
+    await s.wait_for("lorafleet_stats_ticks_total", 1, timeout=480)
+    topic, adapter = "requests.completed", f"a-{run}-after-poison"
+    producer = AIOKafkaProducer(bootstrap_servers=services.kafka_bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        key = f"req-{run}".encode()
+        raw = await poison_until_read(producer, pool, "stats-stream", topic, key, timeout=120)
+        at = mid_window()
+        valid = requests_for(run, adapter, f"t-{run}", 3, at, tier="gpu", ttft_s=0.1, completion_tokens=10)
+        future = await send(producer, topic, future_version(valid[0]), key)
+        for event in valid:
+            await send(producer, topic, event.to_bytes(), key)
+    finally:
+        await producer.stop()
+    rows = await wait_dead_lettered(pool, "stats-stream", [raw, future])
+    assert "schema_version" in rows[future]["reason"] and rows[raw]["value"].startswith(b"\xff\xfe")
+    window = from_ms(window_start(to_ms(at), int(WINDOW_S * 1000)))
+    assert (await stats_row(migrated_db, adapter, window))["requests"] == 3
+    dead = f'lorafleet_consumer_dead_letters_total{{consumer="stats-stream",topic="{topic}"}}'
+    assert s.metric(dead) >= 2

@@ -1,0 +1,279 @@
+"""Poison records on the real Kafka and PostgreSQL, one real consumer at a time: undecodable bytes and a
+well-formed event of a future schema version go to dead_letters with their topic, partition, offset,
+consumer and reason, are counted, are committed past, and the valid event published after them applies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from aiokafka import AIOKafkaProducer
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from lorafleet.autoscale.merged_targets import TargetFollower
+from lorafleet.autoscale.signals import SignalFollower
+from lorafleet.config import PlatformSettings
+from lorafleet.dead_letters import DeadLetters, dead_letter_counter
+from lorafleet.kafka import make_producer
+from placement_worker.config import PlacementConfig, PlacementSettings
+from placement_worker.main import run_worker
+from replica.control.events import EventPublisher
+from replica.control.service import run_control
+from replica.control.state_publisher import Load, build_state
+from schemas.events import AdapterRegistered, AutoscaleSignal, MergedTarget, ReplicaCommand, ReplicaState
+from tests.integration.poison import Sent, future_version, poison_until_read, send, wait_dead_lettered
+from tests.integration.waiting import wait_until
+from tests.replica.adapter_cache.helpers import make_env
+
+pytestmark = pytest.mark.integration
+
+HASH = "sha256:" + "a" * 64
+
+
+def count(consumer: str, topic: str, registry: CollectorRegistry = REGISTRY) -> float:
+    labels = {"consumer": consumer, "topic": topic}
+    return registry.get_sample_value("lorafleet_consumer_dead_letters_total", labels) or 0.0
+
+
+@pytest.fixture
+async def platform(services, migrated_db: str) -> PlatformSettings:
+    return services.settings().model_copy(update={"database_url": migrated_db})
+
+
+@pytest.fixture
+async def producer(platform: PlatformSettings) -> AsyncIterator[AIOKafkaProducer]:
+    p = make_producer(platform)
+    await p.start()
+    yield p
+    await p.stop()
+
+
+async def _stop(stop: asyncio.Event, task: asyncio.Task) -> None:
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 30)
+
+
+def _assert_rows(rows: dict[Sent, asyncpg.Record], consumer: str, raw: Sent, future: Sent) -> None:
+    assert rows[raw]["consumer"] == consumer and rows[raw]["value"].startswith(b"\xff\xfe")
+    assert "invalid event" in rows[raw]["reason"]
+    assert "schema_version" in rows[future]["reason"], rows[future]["reason"]
+
+
+async def test_the_registry_validator_dead_letters_poison_and_settles_the_next_registration(
+    platform: PlatformSettings, producer: AIOKafkaProducer, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    from gateway.validator_main import run_validator
+    from tests.gateway.adapter_files import TARGETS, TINY_BASE_HASH, write_base_config
+    from tests.gateway.internal_app import gateway_config
+
+    consumer, topic = "registry-validator", "adapters.registered"
+    config = gateway_config(
+        platform,
+        TINY_BASE_HASH,
+        write_base_config(tmp_path / "base"),
+        validator_group=f"test-validator-{uuid.uuid4().hex[:8]}",
+    )
+    before = count(consumer, topic)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(run_validator(config, stop, ready=ready, from_end=True))
+    try:
+        await asyncio.wait_for(ready.wait(), 60)
+        adapter_id = f"nobody-{uuid.uuid4().hex[:8]}"
+        valid = AdapterRegistered(
+            adapter_id=adapter_id,
+            tenant_id="nobody",  # no such tenant: the validator refuses it, and records that it did
+            version=1,
+            base_model_hash=TINY_BASE_HASH,
+            rank=4,
+            alpha=8.0,
+            target_modules=TARGETS,
+            weights_uri="s3://lorafleet-adapters/none",
+            checksum=HASH,
+        )
+        key = adapter_id.encode()
+        raw = await poison_until_read(producer, pool, consumer, topic, key)
+        future = await send(producer, topic, future_version(valid), key)
+        await send(producer, topic, valid.to_bytes(), key)
+        rows = await wait_dead_lettered(pool, consumer, [raw, future])
+        _assert_rows(rows, consumer, raw, future)
+
+        async def settled() -> bool:
+            return bool(
+                await pool.fetchval(
+                    "SELECT count(*) FROM processed_events WHERE event_id = $1", valid.event_id
+                )
+            )
+
+        await wait_until(settled, "the valid registration after the poison settled", timeout=60)
+        assert count(consumer, topic) - before >= 2
+    finally:
+        await _stop(stop, task)
+
+
+async def test_the_placement_worker_dead_letters_poison_and_applies_the_next_state(
+    platform: PlatformSettings, producer: AIOKafkaProducer, pool: asyncpg.Pool
+) -> None:
+    consumer, topic = "placement-worker", "replica.state"
+    run = uuid.uuid4().hex[:6]
+    settings = PlacementSettings(group_id=f"test-placement-{run}", replica_id_prefix=f"t{run}-r", tick_s=0.2)
+    before = count(consumer, topic)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(
+        run_worker(PlacementConfig(platform, settings), stop, ready=ready, from_end=True)
+    )
+    try:
+        await asyncio.wait_for(ready.wait(), 60)
+        valid = ReplicaState(replica_id=f"t{run}-r0", url="http://127.0.0.1:1", gpu_slots=4)
+        key = valid.key().encode()
+        raw = await poison_until_read(producer, pool, consumer, topic, key)
+        future = await send(producer, topic, future_version(valid), key)
+        await send(producer, topic, valid.to_bytes(), key)
+        rows = await wait_dead_lettered(pool, consumer, [raw, future])
+        _assert_rows(rows, consumer, raw, future)
+
+        async def member() -> bool:
+            return bool(
+                await pool.fetchval("SELECT count(*) FROM replicas WHERE replica_id = $1", valid.replica_id)
+            )
+
+        await wait_until(
+            member, "the replica of the state after the poison in the replicas table", timeout=60
+        )
+        assert count(consumer, topic) - before >= 2
+    finally:
+        await _stop(stop, task)
+
+
+async def test_the_replica_dead_letters_poison_commands_and_applies_the_next_one(
+    platform: PlatformSettings, producer: AIOKafkaProducer, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    consumer, topic = "replica-commands", "replica.commands"
+    replica_id = f"rd-{uuid.uuid4().hex[:10]}"
+    env = make_env(tmp_path)
+    env.add("a1", seed=1)
+    registry = CollectorRegistry()
+    letters = DeadLetters.own_pool(consumer, platform, dead_letter_counter(registry))
+    events = EventPublisher(replica_id)
+
+    def make_state() -> ReplicaState:
+        return build_state(replica_id, "http://127.0.0.1:1", "ready", env.cache, 2, Load(0, 0))
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        run_control(platform, replica_id, env.cache, events, make_state, stop, 0.2, None, letters)
+    )
+    try:
+        valid = ReplicaCommand(replica_id=replica_id, command="load", adapter_id="a1", target_tier="ram")
+        key = replica_id.encode()
+        raw = await poison_until_read(producer, pool, consumer, topic, key)
+        future = await send(producer, topic, future_version(valid), key)
+        await send(producer, topic, valid.to_bytes(), key)
+        rows = await wait_dead_lettered(pool, consumer, [raw, future])
+        _assert_rows(rows, consumer, raw, future)
+
+        async def loaded() -> bool:
+            return env.cache.tier_of("a1") == "ram"
+
+        await wait_until(loaded, "the load command after the poison applied", timeout=60)
+        assert count(consumer, topic, registry) >= 2
+    finally:
+        await _stop(stop, task)
+        await letters.close()
+
+
+async def test_the_autoscaler_dead_letters_poison_signals_and_takes_the_next_one(
+    platform: PlatformSettings, producer: AIOKafkaProducer, pool: asyncpg.Pool
+) -> None:
+    consumer, topic = "autoscale-signals", "autoscale.signals"
+    fleet = f"fleet-{uuid.uuid4().hex[:8]}"
+    follower = SignalFollower(platform, fleet, max_age_s=600)
+    before = count(consumer, topic)
+    task = asyncio.create_task(follower.run())
+    try:
+        valid = AutoscaleSignal(fleet=fleet, current_replicas=1, desired_replicas=3, reason="test")
+        key = valid.key().encode()
+        raw = await poison_until_read(producer, pool, consumer, topic, key)
+        future = await send(producer, topic, future_version(valid), key)
+        await send(producer, topic, valid.to_bytes(), key)
+        rows = await wait_dead_lettered(pool, consumer, [raw, future])
+        _assert_rows(rows, consumer, raw, future)
+
+        async def taken() -> bool:
+            return follower.desired() == 3
+
+        await wait_until(taken, "the signal after the poison taken", timeout=60)
+        assert count(consumer, topic) - before >= 2
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_merged_actuator_dead_letters_poison_targets_and_keeps_the_next_one(
+    platform: PlatformSettings, producer: AIOKafkaProducer, pool: asyncpg.Pool
+) -> None:
+    consumer, topic = "autoscale-merged-targets", "merged.targets"
+    fleet = f"t{uuid.uuid4().hex[:8]}-r"
+    follower = TargetFollower(platform, fleet)
+    before = count(consumer, topic)
+    task = asyncio.create_task(follower.run())
+    try:
+        adapter_id = f"acme-{uuid.uuid4().hex[:8]}"
+        valid = MergedTarget(adapter_id=adapter_id, desired_replicas=1, reason="promote", fleet=fleet)
+        key = valid.key().encode()
+        raw = await poison_until_read(producer, pool, consumer, topic, key, timeout=120)
+        future = await send(producer, topic, future_version(valid), key)
+        await send(producer, topic, valid.to_bytes(), key)
+        rows = await wait_dead_lettered(pool, consumer, [raw, future])
+        _assert_rows(rows, consumer, raw, future)
+
+        async def kept() -> bool:
+            return adapter_id in follower.latest
+
+        await wait_until(kept, "the target after the poison kept", timeout=60)
+        assert count(consumer, topic) - before >= 2
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_cli_lists_consumer_dead_letters_and_refused_outbox_rows(
+    services, migrated_db: str, pool: asyncpg.Pool
+) -> None:
+    platform = services.settings().model_copy(update={"database_url": migrated_db})
+    letters = DeadLetters("placement-worker", pool, dead_letter_counter(CollectorRegistry()))
+    await letters.record("replica.state", 3, 41, b"\xff not json", "invalid event: not JSON")
+    await letters.record("replica.state", 3, 41, b"\xff not json", "invalid event: not JSON")  # redelivered
+    await pool.execute(
+        """INSERT INTO outbox (id, aggregate_type, aggregate_id, type, payload, failed_at, error)
+           VALUES ($1, 'aliases.changed', 'a', 'alias.changed', '{}', now(), 'invalid alias.changed')""",
+        uuid.uuid4(),
+    )
+    env = {**os.environ, **services.env(), "LORAFLEET_DATABASE_URL": platform.database_url}
+
+    def cli(*args: str) -> list[str]:
+        out = subprocess.run(
+            [sys.executable, "-m", "lorafleet.cli", "dead-letters", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.splitlines()
+
+    listed = [json.loads(line) for line in cli("--json")]
+    assert [(d["consumer"], d["topic"], d["partition"], d["offset"]) for d in listed] == [
+        ("outbox-relay", "aliases.changed", None, None),
+        ("placement-worker", "replica.state", 3, 41),
+    ]
+    assert listed[1]["reason"] == "invalid event: not JSON" and listed[1]["value"].endswith("not json")
+    (line,) = cli("--consumer", "placement-worker")
+    assert "placement-worker replica.state[3]@41: invalid event: not JSON" in line
