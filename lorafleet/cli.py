@@ -40,6 +40,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
 # Single commands that are a whole process each.
 COMMANDS: dict[str, tuple[str, str]] = {
     "relay": ("lorafleet.outbox.relay_cli", "relay"),
+    "dead-letters": ("lorafleet.dead_letters_cli", "dead_letters"),
     "gateway": ("gateway.main", "serve"),
     "public-gateway": ("gateway.public_app", "serve_public"),
     "demo": ("gateway.demo", "demo"),
