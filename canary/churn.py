@@ -132,28 +132,11 @@ def watch_slot_writes(replica: Replica) -> SlotWrites:
     return writes
 
 
-def leftover_pins(replica: Replica) -> dict[str, int]:
-    """Holds still open: slot refcounts, RAM and disk pins, requests and engine rows, slots whose table
-    entry names another adapter. All zero once every request has ended."""
-    cache, gpu = replica.cache, replica.gpu
-    assert cache is not None and gpu is not None, "start() opens the cache"
-    core = replica.engine.engine
-    entries = gpu.table.entries()
-    return {
-        "slot_refs": sum(e.ref_count for e in entries),
-        "ram_pins": sum(cache.host.lru.pins(k) for k in cache.host.lru.keys()),
-        "disk_pins": sum(cache.disk.lru.pins(k) for k in cache.disk.lru.keys()),
-        "requests": len(replica.running),
-        "engine_rows": len(core.seqs),
-        "slot_table_mismatches": sum(gpu.table.adapter_at(e.ref) != e.adapter_id for e in entries),
-    }
-
-
 async def settled_pins(replica: Replica, deadline_s: float = PINS_DEADLINE_S) -> dict[str, int]:
-    """leftover_pins once they are all zero, or as they are at the deadline."""
+    """The replica's open holds (Replica.holds) once they are all zero, or as they are at the deadline."""
     deadline = time.monotonic() + deadline_s
     while True:
-        pins = leftover_pins(replica)
+        pins = replica.holds()
         if not any(pins.values()) or time.monotonic() > deadline:
             return pins
         await asyncio.sleep(0.05)

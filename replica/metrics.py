@@ -111,6 +111,24 @@ class EngineGauges(Collector):
         yield info
 
 
+class HoldGauges(Collector):
+    """lorafleet_replica_holds{kind}: pins, refcounts, requests and engine rows held now (0 when idle)."""
+
+    def __init__(self, read: Callable[[], dict[str, int]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        g = GaugeMetricFamily(
+            "lorafleet_replica_holds",
+            "Holds open now by kind: slot_refs, ram_pins, disk_pins, requests, engine_rows and "
+            "slot_table_mismatches; every kind is 0 once every request has ended.",
+            labels=["kind"],
+        )
+        for kind, value in sorted(self.read().items()):
+            g.add_metric([kind], value)
+        yield g
+
+
 class ReplicaMetrics:
     """One set per app, in its own registry."""
 
@@ -164,6 +182,10 @@ class ReplicaMetrics:
     def watch_engine(self, max_lora: int, read: Callable[[], EngineLoad]) -> None:
         """Register the scrape-time engine gauges."""
         self.registry.register(EngineGauges(self.model_name, max_lora, read))
+
+    def watch_holds(self, read: Callable[[], dict[str, int]]) -> None:
+        """Register the scrape-time holds gauge (read: Replica.holds)."""
+        self.registry.register(HoldGauges(read))
 
     def cache_event(self, e: CacheEvent) -> None:
         """The adapter cache's event sink."""

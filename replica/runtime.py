@@ -86,6 +86,7 @@ class Replica:
         self.engine = AsyncEngine(core)
         self.metrics = ReplicaMetrics(Path(settings.model_dir).name)
         self.metrics.watch_engine(self.gpu_slots, self.engine_load)
+        self.metrics.watch_holds(self.holds)
         self.cache: AdapterCache | None = None
         self._resources: AsyncExitStack | None = None
         self.lifecycle = Lifecycle()
@@ -245,6 +246,22 @@ class Replica:
         else:
             running, waiting = [], []
         return engine_load(running, waiting, s.max_num_seqs * s.max_model_len)
+
+    def holds(self) -> dict[str, int]:
+        """Holds still open: slot refcounts, RAM and disk pins, requests and engine rows, and slots whose
+        table entry names another adapter. All zero once every request has ended."""
+        core = self.engine.engine
+        out = {"requests": len(self.running), "engine_rows": len(core.seqs)}
+        cache, gpu = self.cache, self.gpu
+        if cache is None or gpu is None:  # not started, or a merged replica: no adapter tiers to pin
+            return out | dict.fromkeys(("slot_refs", "ram_pins", "disk_pins", "slot_table_mismatches"), 0)
+        entries = gpu.table.entries()
+        return out | {
+            "slot_refs": sum(e.ref_count for e in entries),
+            "ram_pins": sum(cache.host.lru.pins(k) for k in cache.host.lru.keys()),
+            "disk_pins": sum(cache.disk.lru.pins(k) for k in cache.disk.lru.keys()),
+            "slot_table_mismatches": sum(gpu.table.adapter_at(e.ref) != e.adapter_id for e in entries),
+        }
 
     def load(self) -> Load:
         core = self.engine.engine

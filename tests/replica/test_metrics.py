@@ -130,3 +130,18 @@ def test_two_replicas_metrics_do_not_collide() -> None:
     a.hit("gpu")
     assert a.registry.get_sample_value("lorafleet_replica_adapter_hits_total", {"tier": "gpu"}) == 1
     assert b.registry.get_sample_value("lorafleet_replica_adapter_hits_total", {"tier": "gpu"}) is None
+
+
+async def test_holds_gauge_shows_a_pinned_slot_and_returns_to_zero_on_release(
+    client: httpx.AsyncClient, replica: Replica
+) -> None:
+    holds = "lorafleet_replica_holds"
+    idle = {s.labels["kind"]: s.value for s in (await _scrape(client))[holds]}
+    assert idle == dict.fromkeys(replica.holds(), 0) and "slot_refs" in idle
+    use = await replica.acquire("tiny-a")
+    try:
+        pinned = (await _scrape(client))[holds]
+        assert _value(pinned, holds, kind="slot_refs") == 1
+    finally:
+        replica.release(use)
+    assert _value((await _scrape(client))[holds], holds, kind="slot_refs") == 0
