@@ -149,46 +149,66 @@ def resume_postgres_tree(settings: PlatformSettings) -> None:
 
 
 @contextlib.asynccontextmanager
-async def outage_stack(s3: PlatformSettings) -> AsyncIterator[Stack]:
+async def private_infra(s3: PlatformSettings) -> AsyncIterator[PlatformSettings]:
+    """A PostgreSQL cluster (migrated) and a Kafka broker (topics created) of their own, on free ports."""
     # Not pytest's tmp_path: PostgreSQL runs as the postgres user when we are root, and pytest's base
     # folder is private to us.
     base = Path(tempfile.mkdtemp(prefix="lorafleet-outage-"))
     base.chmod(0o755)
     settings = _private_settings(base, s3)
-    internal_port, public_port = free_port(), free_port()
-    stack = Stack(
-        settings,
-        _env(settings, internal_port, public_port),
-        f"http://127.0.0.1:{internal_port}",
-        f"http://127.0.0.1:{public_port}",
-    )
     try:
         await asyncio.to_thread(_infra_up, settings)
-        log = settings.data_path / "logs"
-        log.mkdir(parents=True, exist_ok=True)
-        with open(log / "supervisor.log", "ab") as out:
-            stack.supervisor = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "lorafleet.cli",
-                    "services",
-                    "supervise",
-                    *(f"--only={a}" for a in APPS),
-                ],
-                env=stack.env,
-                cwd=REPO,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        await wait_http(f"{stack.public_url}/health", 120, stack.supervisor)
-        service = {"Authorization": f"Bearer {SERVICE_TOKEN}"}
-        await wait_http(f"{stack.internal_url}/openapi.json", 60, stack.supervisor, service)
-        yield stack
+        yield settings
     finally:
-        await asyncio.to_thread(stop, stack.supervisor, 40.0)
         await asyncio.to_thread(_infra_down, settings)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def infra_env(settings: PlatformSettings) -> dict[str, str]:
+    """The environment that points a process at private_infra's services."""
+    return _env(settings, free_port(), free_port())
+
+
+@contextlib.asynccontextmanager
+async def outage_stack(s3: PlatformSettings) -> AsyncIterator[Stack]:
+    async with private_infra(s3) as settings:
+        internal_port, public_port = free_port(), free_port()
+        stack = Stack(
+            settings,
+            _env(settings, internal_port, public_port),
+            f"http://127.0.0.1:{internal_port}",
+            f"http://127.0.0.1:{public_port}",
+        )
+        try:
+            yield await _start_apps(stack)
+        finally:
+            await asyncio.to_thread(stop, stack.supervisor, 40.0)
+
+
+async def _start_apps(stack: Stack) -> Stack:
+    """Start the apps under `lorafleet services supervise` and wait until both gateways answer."""
+    settings = stack.settings
+    log = settings.data_path / "logs"
+    log.mkdir(parents=True, exist_ok=True)
+    with open(log / "supervisor.log", "ab") as out:
+        stack.supervisor = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lorafleet.cli",
+                "services",
+                "supervise",
+                *(f"--only={a}" for a in APPS),
+            ],
+            env=stack.env,
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    await wait_http(f"{stack.public_url}/health", 120, stack.supervisor)
+    service = {"Authorization": f"Bearer {SERVICE_TOKEN}"}
+    await wait_http(f"{stack.internal_url}/openapi.json", 60, stack.supervisor, service)
+    return stack
 
 
 def tail(stack: Stack, name: str, lines: int = 40) -> str:
