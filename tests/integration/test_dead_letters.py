@@ -277,3 +277,23 @@ async def test_the_cli_lists_consumer_dead_letters_and_refused_outbox_rows(
     assert listed[1]["reason"] == "invalid event: not JSON" and listed[1]["value"].endswith("not json")
     (line,) = cli("--consumer", "placement-worker")
     assert "placement-worker replica.state[3]@41: invalid event: not JSON" in line
+
+
+async def test_a_dead_letter_postgres_cannot_take_raises_for_a_committing_consumer_and_a_follower_skips_it(
+    services,
+) -> None:
+    from bench.ports import free_port
+    from lorafleet.db.pool import create_pool
+
+    # a PostgreSQL that is down: nothing listens on the port
+    down = services.settings().model_copy(
+        update={"database_url": f"postgresql://lorafleet:lorafleet@127.0.0.1:{free_port()}/lorafleet"}
+    )
+    registry = CollectorRegistry()
+    letters = DeadLetters(
+        "placement-worker", lambda: create_pool(down, min_size=1, max_size=1), dead_letter_counter(registry)
+    )
+    with pytest.raises(OSError):  # the consumer commits nothing past it; its retry loop reads it again
+        await letters.parse("replica.state", 0, 7, b"\xff not json")
+    assert await letters.parse_following("replica.state", 0, 8, b"\xff not json") is None
+    assert count("placement-worker", "replica.state", registry) == 0  # counted only once stored
