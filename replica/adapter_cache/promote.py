@@ -265,8 +265,8 @@ def read_entry(
     while the chunk is in cache); the bytes are proven only when read_entry returns.
     """
     # a verified entry's file is proven by its identity; an unverified folder gets the full check (no pickles)
-    wpath = path / WEIGHTS_NAME if verified is not None else weights_path(path)
-    try:
+    try:  # a file or the whole folder may be gone (an operator's cleanup): corruption, fetched again
+        wpath = path / WEIGHTS_NAME if verified is not None else weights_path(path)
         with open(wpath, "rb", buffering=0) as f:
             before = FileIdentity.of(os.fstat(f.fileno()))
             if verified is not None and before != verified[0][0]:

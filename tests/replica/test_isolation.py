@@ -8,8 +8,10 @@ deliberately broken slot mapping must be caught.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -17,9 +19,10 @@ import pytest
 
 import replica.engine.model_runner as model_runner
 from canary.check import IsolationTally
-from canary.churn import ChurnConfig, churn_ok, churn_settings, run_churn
+from canary.churn import ChurnConfig, churn_ok, churn_requests, churn_settings, run_churn
 from canary.manifest import CanaryManifest
 from canary.markers import markers_in_tokens
+from replica.adapter_cache.disk import ENTRY_RE
 from replica.engine.sampler import SamplingParams
 from replica.lora.batch_meta import LoraBatchMeta
 from replica.runtime import build_replica
@@ -28,7 +31,8 @@ from tests.canary.engine_run import mixed_requests, run_isolation
 
 NUM_CANARIES = 64
 SLOTS = {8: 4, 16: 4, 32: 4}  # 12 GPU slots for 64 adapters: loads and evictions all through the run
-CHURN_REQUESTS = 400  # the CI run; `python -m bench.isolation --requests 10000` is the long one
+CHURN_REQUESTS = 400
+DISK_LOSS_REQUESTS = 200  # the CI run; `python -m bench.isolation --requests 10000` is the long one
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +157,44 @@ async def test_churn_through_the_replica_app_keeps_every_marker_and_releases_eve
     writes = summary["slot_writes"]
     assert summary["gpu_evictions"] > CHURN_REQUESTS // 4 and summary["ram_evictions"] > 0
     assert writes["off_loop"] > 0 and writes["during_decode"] > 0  # slot writes raced decoding
+
+
+async def test_disk_entries_deleted_under_churn_are_fetched_again_and_every_request_is_served(
+    canaries: tuple[Path, Path, CanaryManifest], tmp_path: Path
+) -> None:
+    """Canaries cycle through one GPU slot per rank bucket and a host RAM of about two, so most requests
+    reload an adapter from the disk tier, while an operator's cleanup deletes every entry folder it finds.
+    A reload that finds its files gone fetches and re-verifies the adapter from the object store: no
+    request fails (no FileNotFoundError reaches a client) and each answer carries its own marker."""
+    base, out, manifest = canaries
+    cfg = ChurnConfig(requests=DISK_LOSS_REQUESTS, concurrency=16, slots_per_bucket=1, ram_adapters=2)
+    replica = build_replica(churn_settings(base, out, manifest, cfg, tmp_path / "cache"))
+    cache_dir = replica.settings.cache_path()
+    deleted: list[str] = []
+    churning = asyncio.Event()
+
+    async def operator_cleanup() -> None:
+        while not churning.is_set():
+            for entry in list(cache_dir.iterdir()) if cache_dir.is_dir() else []:
+                if ENTRY_RE.fullmatch(entry.name):
+                    shutil.rmtree(entry, ignore_errors=True)
+                    deleted.append(entry.name)
+            await asyncio.sleep(0.02)  # pacing of the fault, not a wait for a result
+
+    async def churn() -> dict[str, object]:
+        try:
+            return await run_churn(replica, cfg, manifest.markers())
+        finally:
+            churning.set()
+
+    summary, _ = await asyncio.gather(churn(), operator_cleanup())
+    fetched = replica.metrics.registry.get_sample_value(
+        "lorafleet_replica_adapter_loads_total", {"from_tier": "remote", "to_tier": "ram"}
+    )
+    print(json.dumps(summary | {"deleted": len(deleted), "remote_loads": fetched}))
+    assert summary["requests"] == DISK_LOSS_REQUESTS and summary["errors"] == 0, summary["findings"]
+    assert summary["wrong_marker"] == 0 and summary["missing_marker"] == 0, summary["findings"]
+    assert summary["leftover_pins"] == dict.fromkeys(summary["leftover_pins"], 0)
+    assert deleted and int(str(summary["ram_evictions"])) > 0
+    asked = {r.adapter_id for r in churn_requests(cfg, [m.adapter_id for m in manifest.markers()])} - {None}
+    assert fetched is not None and fetched > len(asked)  # some came again from the object store

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import pytest
 
 from replica.adapter_cache import promote
+from replica.adapter_cache.disk import DiskTier
 from replica.adapter_cache.errors import ChecksumMismatchError
 from replica.errors import AdapterBaseMismatchError, AdapterNonFiniteError, NoFreeSlotError
 from tests.replica.adapter_cache.helpers import make_env, slot_holds
@@ -74,6 +76,33 @@ async def test_a_file_corrupted_on_disk_after_verification_is_caught_at_promotio
     assert lease.found_in == "disk"
     assert len(env.loads("remote")) == 2
     assert slot_holds(env.layers, lease.ref, tensors)
+
+
+@pytest.mark.parametrize("lost", ["entry", "weights", "config", "entry_after_restart"])
+async def test_a_disk_entry_deleted_before_a_reload_is_fetched_again_from_the_object_store(
+    tmp_path: Path, lost: str
+) -> None:
+    """An operator removes the entry (or one of its files) while only the disk tier holds the adapter: the
+    reload re-fetches and re-verifies it from the object store; no FileNotFoundError reaches the caller."""
+    env = make_env(tmp_path)
+    tensors = env.add("acme-1", seed=1)
+    assert await env.cache.own("acme-1", "disk") == "remote"
+    (name,) = env.cache.disk.names()
+    entry = tmp_path / "disk" / name
+    files = {"weights": "adapter_model.safetensors", "config": "adapter_config.json"}
+    if lost == "entry_after_restart":  # a restarted replica knows the entry, unverified, by its folder
+        env.cache.disk = DiskTier(tmp_path / "disk", 1 << 30)
+    if lost.startswith("entry"):
+        shutil.rmtree(entry)
+    else:
+        (entry / files[lost]).unlink()
+    assert env.cache.tier_of("acme-1") == "disk"  # the index still lists it
+    lease = await env.cache.acquire("acme-1")
+    assert len(env.loads("remote")) == 2  # fetched again, hashed as it streamed in
+    assert slot_holds(env.layers, lease.ref, tensors)
+    env.cache.release(lease)
+    await env.cache.settle()
+    assert (tmp_path / "disk" / name / files["weights"]).is_file()  # and written back whole
 
 
 async def test_a_verified_disk_entry_streams_into_its_slot_as_it_is_read(
