@@ -72,6 +72,10 @@ class ReplicaSettings(BaseSettings):
 
     merged_adapter_id: str | None = None  # dedicated replica: fold this adapter into W, serve only it
 
+    # Fault injection for tests only: every engine step that runs a prefill sleeps this long first, so a
+    # test can act on a replica while a request is in its prefill. 0 (the default) injects nothing.
+    fault_prefill_delay_s: float = Field(default=0.0, ge=0)
+
     # Kafka and the object store (LORAFLEET_ settings shared by every process)
     platform: PlatformSettings = Field(default_factory=PlatformSettings)
 

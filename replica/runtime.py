@@ -82,7 +82,15 @@ class Replica:
         eos = tokenizer.stop_token_ids if tokenizer is not None else set()
         factory = (lambda: IncrementalDetokenizer(tokenizer)) if tokenizer is not None else None
         waiting = make_queue(settings.admission, settings.tenant_row_cap())
-        core = LLMEngine(runner, self.gpu, eos, settings.max_num_batched_tokens, factory, waiting)
+        core = LLMEngine(
+            runner,
+            self.gpu,
+            eos,
+            settings.max_num_batched_tokens,
+            factory,
+            waiting,
+            prefill_delay_s=settings.fault_prefill_delay_s,
+        )
         self.engine = AsyncEngine(core)
         self.metrics = ReplicaMetrics(Path(settings.model_dir).name)
         self.metrics.watch_engine(self.gpu_slots, self.engine_load)

@@ -46,6 +46,7 @@ class LLMEngine:
         max_num_batched_tokens: int = 8192,
         detokenizer_factory: Callable[[], Detokenizer] | None = None,
         waiting: AdmissionQueue[Sequence] | None = None,
+        prefill_delay_s: float = 0.0,
     ) -> None:
         self.runner = runner
         self.lora = lora
@@ -55,6 +56,7 @@ class LLMEngine:
             runner.max_num_seqs, max_num_batched_tokens, RowAllocator(runner.max_num_seqs), lora, waiting
         )
         self.seqs: dict[str, Sequence] = {}
+        self.prefill_delay_s = prefill_delay_s  # fault injection only (ReplicaSettings.fault_prefill_delay_s)
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise a domain error for a request that can never run, or whose prompt plus max_tokens does not fit
@@ -130,6 +132,8 @@ class LLMEngine:
             ids, start = s.next_input()
             assert s.row is not None  # the scheduler gives every sequence it runs a KV row
             steps.append(StepInput(s.row, ids, start, s.slot))
+        if self.prefill_delay_s and any(s.num_cached == 0 for s in seqs):
+            time.sleep(self.prefill_delay_s)  # injected fault: hold the step that prefills
         logits = self.runner.run(steps)  # [num_seqs, vocab]
         tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
         for s, token in zip(seqs, tokens, strict=True):
