@@ -74,6 +74,8 @@ class GatewaySettings(BaseSettings):
     stream_buffer_bytes: int = Field(default=256 * 1024, ge=1024)
     # A client that takes no SSE message for this long has its stream cut as well.
     client_send_timeout_s: float = Field(default=30.0, gt=0)
+    # SO_SNDBUF of the public listener's connections (gateway/listener.py); 0 leaves it to the kernel.
+    socket_send_buffer_bytes: int = Field(default=0, ge=0)
     # Per-tenant metrics: served on this second listener behind the service token, never on the public
     # /metrics; 0 disables it. At most tenant_metrics_max tenants get series of their own, the rest "other".
     tenant_metrics_host: str = "127.0.0.1"

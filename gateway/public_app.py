@@ -30,6 +30,7 @@ from gateway.completions import CompletionPublisher
 from gateway.config import GatewayConfig
 from gateway.console_feed import ConsoleFeed, consume_console_topics
 from gateway.errors import install_error_handlers
+from gateway.listener import bind_listener
 from gateway.metrics import GatewayMetrics
 from gateway.online import Online
 from gateway.openapi_doc import install_openapi
@@ -204,10 +205,7 @@ def serve_public() -> None:
     if config.gateway.tenant_metrics_port:  # the tenant-metrics listener checks the service token
         tokens["LORAFLEET_GATEWAY_SERVICE_TOKEN"] = config.gateway.service_token
     refuse_dev_tokens(config.platform, "public-gateway", tokens)
-    uvicorn.run(
-        build_public_app(config),
-        host=config.gateway.public_host,
-        port=config.gateway.public_port,
-        log_level="warning",
-        access_log=False,
-    )
+    settings = config.gateway
+    sock = bind_listener(settings.public_host, settings.public_port, settings.socket_send_buffer_bytes)
+    server = uvicorn.Server(uvicorn.Config(build_public_app(config), log_level="warning", access_log=False))
+    server.run(sockets=[sock])

@@ -1,0 +1,223 @@
+"""A replica killed during its prefill, and a client that stops reading, through the real public gateway
+and two real SmolLM2 replicas.
+
+Both replicas run with the replica's fault-injection prefill delay, so a request sits in its prefill long
+enough to kill its replica there. (A stack of its own: the delay would change the timings that
+test_replica_faults.py's deadlines are set against.) Every reservation is checked returned at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from httpx_sse import EventSource
+from prometheus_client.parser import text_string_to_metric_families
+
+from schemas.events import RequestCompleted, parse_event
+from schemas.topics import REQUESTS_COMPLETED
+from tests.integration.gateway_stack import GatewayStack, gateway_stack, random_adapters
+from tests.integration.kafka_helpers import collect, read_to_end
+from tests.integration.waiting import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PREFILL_DELAY_S = 3.0
+CHAT = {"model": "acme/support:prod", "messages": [{"role": "user", "content": "Tell me a long story."}]}
+
+
+@pytest.fixture(scope="module")
+async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GatewayStack]:
+    root, base_hash = await random_adapters(tmp_path_factory)
+    settings = {
+        "LORAFLEET_REPLICA_FAULT_PREFILL_DELAY_S": str(PREFILL_DELAY_S),
+        "LORAFLEET_GATEWAY_FIRST_TOKEN_TIMEOUT_S": str(PREFILL_DELAY_S + 20),
+        "LORAFLEET_GATEWAY_STALL_TIMEOUT_S": str(PREFILL_DELAY_S + 20),
+        # a small stream buffer and send deadline, so a client that stops reading is cut soon
+        "LORAFLEET_GATEWAY_STREAM_BUFFER_BYTES": "16384",
+        "LORAFLEET_GATEWAY_CLIENT_SEND_TIMEOUT_S": "5",
+        "LORAFLEET_GATEWAY_SOCKET_SEND_BUFFER_BYTES": "4096",
+    }
+    prefix = f"sft{uuid.uuid4().hex[:6]}-"
+    work = tmp_path_factory.mktemp("stream-faults")
+    ids = (f"{prefix}a", f"{prefix}b")
+    async with gateway_stack(services.settings(), root, base_hash, work, ids, extra_env=settings) as s:
+        await wait_until(lambda: _live_is(s, set(s.replicas)), "both replicas to become live", 60)
+        yield s
+        await wait_until(lambda: _reservations_returned(s), "every reservation to be returned", 60)
+
+
+def _auth(stack: GatewayStack) -> dict[str, str]:
+    return {"Authorization": f"Bearer {stack.keys['acme']}"}
+
+
+async def _live_is(stack: GatewayStack, replica_ids: set[str]) -> bool:
+    async with httpx.AsyncClient() as c:
+        return set((await c.get(f"{stack.url}/ready")).json()["replicas"]) == replica_ids
+
+
+async def _metrics(stack: GatewayStack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async with httpx.AsyncClient() as c:
+        text = (await c.get(f"{stack.url}/metrics")).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _requests(m: dict, status: str) -> float:
+    return m.get(("gateway_requests_total", (("status", status),)), 0.0)
+
+
+async def _reservations_returned(stack: GatewayStack) -> bool:
+    m = await _metrics(stack)
+    return (
+        m[("gateway_inflight_requests", ())] == 0
+        and m[("gateway_inflight_tokens", (("pool", "default"),))] == 0
+    )
+
+
+async def _busy_replica(stack: GatewayStack, among: set[str] | None = None) -> str:
+    """The replica (of among, default all) with a request in flight now."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for rid in among or stack.replicas:
+            st = await stack.state(rid)
+            if st["queue_depth"] or st["tokens_in_flight"]:
+                return rid
+        await asyncio.sleep(0.05)
+    raise AssertionError("no replica has the request in flight")
+
+
+async def _idle(stack: GatewayStack, replica_id: str) -> bool:
+    st = await stack.state(replica_id)
+    return not (st["queue_depth"] or st["tokens_in_flight"])
+
+
+class SlowReader:
+    """A raw socket with a small receive buffer that sends one streaming chat request, reads until the
+    first SSE message, and then reads nothing more until told to drain."""
+
+    def __init__(self, url: str, key: str, body: dict) -> None:
+        parts = urlsplit(url)
+        self.addr = (parts.hostname or "127.0.0.1", parts.port or 80)
+        payload = json.dumps(body).encode()
+        self.request = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            f"Authorization: Bearer {key}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        ).encode() + payload
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window
+        self.received = b""
+
+    def first_message(self, timeout_s: float = 60.0) -> bytes:
+        self.sock.settimeout(timeout_s)
+        self.sock.connect(self.addr)
+        self.sock.sendall(self.request)
+        while b"\ndata: " not in self.received:
+            chunk = self.sock.recv(1024)
+            assert chunk, self.received
+            self.received += chunk
+        return self.received
+
+    def drain(self, timeout_s: float = 60.0) -> bytes:
+        """Everything left, up to the end of the connection."""
+        self.sock.settimeout(timeout_s)
+        try:
+            while chunk := self.sock.recv(65536):
+                self.received += chunk
+        except ConnectionResetError:
+            pass
+        return self.received
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def test_a_client_that_stops_reading_is_cut_its_row_freed_and_others_stream_on(
+    stack: GatewayStack,
+) -> None:
+    before = await _metrics(stack)
+    cut_before = before.get(("gateway_streams_cut_total", ()), 0.0)
+    # A long, high-temperature completion: far more bytes than the socket buffers and the stream's own.
+    slow_body = {**CHAT, "max_tokens": 1800, "temperature": 1.5, "stream": True}
+    slow = SlowReader(stack.url, stack.keys["acme"], slow_body)
+    try:
+        head = await asyncio.to_thread(slow.first_message)
+        assert head.startswith(b"HTTP/1.1 200"), head[:200]
+        serving = await _busy_replica(stack)
+        # Another tenant's stream at the same time runs to its end, unaffected by the stuck one.
+        async with httpx.AsyncClient(base_url=stack.url, timeout=120) as c:
+            other = {"model": "globex/sales:prod", "messages": CHAT["messages"], "max_tokens": 24}
+            headers = {"Authorization": f"Bearer {stack.keys['globex']}"}
+            async with c.stream(
+                "POST", "/v1/chat/completions", json={**other, "stream": True}, headers=headers
+            ) as r:
+                assert r.status_code == 200
+                data = [sse.data async for sse in EventSource(r).aiter_sse()]
+            assert data[-1] == "[DONE]" and len(data) > 2, data[-3:]
+
+        async def cut() -> bool:
+            return (await _metrics(stack)).get(("gateway_streams_cut_total", ()), 0.0) == cut_before + 1
+
+        # About 100 KB (the kernel's buffers and the server's write buffer) go out before a send blocks: a
+        # few hundred tokens, minutes on a loaded CPU.
+        await wait_until(cut, "the stuck stream to be cut", 600)
+        # The gateway closed its replica stream: the replica aborted the generation and freed its row.
+        await wait_until(lambda: _idle(stack, serving), "the replica to free the stuck stream's row", 60)
+        rest = await asyncio.to_thread(slow.drain)
+        assert b"data: [DONE]" not in rest, "the stream ran to its end: nothing was cut"
+    finally:
+        slow.close()
+    await wait_until(lambda: _reservations_returned(stack), "the stream's reservation to be returned", 60)
+
+
+async def _completed_events(stack: GatewayStack, request_id: str) -> list[RequestCompleted]:
+    """Every requests.completed event published for request_id (read to the topic's end)."""
+
+    def mine(r) -> bool:  # noqa: ANN001 - other tests may leave records that are not JSON on the topic
+        return request_id.encode() in r.value
+
+    bootstrap = stack.env["LORAFLEET_KAFKA_BOOTSTRAP"]
+    await collect(bootstrap, REQUESTS_COMPLETED.name, lambda rs: len(rs) >= 1, accept=mine)
+    records = await read_to_end(bootstrap, REQUESTS_COMPLETED.name, accept=mine)
+    events = [parse_event(r.value, REQUESTS_COMPLETED.name) for r in records]
+    return [e for e in events if isinstance(e, RequestCompleted)]
+
+
+async def test_a_replica_killed_during_prefill_is_retried_once_elsewhere_and_recorded_once(
+    stack: GatewayStack,
+) -> None:
+    """Last in the module: it kills a replica."""
+    before = await _metrics(stack)
+    async with httpx.AsyncClient(base_url=stack.url, headers=_auth(stack), timeout=120) as c:
+        pending = asyncio.create_task(c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 8}))
+        victim = await _busy_replica(stack)  # the request is in its (delayed) prefill there
+        assert not pending.done()
+        proc = stack.replicas[victim].proc
+        assert proc is not None
+        proc.kill()
+        proc.wait(30)
+        resp = await pending
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["message"]["content"]
+    survivor = next(rid for rid in stack.replicas if rid != victim)
+    after = await _metrics(stack)
+    assert after.get(("gateway_replica_failures_total", (("replica", victim),)), 0.0) == 1
+    assert _requests(after, "200") == _requests(before, "200") + 1
+    assert _requests(after, "error") == _requests(before, "error")
+    # Recorded once: one requests.completed, ok, served by the survivor.
+    events = await _completed_events(stack, resp.headers["x-request-id"])
+    assert len(events) == 1, events
+    assert events[0].status == "ok" and events[0].replica_id == survivor, events[0]
+    assert events[0].completion_tokens > 0
+    await wait_until(lambda: _reservations_returned(stack), "the reservation to be returned", 60)
