@@ -88,6 +88,11 @@ class GatewaySettings(BaseSettings):
     public_gateways: int = Field(default=1, ge=1)
     redis_timeout_s: float = Field(default=0.25, gt=0)
     redis_retry_s: float = Field(default=2.0, gt=0)
+    # Failed authentications per source address (gateway/auth_failures.py): past auth_failure_limit within
+    # auth_failure_window_s, the address gets 429 too_many_auth_failures until the window ends; 0 disables.
+    # Counted in Redis like the rate limits, at ceil(limit / public_gateways) per gateway while it is down.
+    auth_failure_limit: int = Field(default=20, ge=0)
+    auth_failure_window_s: float = Field(default=60.0, gt=0)
     # When set, the public gateway runs under cProfile (CPU time) and writes its stats here when it stops.
     profile_path: Path | None = None
 

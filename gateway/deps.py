@@ -9,7 +9,8 @@ from typing import Annotated
 import asyncpg
 from fastapi import Depends, Header, Request
 
-from gateway.errors import GatewayError, Unauthorized
+from gateway.errors import GatewayError, TooManyAuthFailures, Unauthorized
+from gateway.rate_limit import retry_after_header
 from gateway.registration_rules import RegistryRules
 from gateway.tenants import Caller
 from schemas.ids import ALIAS_RE
@@ -45,8 +46,19 @@ def valid_alias(alias: str) -> str:
 
 
 async def public_caller(request: Request, authorization: str | None = Header(default=None)) -> Caller:
-    """The tenant behind the bearer API key (401 invalid_api_key for missing, unknown or revoked)."""
-    return await request.app.state.online.auth.authenticate(authorization)
+    """The tenant behind the bearer API key (401 invalid_api_key for missing, unknown or revoked); a source
+    address past its limit of failed authentications gets 429 before its key is looked at."""
+    online = request.app.state.online
+    source = request.client.host if request.client is not None else "unknown"
+    wait = await online.auth_failures.blocked_for(source)
+    if wait > 0:
+        online.metrics.auth_refused.inc()
+        raise TooManyAuthFailures(retry_after_header(wait))
+    try:
+        return await online.auth.authenticate(authorization)
+    except Unauthorized:
+        await online.auth_failures.failed(source)
+        raise
 
 
 ServiceAuth = Annotated[None, Depends(require_service_token)]

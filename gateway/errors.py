@@ -123,6 +123,21 @@ class RateLimited(GatewayError):
         self.type = limit_type
 
 
+class TooManyAuthFailures(GatewayError):
+    """A source address past its limit of failed authentications; Retry-After says when it may try again."""
+
+    status = 429
+    type = "requests"
+
+    def __init__(self, retry_after: str) -> None:
+        super().__init__(
+            "too_many_auth_failures",
+            f"Too many failed authentications from this address; try again in {retry_after}s.",
+            None,
+            {"Retry-After": retry_after},
+        )
+
+
 def _render(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 

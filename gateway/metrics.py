@@ -97,6 +97,11 @@ class GatewayMetrics:
             "SSE streams cut because the client stopped reading (buffer full or a send timed out).",
             registry=self.registry,
         )
+        self.auth_refused = Counter(
+            "gateway_auth_refused",
+            "Requests refused (429): their source address is past its limit of failed authentications.",
+            registry=self.registry,
+        )
         self.tenant_requests = Counter(
             "gateway_tenant_requests",
             "Chat completion requests by tenant and HTTP status.",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from gateway.alias_cache import AliasCache
 from gateway.auth import KeyAuthenticator
+from gateway.auth_failures import AuthFailureLimiter
 from gateway.completions import CompletionPublisher
 from gateway.config import GatewaySettings
 from gateway.merged_routing import merged_first
@@ -68,6 +69,7 @@ class Online:
         publisher: CompletionPublisher,
         metrics: GatewayMetrics,
         limiter: SharedRateLimiter | None = None,
+        auth_failures: AuthFailureLimiter | None = None,
     ) -> None:
         self.settings = settings
         self.auth = auth
@@ -77,6 +79,9 @@ class Online:
         self.publisher = publisher
         self.metrics = metrics
         self.limiter = limiter or SharedRateLimiter(None, "")
+        self.auth_failures = auth_failures or AuthFailureLimiter(
+            None, "", settings.auth_failure_limit, settings.auth_failure_window_s
+        )
         self.route = merged_first(ROUTING_MODES[settings.routing_mode])
         self.policy = RouterPolicy(
             settings.owners_k,

@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.alias_cache import AliasCache, consume_alias_changes
 from gateway.auth import KeyAuthenticator
+from gateway.auth_failures import AuthFailureLimiter, failure_prefix
 from gateway.completions import CompletionPublisher
 from gateway.config import GatewayConfig
 from gateway.console_feed import ConsoleFeed, consume_console_topics
@@ -130,6 +131,7 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
         guard = StoreGuard(config.platform.db_read_deadline_s, config.platform.db_read_pause_s)
         publisher = CompletionPublisher(config.platform)
         await publisher.start()
+        limiter = _limiter(config)
         online = Online(
             settings=settings,
             auth=KeyAuthenticator(pool, settings.key_cache_ttl_s, guard=guard),
@@ -142,7 +144,15 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
             ),
             publisher=publisher,
             metrics=GatewayMetrics(settings.tenant_metrics_max),
-            limiter=_limiter(config),
+            limiter=limiter,
+            auth_failures=AuthFailureLimiter(
+                limiter.redis,
+                failure_prefix(config.platform.database_url),
+                settings.auth_failure_limit,
+                settings.auth_failure_window_s,
+                fallback_share=settings.public_gateways,
+                retry_s=settings.redis_retry_s,
+            ),
         )
         app.state.online = online
         app.state.pool = pool  # the console's admin API reads the registry through it

@@ -139,6 +139,9 @@ async def gateway_stack(
         "LORAFLEET_GATEWAY_SERVICE_TOKEN": ADMIN_TOKEN,
         "LORAFLEET_GATEWAY_REPLICA_STALE_S": "1.5",
         "LORAFLEET_GATEWAY_KEY_CACHE_TTL_S": "0.5",
+        # every client here is 127.0.0.1, and the fuzz tests send hundreds of bad keys from it
+        # (tests/integration/test_auth_failures.py tests the limit)
+        "LORAFLEET_GATEWAY_AUTH_FAILURE_LIMIT": "0",
         # route only to this stack's replicas, never to a `make up` fleet sharing the same Kafka
         "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": prefix,
         "OMP_NUM_THREADS": "1",
