@@ -51,6 +51,12 @@ class ReplicaSettings(BaseSettings):
     cache_dir: Path | None = None  # local-disk tier; default .data/adapter-cache/<replica_id>
     disk_budget_bytes: int = Field(default=16 << 30, gt=0)
     ram_budget_bytes: int = Field(default=4 << 30, gt=0)  # validated adapters, packed for slot copies
+    # Requests' cold loads (adapter on no tier here: an object-store fetch) at once, per tenant and in all;
+    # past either cap a request is refused (429 too_many_cold_loads / 503 cold_loads_full, Retry-After).
+    cold_loads_per_tenant: int = Field(default=4, ge=1)
+    cold_loads_total: int = Field(default=16, ge=1)
+    # A failed adapter load is answered from memory this long (503 adapter_loading_failed + Retry-After).
+    adapter_failure_ttl_s: float = Field(default=2.0, ge=0)
     # The scrubber re-hashes one disk-tier entry this often (silent media corruption; off the request path).
     disk_scrub_interval_s: float = Field(default=60.0, gt=0)
 

@@ -138,6 +138,9 @@ class Replica:
             registry=registry,
             on_event=self.metrics.cache_event,
             policy=policy,
+            cold_loads_per_tenant=self.settings.cold_loads_per_tenant,
+            cold_loads_total=self.settings.cold_loads_total,
+            failure_ttl_s=self.settings.adapter_failure_ttl_s,
         )
         resources.push_async_callback(self.cache.settle)  # finish the disk copies behind loads
         stop_scrub = asyncio.Event()
@@ -193,8 +196,9 @@ class Replica:
         """Drop the adapter from every tier once its requests drain."""
         await self._cache().unload(adapter_id)
 
-    async def acquire(self, adapter_id: str | None) -> AdapterUse:
-        """Bring the request's adapter into a GPU slot and hold it there until release()."""
+    async def acquire(self, adapter_id: str | None, tenant_id: str | None = None) -> AdapterUse:
+        """Bring the request's adapter into a GPU slot and hold it there until release(); a cold load
+        counts against tenant_id's cap."""
         if self.merged_adapter_id is not None:
             if adapter_id != self.merged_adapter_id:
                 raise AdapterNotServedError(
@@ -206,7 +210,7 @@ class Replica:
             return AdapterUse(None, adapter_id, "gpu")
         if adapter_id is None:
             return AdapterUse(None, None, None)
-        lease = await self._cache().acquire(adapter_id)
+        lease = await self._cache().acquire(adapter_id, tenant_id)
         return AdapterUse(adapter_id, adapter_id, lease.found_in, lease)
 
     def release(self, use: AdapterUse) -> None:

@@ -226,7 +226,7 @@ def create_app(replica: Replica, on_drained: Callable[[], None] | None = None) -
         )
         replica.engine.engine.check_request(prompt, params)
         timer = replica.metrics.request()
-        use = await replica.acquire(body.adapter_id)
+        use = await replica.acquire(body.adapter_id, body.tenant_id)
         if use.header_adapter_id is not None:
             replica.metrics.hit(use.tier or "gpu")
         request_id = body.request_id or replica.engine.next_request_id()

@@ -12,7 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from lorafleet.fetch_retry import FetchPolicy
-from replica.adapter_cache.cache import AdapterCache
+from replica.adapter_cache.cache import (
+    COLD_LOADS_PER_TENANT,
+    COLD_LOADS_TOTAL,
+    FAILURE_TTL_S,
+    AdapterCache,
+)
 from replica.adapter_cache.disk import DiskTier
 from replica.adapter_cache.gpu import GpuTier
 from replica.adapter_cache.host import HostTier
@@ -33,6 +38,9 @@ def adapter_cache(
     registry: RecordSource | None = None,
     on_event: Callable[[CacheEvent], None] = lambda _e: None,
     policy: FetchPolicy | None = None,
+    cold_loads_per_tenant: int = COLD_LOADS_PER_TENANT,
+    cold_loads_total: int = COLD_LOADS_TOTAL,
+    failure_ttl_s: float = FAILURE_TTL_S,
 ) -> AdapterCache:
     """The cache over gpu for these folders (adapter_id -> PEFT directory), then registry when given.
 
@@ -48,4 +56,7 @@ def adapter_cache(
         HostTier(ram_budget_bytes),
         gpu,
         on_event=on_event,
+        cold_loads_per_tenant=cold_loads_per_tenant,
+        cold_loads_total=cold_loads_total,
+        failure_ttl_s=failure_ttl_s,
     )

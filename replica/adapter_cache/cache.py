@@ -5,6 +5,12 @@ A miss promotes the adapter to where it is wanted. Each step runs once however m
 running. Only idle adapters are evicted. Requests hold a pin from acquire() to release(); unload() waits for
 those pins to drain. Every load and eviction is reported to `on_event`.
 
+A request's cold load (its adapter on no tier of this replica: an object-store fetch) is admitted under
+per-tenant and total caps (replica.adapter_cache.cold_loads); a request for an adapter being loaded joins
+that load. A load that fails is remembered for failure_ttl_s: requests for that adapter meanwhile get the
+same error (503 `adapter_loading_failed` with Retry-After for a transient one) without another fetch, and
+the first request after the TTL tries again.
+
 Where the checks happen:
 - sha256 once, when bytes enter the machine: the object store streams them into one buffer and hashes each
   piece as it lands (replica.adapter_cache.object_store). Never a second pass.
@@ -36,8 +42,14 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import torch
 
+from replica.adapter_cache.cold_loads import ColdLoadGate
 from replica.adapter_cache.disk import DiskTier
-from replica.adapter_cache.errors import AdapterNotRegisteredError, ChecksumMismatchError
+from replica.adapter_cache.errors import (
+    AdapterCacheError,
+    AdapterNotRegisteredError,
+    ChecksumMismatchError,
+    TierFullError,
+)
 from replica.adapter_cache.gpu import GpuTier, SlotWrite
 from replica.adapter_cache.host import HostAdapter, HostTier
 from replica.adapter_cache.object_store import Fetched, ObjectStore
@@ -56,6 +68,9 @@ T = TypeVar("T")
 # add a noticeable share of it to a request's time to first token (bench load's RAM tier shows the
 # difference). Larger writes go to a worker thread so the loop is never blocked for long.
 INLINE_WRITE_BYTES = 32 << 20
+COLD_LOADS_PER_TENANT = 4
+COLD_LOADS_TOTAL = 16
+FAILURE_TTL_S = 2.0
 
 
 class Registry(Protocol):
@@ -96,6 +111,9 @@ class AdapterCache:
         clock: Callable[[], float] = time.monotonic,
         inline_write_bytes: int = INLINE_WRITE_BYTES,
         stream_disk_to_slot: bool | None = None,
+        cold_loads_per_tenant: int = COLD_LOADS_PER_TENANT,
+        cold_loads_total: int = COLD_LOADS_TOTAL,
+        failure_ttl_s: float = FAILURE_TTL_S,
     ) -> None:
         """stream_disk_to_slot: write a slot while its disk entry is read (default: on CUDA only, where the
         host-to-device copies overlap the read; on a CPU the chunk copies cost what one copy after the read
@@ -117,6 +135,10 @@ class AdapterCache:
         self._unwritten: dict[str, tuple[Fetched, Layout]] = {}
         self._writes: dict[str, asyncio.Future[None]] = {}  # digest -> its background disk write
         self._pin_host = gpu.device.type == "cuda"
+        self.cold_loads = ColdLoadGate(cold_loads_per_tenant, cold_loads_total)
+        self.failure_ttl_s = failure_ttl_s
+        self.clock = clock
+        self._failed: dict[str, tuple[float, AdapterCacheError]] = {}  # adapter_id -> (until, its error)
 
     # where adapters are
 
@@ -146,20 +168,58 @@ class AdapterCache:
 
     # requests
 
-    async def acquire(self, adapter_id: str) -> Lease:
-        """Bring the adapter into a GPU slot and pin it for one request (release() when it ends)."""
+    async def acquire(self, adapter_id: str, tenant_id: str | None = None) -> Lease:
+        """Bring the adapter into a GPU slot and pin it for one request (release() when it ends).
+
+        A tenant's cold load counts against its cap (TenantColdLoadsError) and the replica's
+        (ColdLoadsFullError); a request without a tenant (an operator's probe, a benchmark) is not capped.
+        A load that failed within failure_ttl_s raises its error again at once."""
+        self._refuse_if_failed(adapter_id)
         found = self.tier_of(adapter_id)
+        cold = found == "remote" and tenant_id is not None  # no tenant: an operator's or a bench's
+        counted = cold and self.cold_loads.admit(adapter_id, tenant_id or "")
         deadline = time.monotonic() + self.slot_wait_s
-        while True:
-            ref = self.gpu.try_pin(adapter_id)
-            if ref is not None:
-                return Lease(adapter_id, ref, found)
-            try:
-                await self.ensure(adapter_id, "gpu")
-            except NoFreeSlotError:
-                if time.monotonic() > deadline:
+        try:
+            while True:
+                ref = self.gpu.try_pin(adapter_id)
+                if ref is not None:
+                    return Lease(adapter_id, ref, found)
+                try:
+                    await self.ensure(adapter_id, "gpu")
+                except NoFreeSlotError:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.02)  # every slot of its bucket is running: wait for one to drain
+                except TierFullError:
+                    raise  # capacity held by running requests, not this adapter's fault: not remembered
+                except AdapterCacheError as exc:
+                    self._remember_failure(adapter_id, exc)
                     raise
-                await asyncio.sleep(0.02)  # every slot of its bucket is running: wait for one to drain
+        finally:
+            if counted:
+                self.cold_loads.done(adapter_id)
+
+    def _remember_failure(self, adapter_id: str, exc: AdapterCacheError) -> None:
+        until = self.clock() + self.failure_ttl_s
+        if self._failed.get(adapter_id, (0.0, None))[0] < until:
+            self._failed[adapter_id] = (until, exc)
+        if exc.status == 503:
+            exc.retry_after_s = self.failure_ttl_s
+
+    def _refuse_if_failed(self, adapter_id: str) -> None:
+        failed = self._failed.get(adapter_id)
+        if failed is None:
+            return
+        until, exc = failed
+        left = until - self.clock()
+        if left <= 0:
+            del self._failed[adapter_id]  # expired: this request tries the load again
+            return
+        again = type(exc)(f"{exc.message} (failed {self.failure_ttl_s - left:.1f}s ago)", exc.param)
+        again.code, again.type, again.status = exc.code, exc.type, exc.status
+        if exc.status == 503:
+            again.retry_after_s = left
+        raise again
 
     def release(self, lease: Lease) -> None:
         self.gpu.release(lease.adapter_id)

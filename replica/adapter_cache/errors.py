@@ -56,3 +56,24 @@ class TierFullError(AdapterCacheError):
     """Every byte of a tier is held by adapters in use; nothing idle can be evicted to make room."""
 
     code = "overloaded"
+
+
+# Admission of cold loads (replica.adapter_cache.cold_loads): refusals to start a load, not load failures.
+
+
+class TenantColdLoadsError(ReplicaError):
+    """The tenant already has its share of cold loads in progress on this replica."""
+
+    code = "too_many_cold_loads"
+    type = "rate_limit_exceeded"
+    status = 429
+    retry_after_s: float | None = 1.0
+
+
+class ColdLoadsFullError(ReplicaError):
+    """The replica already runs as many cold loads as it admits at once."""
+
+    code = "cold_loads_full"
+    type = "server_error"
+    status = 503
+    retry_after_s: float | None = 1.0

@@ -52,12 +52,19 @@ class Records:
         return self.records[adapter_id]
 
 
-async def upload(s3: Any, peft_dir: Path, adapter_id: str, records: Records) -> AdapterRecord:
+async def upload(
+    s3: Any,
+    peft_dir: Path,
+    adapter_id: str,
+    records: Records,
+    base_model_hash: str = TINY_BASE_HASH,
+    target_modules: tuple[str, ...] = tuple(TARGETS),
+) -> AdapterRecord:
     """Put the adapter's files in the real store under a fresh prefix and record where they are."""
     key = f"tests/{RUN}/{adapter_id}-{uuid.uuid4().hex[:6]}"
     checksum = await upload_peft_dir(s3, peft_dir, BUCKET, key)
     record = AdapterRecord(
-        adapter_id, f"s3://{BUCKET}/{key}", digest_of(checksum), TINY_BASE_HASH, tuple(TARGETS)
+        adapter_id, f"s3://{BUCKET}/{key}", digest_of(checksum), base_model_hash, target_modules
     )
     records.records[adapter_id] = record
     return record

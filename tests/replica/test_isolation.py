@@ -13,8 +13,11 @@ import json
 import random
 import shutil
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
 import replica.engine.model_runner as model_runner
@@ -23,9 +26,13 @@ from canary.churn import ChurnConfig, churn_ok, churn_requests, churn_settings, 
 from canary.manifest import CanaryManifest
 from canary.markers import markers_in_tokens
 from replica.adapter_cache.disk import ENTRY_RE
+from replica.adapter_cache.object_store import Fetched
+from replica.adapter_cache.record import AdapterRecord
 from replica.engine.sampler import SamplingParams
 from replica.lora.batch_meta import LoraBatchMeta
 from replica.runtime import build_replica
+from replica.server import create_app
+from schemas.replica_api import GenerateRequest
 from tests.canary.canary_util import build_canary_engine, canary_replica, tiny_sampler, train_tiny_canaries
 from tests.canary.engine_run import mixed_requests, run_isolation
 
@@ -198,3 +205,119 @@ async def test_disk_entries_deleted_under_churn_are_fetched_again_and_every_requ
     assert deleted and int(str(summary["ram_evictions"])) > 0
     asked = {r.adapter_id for r in churn_requests(cfg, [m.adapter_id for m in manifest.markers()])} - {None}
     assert fetched is not None and fetched > len(asked)  # some came again from the object store
+
+
+async def _generate(
+    client: httpx.AsyncClient, url: str, adapter_id: str, tenant_id: str, prompt: list[int]
+) -> tuple[int, dict[str, str], dict | list[int]]:
+    """(status, headers, error body or token ids) of one generate request."""
+    body = GenerateRequest(
+        prompt_token_ids=prompt,
+        adapter_id=adapter_id,
+        tenant_id=tenant_id,
+        temperature=0.0,
+        max_tokens=3,
+        ignore_eos=True,
+    )
+    async with client.stream("POST", url, json=body.model_dump(exclude_none=True)) as resp:
+        if resp.status_code != 200:
+            return resp.status_code, dict(resp.headers), json.loads(await resp.aread())
+        events = [json.loads(line) async for line in resp.aiter_lines() if line]
+    tokens = [int(e["token_id"]) for e in events if e["type"] == "token"]
+    assert len(tokens) == 3, events
+    return 200, dict(resp.headers), tokens
+
+
+async def test_a_tenant_asking_for_many_cold_adapters_is_capped_while_a_hot_tenant_is_served(
+    canaries: tuple[Path, Path, CanaryManifest], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the replica's app: the object store holds every download until the test releases it. One
+    tenant asks for 8 distinct cold adapters (one of them 3 times): 3 loads are admitted (its cap), the
+    repeats of an admitted one join its load, the rest get 429 too_many_cold_loads with Retry-After. A
+    second tenant's 2 fill the replica's cap of 5, and a third tenant's cold request gets 503
+    cold_loads_full. A hot tenant's requests are served while all 5 loads still wait; once released, every
+    admitted request is answered with its own marker, after one fetch per digest."""
+    base, out, manifest = canaries
+    ids = [e.adapter_id for e in manifest.adapters]
+    cfg = ChurnConfig(requests=0, slots_per_bucket=8, ram_adapters=64)
+    settings = churn_settings(base, out, manifest, cfg, tmp_path).model_copy(
+        update={"cold_loads_per_tenant": 3, "cold_loads_total": 5}
+    )
+    replica = build_replica(settings)
+    app = create_app(replica)
+    url = f"/internal/replicas/{settings.replica_id}/generate"
+    prompts = [r.prompt_token_ids for r in churn_requests(ChurnConfig(requests=64, base_fraction=0.0), ids)]
+    markers = manifest.markers()
+    tally = IsolationTally()
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)  # a failure is a 500, as served
+    headers = {"Authorization": f"Bearer {settings.service_token}"}
+    client = httpx.AsyncClient(transport=transport, base_url="http://replica", headers=headers, timeout=300)
+    async with app.router.lifespan_context(app), client:
+        cache = replica.cache
+        assert cache is not None
+        hot = ids[0]
+        status, _, tokens = await _generate(client, url, hot, "hot", prompts[0])
+        assert status == 200 and cache.tier_of(hot) == "gpu"
+
+        released = asyncio.Event()
+        fetches: Counter[str] = Counter()
+        fetch = cache.store.fetch
+
+        async def held_fetch(record: AdapterRecord, pin: bool = False) -> Fetched:
+            fetches[record.digest] += 1
+            await released.wait()
+            return await fetch(record, pin)
+
+        monkeypatch.setattr(cache.store, "fetch", held_fetch)
+        storm_ids = ids[1:9] + [ids[1], ids[1]]
+        storm = [
+            (a, asyncio.ensure_future(_generate(client, url, a, "storm", prompts[i])))
+            for i, a in enumerate(storm_ids)
+        ]
+
+        async def until(pred: Callable[[], bool]) -> None:
+            deadline = time.monotonic() + 120
+            while not pred():
+                assert time.monotonic() < deadline, (cache.cold_loads.loading(), fetches)
+                await asyncio.sleep(0.02)
+
+        def storm_settled() -> bool:
+            loading = cache.cold_loads.loading()
+            return len(fetches) == 3 and all(t.done() for a, t in storm if a not in loading)
+
+        await until(storm_settled)
+        admitted = set(cache.cold_loads.loading())
+        assert len(admitted) == 3 and set(cache.cold_loads.loading().values()) == {"storm"}
+        refused = [t.result() for a, t in storm if a not in admitted]
+        assert len(refused) == len([a for a in storm_ids if a not in admitted]) >= 5
+        for status, got_headers, error in refused:
+            assert status == 429 and got_headers["retry-after"] == "1", (status, error)
+            assert isinstance(error, dict) and error["error"]["code"] == "too_many_cold_loads"
+
+        others = [
+            asyncio.ensure_future(_generate(client, url, a, "other", prompts[20 + i]))
+            for i, a in enumerate(ids[10:12])
+        ]
+        await until(lambda: len(cache.cold_loads.loading()) == 5 and len(fetches) == 5)
+        status, got_headers, error = await _generate(client, url, ids[12], "third", prompts[30])
+        assert status == 503 and got_headers["retry-after"] == "1"
+        assert isinstance(error, dict) and error["error"]["code"] == "cold_loads_full"
+
+        for i in range(5):  # the hot tenant, while five cold loads wait on the store
+            status, _, tokens = await _generate(client, url, hot, "hot", prompts[40 + i])
+            assert status == 200 and isinstance(tokens, list)
+            tally.record(f"hot-{i}", hot, markers_in_tokens(tokens, markers))
+        assert not released.is_set() and len(cache.cold_loads.loading()) == 5
+
+        released.set()
+        waited = [(a, t) for a, t in storm if a in admitted] + list(zip(ids[10:12], others, strict=True))
+        for i, (adapter_id, task) in enumerate(waited):
+            status, _, tokens = await asyncio.wait_for(task, 120)
+            assert status == 200 and isinstance(tokens, list), tokens
+            tally.record(f"cold-{i}", adapter_id, markers_in_tokens(tokens, markers))
+        joined = storm_ids.count(ids[1]) - 1 if ids[1] in admitted else 0  # the repeats joined its load
+        assert len(waited) == 5 + joined
+        assert tally.wrong_marker == 0 and tally.missing_marker == 0, tally.summary()["findings"]
+        digests = {cache.records[a].digest for a in admitted | set(ids[10:12])}
+        assert fetches == dict.fromkeys(digests, 1)  # one load per distinct digest admitted
+        assert cache.cold_loads.loading() == {}
