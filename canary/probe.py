@@ -107,12 +107,24 @@ def plan(targets: list[ProbeTarget], requests: int, seed: int = 0) -> list[Plann
     return out
 
 
-async def _stream(client: httpx.AsyncClient, p: Planned) -> tuple[int, str, str | None, float | None, str]:
-    """(status, text, tier, ttft_s, error body) of one streaming chat completion."""
+@dataclass(frozen=True)
+class Streamed:
+    """One streaming chat completion as the client saw it."""
+
+    status: int
+    text: str
+    tier: str | None
+    adapter_id: str | None  # x-adapter-id: the version the gateway admitted the request for
+    ttft_s: float | None
+    error: str  # the body of a refused request, or the data of the stream's error event; "" when none
+
+
+async def stream_chat(client: httpx.AsyncClient, p: Planned, max_tokens: int) -> Streamed:
+    """One streaming chat completion of p's prompt to p's alias with p's caller's key."""
     body = {
         "model": p.target.alias,
         "messages": [{"role": "user", "content": p.prompt}],
-        "max_tokens": p.target.marker_tokens + EXTRA_TOKENS,
+        "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
     }
@@ -121,8 +133,10 @@ async def _stream(client: httpx.AsyncClient, p: Planned) -> tuple[int, str, str 
     async with aconnect_sse(client, "POST", "/v1/chat/completions", json=body, headers=headers) as source:
         resp = source.response
         if resp.status_code != 200:
-            return resp.status_code, "", None, None, (await resp.aread()).decode(errors="replace")
-        tier, ttft, parts, error = resp.headers.get("x-adapter-tier"), None, [], ""
+            error = (await resp.aread()).decode(errors="replace")
+            return Streamed(resp.status_code, "", None, None, None, error)
+        tier, adapter = resp.headers.get("x-adapter-tier"), resp.headers.get("x-adapter-id")
+        ttft, parts, error = None, [], ""
         async for sse in source.aiter_sse():
             if sse.event == "error":
                 error = sse.data
@@ -131,7 +145,7 @@ async def _stream(client: httpx.AsyncClient, p: Planned) -> tuple[int, str, str 
                     if content := choice.get("delta", {}).get("content"):
                         ttft = ttft if ttft is not None else time.perf_counter() - start
                         parts.append(content)
-        return 200, "".join(parts), tier, ttft, error
+        return Streamed(200, "".join(parts), tier, adapter, ttft, error)
 
 
 async def _one(client: httpx.AsyncClient, p: Planned, markers: list[Marker], run: ProbeRun) -> None:
@@ -139,9 +153,10 @@ async def _one(client: httpx.AsyncClient, p: Planned, markers: list[Marker], run
 
     stranger = p.caller is not p.target
     try:
-        status, text, tier, ttft, error = await _stream(client, p)
+        got = await stream_chat(client, p, p.target.marker_tokens + EXTRA_TOKENS)
     except httpx.HTTPError as exc:
-        status, text, tier, ttft, error = 0, "", None, None, f"{type(exc).__name__}: {exc}"
+        got = Streamed(0, "", None, None, None, f"{type(exc).__name__}: {exc}")
+    status, text, tier, ttft, error = got.status, got.text, got.tier, got.ttft_s, got.error
     if stranger:
         run.stranger_requests += 1
         if status == 200:

@@ -60,7 +60,7 @@ async def _tenants_and_keys(database_url: str, tenants: list[str]) -> dict[str, 
         await pool.close()
 
 
-def _wait_servable(gateway: str, targets: list[ProbeTarget], deadline: float) -> None:
+def wait_servable(gateway: str, targets: list[ProbeTarget], deadline: float) -> None:
     """Each alias answers its owner with a 200 (the public gateway has seen the alias and a live replica)."""
     with httpx.Client(base_url=gateway, timeout=60) as client:
         for t in targets:
@@ -118,6 +118,6 @@ def install_canaries(
                     entry.adapter_id, tenant, alias, keys[tenant], entry.marker, len(entry.marker_token_ids)
                 )
             )
-    _wait_servable(gateway, targets, deadline)
+    wait_servable(gateway, targets, deadline)
     log.info("installed %d canaries behind %s", len(targets), gateway)
     return targets

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from canary.probe import Planned, _stream
+from canary.probe import Planned, Streamed, stream_chat
 from canary.probe_setup import ProbeTarget
 
 TARGET = ProbeTarget("c0", "canary-0", "canary-0/marker:probe", "key0", "ZQX-0000-KV", 8)
@@ -23,7 +23,8 @@ def _app(frames: list[str]) -> Starlette:
             for frame in frames:
                 yield frame
 
-        return StreamingResponse(body(), media_type="text/event-stream", headers={"x-adapter-tier": "gpu"})
+        headers = {"x-adapter-tier": "gpu", "x-adapter-id": "c0"}
+        return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
 
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
 
@@ -32,21 +33,25 @@ def _chunk(content: str) -> str:
     return f"data: {json.dumps({'choices': [{'delta': {'content': content}}]})}\n\n"
 
 
-async def _run(frames: list[str]) -> tuple[int, str, str | None, float | None, str]:
+async def _run(frames: list[str]) -> Streamed:
     transport = httpx.ASGITransport(app=_app(frames))
     async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
-        return await _stream(client, Planned("p0", TARGET, TARGET, "Hi"))
+        return await stream_chat(client, Planned("p0", TARGET, TARGET, "Hi"), 12)
 
 
 async def test_content_chunks_are_joined_and_pings_and_done_are_skipped() -> None:
-    status, text, tier, ttft, error = await _run(
-        [": ping\n\n", _chunk("ZQX-"), _chunk("0000-KV"), ": ping\n\n", "data: [DONE]\n\n"]
+    got = await _run([": ping\n\n", _chunk("ZQX-"), _chunk("0000-KV"), ": ping\n\n", "data: [DONE]\n\n"])
+    assert (got.status, got.text, got.tier, got.adapter_id, got.error) == (
+        200,
+        "ZQX-0000-KV",
+        "gpu",
+        "c0",
+        "",
     )
-    assert (status, text, tier, error) == (200, "ZQX-0000-KV", "gpu", "")
-    assert ttft is not None and ttft >= 0
+    assert got.ttft_s is not None and got.ttft_s >= 0
 
 
 async def test_an_error_event_is_reported_with_its_body() -> None:
     err = json.dumps({"error": {"code": "replica_lost"}})
-    status, text, _, _, error = await _run([_chunk("ZQX-"), f"event: error\ndata: {err}\n\n"])
-    assert (status, text, json.loads(error)["error"]["code"]) == (200, "ZQX-", "replica_lost")
+    got = await _run([_chunk("ZQX-"), f"event: error\ndata: {err}\n\n"])
+    assert (got.status, got.text, json.loads(got.error)["error"]["code"]) == (200, "ZQX-", "replica_lost")
