@@ -200,9 +200,10 @@ class AdapterCache:
                 self.cold_loads.done(adapter_id)
 
     def _remember_failure(self, adapter_id: str, exc: AdapterCacheError) -> None:
-        until = self.clock() + self.failure_ttl_s
-        if self._failed.get(adapter_id, (0.0, None))[0] < until:
-            self._failed[adapter_id] = (until, exc)
+        now = self.clock()
+        for expired in [a for a, (until, _) in self._failed.items() if until <= now]:
+            del self._failed[expired]  # one entry per failing adapter at most, and only while it counts
+        self._failed[adapter_id] = (now + self.failure_ttl_s, exc)
         if exc.status == 503:
             exc.retry_after_s = self.failure_ttl_s
 
@@ -212,8 +213,8 @@ class AdapterCache:
             return
         until, exc = failed
         left = until - self.clock()
-        if left <= 0:
-            del self._failed[adapter_id]  # expired: this request tries the load again
+        if left <= 0 or self.gpu.contains(adapter_id) or adapter_id in self.host:
+            del self._failed[adapter_id]  # expired, or loaded since (an owner's load): this request goes on
             return
         again = type(exc)(f"{exc.message} (failed {self.failure_ttl_s - left:.1f}s ago)", exc.param)
         again.code, again.type, again.status = exc.code, exc.type, exc.status
