@@ -6,27 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
-import shutil
-import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import asyncpg
 import pytest
 
 from bench.ports import free_port
-from canary.manifest import MANIFEST_NAME, CanaryManifest
+from canary.manifest import CanaryManifest
 from canary.probe import run_probe
 from canary.probe_setup import install_canaries
 from canary.train import TrainConfig
 from gateway.config import GatewayConfig, GatewaySettings
 from lorafleet.config import RelaySettings
+from tests.integration.canary_training import trained_canaries
 from tests.integration.gateway_stack import REPO, GatewayStack, gateway_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -34,72 +31,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 # The fastest settings that still pass the trainer's own held-out check on SmolLM2 (20 steps).
 CANARIES = TrainConfig(count=2, seed=11, ranks=(8, 16), rows_per_adapter=2)
 REQUESTS = 60
-# Cold training runs in its own process under this budget, apart from the probe's own timeout: on a 2-core
-# box shared with another CPU-heavy job, torch's threads contend and training slows several-fold.
-TRAIN_BUDGET_S = 1800
-_TRAIN_FLAGS = {
-    "count": "--count",
-    "seed": "--seed",
-    "ranks": "--ranks",
-    "max_steps": "--max-steps",
-    "adapters_per_batch": "--adapters-per-batch",
-    "rows_per_adapter": "--rows-per-adapter",
-}
-
-
-def _train_argv(cfg: TrainConfig, out: Path) -> list[str]:
-    """`lorafleet canary train` for exactly cfg (every field it sets is one the command takes)."""
-    values = {field: getattr(cfg, field) for field in _TRAIN_FLAGS}
-    assert TrainConfig(**values) == cfg, "the test's settings must all be `canary train` options"
-    argv = [sys.executable, "-m", "lorafleet.cli", "canary", "train", "--out", str(out), "--no-progress"]
-    for field, flag in _TRAIN_FLAGS.items():
-        value = values[field]
-        argv += [flag, ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]
-    return argv
-
-
-def _trainer_digest() -> str:
-    """sha256 over the canary package's sources: a changed trainer never reuses an older one's canaries."""
-    h = hashlib.sha256()
-    for path in sorted((REPO / "canary").glob("*.py")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()
-
-
-def trained_canaries() -> Path:
-    """<data dir>/canaries/<hash of settings, base and trainer code>: trained once, reused by later runs.
-
-    The data dir is the platform's (LORAFLEET_DATA_DIR, default .data). Training writes into a fresh
-    folder beside the target and renames it, so a crash never leaves a manifest that looks complete and
-    two runs training at once never write into each other's folder.
-    """
-    from lorafleet.config import get_settings
-    from lorafleet.model.base_hash import base_model_hash
-    from lorafleet.model.prepare import ensure_default_model
-
-    model_dir = ensure_default_model()
-    key = json.dumps(
-        {"base": base_model_hash(model_dir), "trainer": _trainer_digest(), **asdict(CANARIES)}, sort_keys=True
-    )
-    root = get_settings().data_path / "canaries"
-    out = root / hashlib.sha256(key.encode()).hexdigest()[:16]
-    if (out / MANIFEST_NAME).is_file():
-        return out
-    root.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=root))
-    try:
-        done = subprocess.run(
-            _train_argv(CANARIES, partial), cwd=REPO, capture_output=True, text=True, timeout=TRAIN_BUDGET_S
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        try:
-            partial.rename(out)
-        except OSError:
-            if not (out / MANIFEST_NAME).is_file():
-                raise  # not another run's finished copy: a real failure
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return out
 
 
 @contextlib.asynccontextmanager
@@ -140,7 +71,7 @@ async def control_plane(config: GatewayConfig) -> AsyncIterator[str]:
 
 @pytest.fixture(scope="module")
 async def canaries() -> Path:
-    return await asyncio.to_thread(trained_canaries)
+    return await asyncio.to_thread(trained_canaries, CANARIES)
 
 
 @pytest.fixture(scope="module")
