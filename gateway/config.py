@@ -93,6 +93,10 @@ class GatewaySettings(BaseSettings):
     # Counted in Redis like the rate limits, at ceil(limit / public_gateways) per gateway while it is down.
     auth_failure_limit: int = Field(default=20, ge=0)
     auth_failure_window_s: float = Field(default=60.0, gt=0)
+    # Idempotency-Key (gateway/idempotency.py): a completed answer is replayed for idempotency_ttl_s; a claim
+    # whose gateway never finished it is given back after idempotency_lock_s.
+    idempotency_ttl_s: float = Field(default=86_400.0, gt=0)
+    idempotency_lock_s: float = Field(default=600.0, gt=0)
     # When set, the public gateway runs under cProfile (CPU time) and writes its stats here when it stops.
     profile_path: Path | None = None
 

@@ -65,6 +65,12 @@ class Conflict(GatewayError):
     status = 409
 
 
+class Unprocessable(GatewayError):
+    """A well-formed request the API cannot take as it is (an Idempotency-Key reused with another body)."""
+
+    status = 422
+
+
 class Unauthorized(GatewayError):
     status = 401
     type = "authentication_error"

@@ -14,6 +14,7 @@ from gateway.auth import KeyAuthenticator
 from gateway.auth_failures import AuthFailureLimiter
 from gateway.completions import CompletionPublisher
 from gateway.config import GatewaySettings
+from gateway.idempotency import IdempotencyStore
 from gateway.merged_routing import merged_first
 from gateway.metrics import GatewayMetrics
 from gateway.rate_limit import Decision, Limits
@@ -70,6 +71,7 @@ class Online:
         metrics: GatewayMetrics,
         limiter: SharedRateLimiter | None = None,
         auth_failures: AuthFailureLimiter | None = None,
+        idempotency: IdempotencyStore | None = None,
     ) -> None:
         self.settings = settings
         self.auth = auth
@@ -79,6 +81,9 @@ class Online:
         self.publisher = publisher
         self.metrics = metrics
         self.limiter = limiter or SharedRateLimiter(None, "")
+        self.idempotency = idempotency or IdempotencyStore(
+            None, "", settings.idempotency_ttl_s, settings.idempotency_lock_s
+        )
         self.auth_failures = auth_failures or AuthFailureLimiter(
             None, "", settings.auth_failure_limit, settings.auth_failure_window_s
         )

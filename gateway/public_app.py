@@ -31,6 +31,7 @@ from gateway.completions import CompletionPublisher
 from gateway.config import GatewayConfig
 from gateway.console_feed import ConsoleFeed, consume_console_topics
 from gateway.errors import install_error_handlers
+from gateway.idempotency import IdempotencyStore, idempotency_prefix
 from gateway.listener import bind_listener
 from gateway.metrics import GatewayMetrics
 from gateway.online import Online
@@ -145,6 +146,12 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
             publisher=publisher,
             metrics=GatewayMetrics(settings.tenant_metrics_max),
             limiter=limiter,
+            idempotency=IdempotencyStore(
+                limiter.redis,
+                idempotency_prefix(config.platform.database_url),
+                settings.idempotency_ttl_s,
+                settings.idempotency_lock_s,
+            ),
             auth_failures=AuthFailureLimiter(
                 limiter.redis,
                 failure_prefix(config.platform.database_url),

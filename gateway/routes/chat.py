@@ -2,7 +2,8 @@
 
 The alias is resolved here only; the replica gets the immutable adapter id. The response over the
 replica's stream is gateway.chat_relay's. A client that goes away closes the upstream stream, which aborts
-the generation on the replica.
+the generation on the replica. A request with an Idempotency-Key runs once and its 200 is replayed to
+retries (gateway.idempotency).
 """
 
 from __future__ import annotations
@@ -24,10 +25,13 @@ from gateway.errors import (
     RateLimited,
     ServiceUnavailable,
 )
+from gateway.idempotency import HEADER as IDEMPOTENCY_HEADER
+from gateway.idempotent_chat import begin
 from gateway.online import Online, RequestRecord
 from gateway.rate_limit import retry_after_header
 from gateway.replica_client import ReplicaRejected, ReplicaUnavailable
 from gateway.sse_response import SseResponse
+from gateway.tenants import Caller
 from schemas.openai import ChatCompletionRequest
 from schemas.replica_api import ChatMessage, GenerateRequest
 
@@ -92,11 +96,31 @@ def replica_body(
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, caller: PublicCaller) -> Response:
     online: Online = request.app.state.online
+    raw = await read_body(request, online.settings.max_body_bytes)
+    body = parse_request(raw)
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is None:
+        return await _serve(request, online, caller, body)
+    canonical = body.model_dump_json().encode()  # the same request whatever its JSON spacing or key order
+    claimed = await begin(online.idempotency, caller.tenant_id, key, canonical, bool(body.stream))
+    if isinstance(claimed, Response):
+        return claimed  # the stored answer: not run, not billed
+    try:
+        response = await _serve(request, online, caller, body)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await claimed.release()
+        raise
+    await claimed.complete(response)
+    return response
+
+
+async def _serve(request: Request, online: Online, caller: Caller, body: ChatCompletionRequest) -> Response:
+    """Resolve, admit, route and relay one parsed request."""
     settings = online.settings
     rec = RequestRecord(
         request_id=request.state.request_id, tenant_id=caller.tenant_id, started=time.perf_counter()
     )
-    body = parse_request(await read_body(request, settings.max_body_bytes))
     rec.alias = body.model
     target = await online.aliases.resolve(caller.tenant_id, body.model)
     if target is None:

@@ -1,6 +1,6 @@
 """Failed authentications are limited per source address across two real public gateways sharing a real
-Redis, each falls back to its share while Redis is stopped, and an API key in the query string is never
-accepted.
+Redis, each falls back to its share while Redis is stopped (when an Idempotency-Key gets 503), and an API key
+in the query string is never accepted.
 
 Each client binds its own loopback address (127.0.0.x), so the gateways see distinct sources.
 """
@@ -106,6 +106,13 @@ async def test_auth_failures_are_limited_per_source_across_gateways_and_locally_
 
                     # Redis stopped: each gateway counts alone, at ceil(LIMIT / 2) failures per source.
                     redis.stop()
+                    # (and an Idempotency-Key cannot be honoured without the shared store: 503, not a run)
+                    chat = {"model": "acme/x:prod", "messages": [{"role": "user", "content": "hi"}]}
+                    keyed = {**_bearer(key), "Idempotency-Key": "k-1"}
+                    down = await bystander.post(f"{urls[0]}/v1/chat/completions", json=chat, headers=keyed)
+                    assert down.status_code == 503, down.text
+                    assert openai_error(down)["code"] == "idempotency_unavailable"
+                    assert int(down.headers["retry-after"]) >= 1
                     async with _client("127.0.0.4") as third:
                         share = -(-LIMIT // 2)
                         for i in range(share):
