@@ -19,6 +19,9 @@ from tests.integration.gateway_stack import REPO
 # Cold training runs in its own process under this budget, apart from the probe's own timeout: on a 2-core
 # box shared with another CPU-heavy job, torch's threads contend and training slows several-fold.
 TRAIN_BUDGET_S = 1800
+# One set of SmolLM2 canaries for every end-to-end test (the probe and the gateway churn run): training is
+# the dearest step of a fresh clone's suite, so it runs once. Two tenants, each with a v1 and a v2 canary.
+E2E_CANARIES = TrainConfig(count=4, seed=11, ranks=(8, 16), rows_per_adapter=2)
 _TRAIN_FLAGS = {
     "count": "--count",
     "seed": "--seed",

@@ -20,16 +20,14 @@ from bench.ports import free_port
 from canary.manifest import CanaryManifest
 from canary.probe import run_probe
 from canary.probe_setup import install_canaries
-from canary.train import TrainConfig
 from gateway.config import GatewayConfig, GatewaySettings
 from lorafleet.config import RelaySettings
-from tests.integration.canary_training import trained_canaries
+from tests.integration.canary_training import E2E_CANARIES, trained_canaries
 from tests.integration.gateway_stack import REPO, GatewayStack, gateway_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # The fastest settings that still pass the trainer's own held-out check on SmolLM2 (20 steps).
-CANARIES = TrainConfig(count=2, seed=11, ranks=(8, 16), rows_per_adapter=2)
 REQUESTS = 60
 
 
@@ -71,7 +69,7 @@ async def control_plane(config: GatewayConfig) -> AsyncIterator[str]:
 
 @pytest.fixture(scope="module")
 async def canaries() -> Path:
-    return await asyncio.to_thread(trained_canaries, CANARIES)
+    return await asyncio.to_thread(trained_canaries, E2E_CANARIES)
 
 
 @pytest.fixture(scope="module")
