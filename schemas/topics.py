@@ -42,4 +42,14 @@ ALL_TOPICS: tuple[Topic, ...] = (
     MERGED_TARGETS,
 )
 
+# The control plane: the topics the outbox relay publishes (every event written through the outbox), and
+# which only the relay's principal may write.
+CONTROL_TOPICS: tuple[Topic, ...] = (
+    ADAPTERS_REGISTERED,
+    ADAPTERS_VALIDATED,
+    ALIASES_CHANGED,
+    REPLICA_COMMANDS,
+    MERGED_TARGETS,
+)
+
 BY_NAME: dict[str, Topic] = {t.name: t for t in ALL_TOPICS}
