@@ -23,10 +23,11 @@ from typing import Any
 
 import httpx
 import typer
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from bench.scaleup_stack import ADAPTERS, ScaleupConfig, ScaleupStack, scaleup_stack, wait_for
 from lorafleet.config import PlatformSettings
+from lorafleet.kafka import make_consumer
 from schemas import topics
 from schemas.events import (
     AutoscaleSignal,
@@ -59,7 +60,7 @@ async def record(
 ) -> None:
     """Read the stack's replica.state, autoscale.signals and requests.completed from their end, forever."""
     names = (topics.REPLICA_STATE, topics.AUTOSCALE_SIGNALS, topics.REQUESTS_COMPLETED)
-    consumer = AIOKafkaConsumer(bootstrap_servers=platform.kafka_bootstrap, enable_auto_commit=False)
+    consumer = make_consumer(platform, group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
         tps = [TopicPartition(t.name, p) for t in names for p in range(t.partitions)]

@@ -27,6 +27,7 @@ from bench.standin_http import Connection, Request, Stream, serve_http
 from lorafleet.config import PlatformSettings
 from lorafleet.kafka import make_producer
 from replica.control.registration import register_until_done
+from schemas import principals
 from schemas.api import ErrorBody, ErrorDetail
 from schemas.events import ReplicaState
 from schemas.openai import Usage
@@ -143,7 +144,7 @@ class Standin:
 
 async def _publish_states(config: StandinConfig, standin: Standin, stop: asyncio.Event) -> None:
     """replica.state every interval until stop, like a replica's control loop; a failed send is logged."""
-    platform = PlatformSettings()
+    platform = PlatformSettings().as_service(principals.REPLICA)
     # the gateway routes only to registered addresses, like a replica's own start-up row
     await register_until_done(platform.database_url, config.replica_id, config.url, stop)
     producer = make_producer(platform)

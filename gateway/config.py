@@ -131,5 +131,7 @@ class GatewayConfig:
         self.gateway = gateway
 
     @classmethod
-    def from_env(cls) -> GatewayConfig:
-        return cls(PlatformSettings(), GatewaySettings())
+    def from_env(cls, service: str | None = None) -> GatewayConfig:
+        """From the environment; a service process passes its Kafka principal (schemas/principals.py)."""
+        platform = PlatformSettings()
+        return cls(platform.as_service(service) if service else platform, GatewaySettings())

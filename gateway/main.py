@@ -18,6 +18,7 @@ from gateway.served_base import served_base_hash
 from lorafleet.db.pool import create_pool
 from lorafleet.private_openapi import CLOSED_DOCS, serve_private_openapi
 from lorafleet.profile import refuse_dev_tokens
+from schemas import principals
 
 
 def build_internal_app(config: GatewayConfig, rules: RegistryRules | None = None) -> FastAPI:
@@ -49,7 +50,7 @@ def serve() -> None:
     """Serve the internal API (registry and aliases) on the internal listener."""
     import uvicorn
 
-    config = GatewayConfig.from_env()
+    config = GatewayConfig.from_env(principals.GATEWAY)
     refuse_dev_tokens(
         config.platform, "gateway", {"LORAFLEET_GATEWAY_SERVICE_TOKEN": config.gateway.service_token}
     )

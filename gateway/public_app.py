@@ -46,6 +46,7 @@ from gateway.tenant_metrics import build_tenant_metrics_app, serve_tenant_metric
 from lorafleet.db.pool import create_pool
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.profile import refuse_dev_tokens
+from schemas import principals
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +218,7 @@ def serve_public() -> None:
     """Serve the public OpenAI-compatible API (chat completions, models) for tenants."""
     import uvicorn
 
-    config = GatewayConfig.from_env()
+    config = GatewayConfig.from_env(principals.GATEWAY)
     tokens = {"LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN": config.gateway.replica_service_token}
     if config.gateway.tenant_metrics_port:  # the tenant-metrics listener checks the service token
         tokens["LORAFLEET_GATEWAY_SERVICE_TOKEN"] = config.gateway.service_token

@@ -6,8 +6,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from schemas import principals
 
 
 class PlatformSettings(BaseSettings):
@@ -21,6 +23,13 @@ class PlatformSettings(BaseSettings):
 
     kafka_bootstrap: str = "127.0.0.1:19092"
     kafka_controller_port: int = 19093
+    # Every client authenticates with SASL/SCRAM as its own principal (schemas/principals.py). Unset, the
+    # username is the service's own principal (admin for tools and tests), and in the dev profile the
+    # password is that principal's well-known dev password (lorafleet/profile.py), refused elsewhere.
+    kafka_security_protocol: Literal["SASL_PLAINTEXT", "SASL_SSL", "PLAINTEXT"] = "SASL_PLAINTEXT"
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256"] = "SCRAM-SHA-512"
+    kafka_username: str | None = None
+    kafka_password: SecretStr | None = None
 
     database_url: str = "postgresql://lorafleet:lorafleet@127.0.0.1:15432/lorafleet"
     postgres_port: int = 15432
@@ -69,6 +78,14 @@ class PlatformSettings(BaseSettings):
     @property
     def data_path(self) -> Path:
         return self.data_dir.resolve()
+
+    @property
+    def kafka_principal(self) -> str:
+        return self.kafka_username or principals.ADMIN
+
+    def as_service(self, principal: str) -> PlatformSettings:
+        """These settings for a service: its own Kafka principal unless LORAFLEET_KAFKA_USERNAME names one."""
+        return self if self.kafka_username else self.model_copy(update={"kafka_username": principal})
 
 
 @lru_cache(maxsize=1)

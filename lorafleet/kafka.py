@@ -1,16 +1,65 @@
-"""Kafka clients configured the one way this project uses them, and topic creation."""
+"""Kafka clients configured the one way this project uses them, and topic creation.
+
+Every aiokafka client of the project is made here, so that each one authenticates (SASL/SCRAM over the
+configured security protocol) as the settings' principal.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.helpers import create_ssl_context
 
 from lorafleet.config import PlatformSettings
+from lorafleet.profile import kafka_password
 from schemas.topics import ALL_TOPICS, Topic
+
+
+@dataclass(frozen=True)
+class SaslLogin:
+    """Who a client logs in as, and how (for clients built elsewhere, such as faust's)."""
+
+    mechanism: str
+    username: str
+    password: str
+    tls: bool
+
+
+def sasl_login(settings: PlatformSettings) -> SaslLogin | None:
+    """The SASL login of these settings, or None on a PLAINTEXT broker."""
+    if settings.kafka_security_protocol == "PLAINTEXT":
+        return None
+    return SaslLogin(
+        settings.kafka_sasl_mechanism,
+        settings.kafka_principal,
+        kafka_password(settings),
+        settings.kafka_security_protocol == "SASL_SSL",
+    )
+
+
+def client_security(settings: PlatformSettings) -> dict[str, Any]:
+    """The aiokafka client options that authenticate a client as the settings' principal."""
+    login = sasl_login(settings)
+    if login is None:
+        return {"security_protocol": "PLAINTEXT"}
+    return {
+        "security_protocol": settings.kafka_security_protocol,
+        "sasl_mechanism": login.mechanism,
+        "sasl_plain_username": login.username,
+        "sasl_plain_password": login.password,
+        **({"ssl_context": create_ssl_context()} if login.tls else {}),
+    }
+
+
+def make_admin(settings: PlatformSettings, **overrides: Any) -> AIOKafkaAdminClient:
+    """An admin client (topic creation, metadata) with the settings' login."""
+    options = {**client_security(settings), **overrides}
+    return AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, **options)
 
 
 def make_producer(settings: PlatformSettings, **overrides: Any) -> AIOKafkaProducer:
@@ -21,6 +70,7 @@ def make_producer(settings: PlatformSettings, **overrides: Any) -> AIOKafkaProdu
         "linger_ms": 5,
         "request_timeout_ms": 15000,
     }
+    options.update(client_security(settings))
     options.update(overrides)
     return AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, **options)
 
@@ -34,6 +84,7 @@ def make_consumer(
         "auto_offset_reset": "earliest",
         "isolation_level": "read_committed",
     }
+    options.update(client_security(settings))
     options.update(overrides)
     return AIOKafkaConsumer(*topics, bootstrap_servers=settings.kafka_bootstrap, group_id=group_id, **options)
 
@@ -49,7 +100,7 @@ async def seek_to_times(consumer: AIOKafkaConsumer, since_ms: Mapping[TopicParti
 
 async def ensure_topics(settings: PlatformSettings, topics: tuple[Topic, ...] = ALL_TOPICS) -> list[str]:
     """Create any missing topic with its partition count; return the names created."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = make_admin(settings)
     await admin.start()
     try:
         existing = set(await admin.list_topics())

@@ -1,8 +1,10 @@
-"""The deployment profile, and the rule that a dev token never guards anything outside the dev profile.
+"""The deployment profile, and the rule that a dev secret never guards anything outside the dev profile.
 
-Every default token in the settings classes is DEV_TOKEN, which anyone who has read this repository
-knows. A process that holds a credential (the token it checks or the one it sends) refuses to start with
-DEV_TOKEN, or with no token, unless LORAFLEET_PROFILE=dev says this is a dev box. The local stack
+Every default token in the settings classes is DEV_TOKEN, and every Kafka principal's dev password is
+dev_kafka_password(principal); anyone who has read this repository knows both. A process that holds a
+credential (the token it checks or the one it sends, its Kafka password) refuses to start with one of
+these well-known secrets, or with none, unless LORAFLEET_PROFILE=dev says this is a dev box. In the dev
+profile an unset Kafka password is the principal's dev password. The local stack
 (`lorafleet services up`) and the test suite set the dev profile explicitly; production manifests set
 real secrets and leave the profile at its default.
 """
@@ -14,9 +16,29 @@ from collections.abc import Mapping
 from pydantic import SecretStr
 
 from lorafleet.config import PlatformSettings
+from schemas import principals
 
 DEV_TOKEN = "dev-service-token"
 DEV_PROFILE_ENV = {"LORAFLEET_PROFILE": "dev"}
+KAFKA_PASSWORD_SETTING = "LORAFLEET_KAFKA_PASSWORD"
+
+
+def dev_kafka_password(principal: str) -> str:
+    """The well-known dev password of a Kafka principal (the local broker's SCRAM users have these)."""
+    return f"dev-kafka-{principal}"
+
+
+WELL_KNOWN_SECRETS: frozenset[str] = frozenset(
+    {DEV_TOKEN, *(dev_kafka_password(name) for name in principals.ALL)}
+)
+
+
+def kafka_password(platform: PlatformSettings) -> str:
+    """The Kafka password to send: the setting, else (dev profile only) the principal's dev password."""
+    secret = platform.kafka_password.get_secret_value() if platform.kafka_password else ""
+    if secret or platform.profile != "dev":
+        return secret
+    return dev_kafka_password(platform.kafka_principal)
 
 
 class DevTokenRefused(SystemExit):
@@ -24,11 +46,11 @@ class DevTokenRefused(SystemExit):
 
 
 def dev_tokens(tokens: Mapping[str, str | SecretStr]) -> list[str]:
-    """The setting names (of tokens) that hold the dev token or nothing."""
+    """The setting names (of secrets) that hold a well-known dev secret or nothing."""
     out = []
     for name, value in tokens.items():
         secret = value.get_secret_value() if isinstance(value, SecretStr) else value
-        if not secret or secret == DEV_TOKEN:
+        if not secret or secret in WELL_KNOWN_SECRETS:
             out.append(name)
     return sorted(out)
 
@@ -36,12 +58,16 @@ def dev_tokens(tokens: Mapping[str, str | SecretStr]) -> list[str]:
 def refuse_dev_tokens(
     platform: PlatformSettings, process: str, tokens: Mapping[str, str | SecretStr]
 ) -> None:
-    """Raise DevTokenRefused unless the profile is dev or every token is a real secret."""
+    """Raise DevTokenRefused unless the profile is dev or every token (and the Kafka password, when the
+    platform authenticates to Kafka) is a real secret."""
     if platform.profile == "dev":
         return
-    found = dev_tokens(tokens)
+    secrets = dict(tokens)
+    if platform.kafka_security_protocol != "PLAINTEXT":
+        secrets[KAFKA_PASSWORD_SETTING] = kafka_password(platform)
+    found = dev_tokens(secrets)
     if found:
         raise DevTokenRefused(
-            f"{process}: {', '.join(found)} still hold the default dev token. Set a secret of its own for"
-            " each, or set LORAFLEET_PROFILE=dev on a single-machine dev stack."
+            f"{process}: {', '.join(found)} still hold a well-known dev secret or none. Set a secret of its"
+            " own for each, or set LORAFLEET_PROFILE=dev on a single-machine dev stack."
         )

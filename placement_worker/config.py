@@ -8,6 +8,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from lorafleet.config import PlatformSettings
 from placement_worker.merge_policy import MergePolicy
 from placement_worker.planner import Policy
+from schemas import principals
 
 
 class PlacementSettings(BaseSettings):
@@ -70,4 +71,5 @@ class PlacementConfig:
 
     @classmethod
     def from_env(cls) -> PlacementConfig:
-        return cls(PlatformSettings(), PlacementSettings())
+        """The placement worker's process settings, authenticating to Kafka as its own principal."""
+        return cls(PlatformSettings().as_service(principals.PLACEMENT_WORKER), PlacementSettings())

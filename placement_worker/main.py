@@ -12,6 +12,7 @@ from lorafleet import metrics
 from lorafleet.db.pool import close_pool, create_pool
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer
+from lorafleet.profile import refuse_dev_tokens
 from lorafleet.retry import run_with_retry
 from lorafleet.worker import run_until_signal
 from placement_worker.config import PlacementConfig
@@ -73,6 +74,7 @@ def placement_worker() -> None:
     """Place adapters on replicas (rendezvous owners, k raised with traffic) and emit load/unload commands."""
 
     config = PlacementConfig.from_env()
+    refuse_dev_tokens(config.platform, "placement-worker", {})
     metrics.serve(config.placement.metrics_port, config.placement.metrics_host)
     run_until_signal(
         lambda stop: run_with_retry(

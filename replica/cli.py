@@ -33,6 +33,7 @@ def serve(
     from lorafleet.profile import refuse_dev_tokens
     from replica.config import DEFAULT_MODEL_DIR, ReplicaSettings
     from replica.main import serve as run
+    from schemas import principals
 
     flags: dict[str, object] = {
         "model_dir": model_dir,
@@ -48,6 +49,7 @@ def serve(
     tokens = {"LORAFLEET_REPLICA_SERVICE_TOKEN": settings.service_token}
     if settings.registry_url is not None:
         tokens["LORAFLEET_REPLICA_REGISTRY_TOKEN"] = settings.registry_token
+    settings = settings.model_copy(update={"platform": settings.platform.as_service(principals.REPLICA)})
     refuse_dev_tokens(settings.platform, "replica", tokens)
     if settings.model_dir == DEFAULT_MODEL_DIR and not (DEFAULT_MODEL_DIR / "config.json").is_file():
         from lorafleet.model.prepare import ensure_default_model

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import faust
 
 from lorafleet.config import PlatformSettings
 from lorafleet.dead_letters import DeadLetters
+from lorafleet.kafka import sasl_login
 from stats_stream import tables
 from stats_stream import topics as stream_topics
 from stats_stream.agents import fleet, forward
@@ -18,10 +20,24 @@ from stats_stream.keeper import WindowKeeper
 from stats_stream.sinks import Sinks
 
 
+def broker_credentials(platform: PlatformSettings) -> faust.SASLCredentials | None:
+    """The platform's Kafka login for faust's clients (the same principal and mechanism as aiokafka's)."""
+    login = sasl_login(platform)
+    if login is None:
+        return None
+    return faust.SASLCredentials(
+        username=login.username,
+        password=login.password,
+        mechanism=login.mechanism,
+        ssl_context=ssl.create_default_context() if login.tls else None,
+    )
+
+
 def build_app(platform: PlatformSettings, settings: StatsStreamSettings) -> faust.App:
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{platform.kafka_bootstrap}",
+        broker_credentials=broker_credentials(platform),
         store=settings.store,
         datadir=str(settings.data_dir),
         topic_partitions=1,

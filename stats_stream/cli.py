@@ -10,6 +10,8 @@ import typer
 
 from lorafleet.config import get_settings
 from lorafleet.kafka import ensure_topics
+from lorafleet.profile import refuse_dev_tokens
+from schemas import principals
 from stats_stream.config import StatsStreamSettings
 
 log = logging.getLogger(__name__)
@@ -21,9 +23,12 @@ def stats_stream() -> None:
 
     from stats_stream import metrics
     from stats_stream.app import build_app
+    from stats_stream.reader import STATS_TOPICS
+    from stats_stream.topics import SOURCES
 
-    platform, settings = get_settings(), StatsStreamSettings()
-    asyncio.run(ensure_topics(platform))
+    platform, settings = get_settings().as_service(principals.STATS_STREAM), StatsStreamSettings()
+    refuse_dev_tokens(platform, "stats-stream", {})
+    asyncio.run(ensure_topics(platform, (*SOURCES, *STATS_TOPICS)))
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     metrics.serve(settings.metrics_port)
     app = build_app(platform, settings)

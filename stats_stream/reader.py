@@ -9,6 +9,7 @@ import time
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from lorafleet.config import PlatformSettings
+from lorafleet.kafka import make_consumer
 from schemas import topics as t
 from schemas.events import Event, EventValidationError, parse_event
 
@@ -20,7 +21,7 @@ async def read_recent(
     platform: PlatformSettings, since_s: float, timeout_s: float, topics: tuple[t.Topic, ...] = STATS_TOPICS
 ) -> list[Event]:
     """Every valid event published in the last since_s seconds on the given topics (no consumer group)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=platform.kafka_bootstrap, enable_auto_commit=False)
+    consumer = make_consumer(platform, group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
         partitions = [

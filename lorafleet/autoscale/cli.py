@@ -11,6 +11,7 @@ import typer
 from lorafleet.autoscale.config import AutoscaleSettings
 from lorafleet.config import get_settings
 from lorafleet.profile import refuse_dev_tokens
+from schemas import principals
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +29,9 @@ def autoscale(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a state request per replica per tick
     settings = AutoscaleSettings()
+    platform = get_settings().as_service(principals.AUTOSCALER)
     refuse_dev_tokens(
-        get_settings(),
+        platform,
         "autoscale",
         {"LORAFLEET_AUTOSCALE_REPLICA_SERVICE_TOKEN": settings.replica_service_token},
     )
@@ -42,4 +44,4 @@ def autoscale(
         settings.cooldown_s,
     )
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(get_settings(), settings))
+        asyncio.run(run(platform, settings))

@@ -9,8 +9,10 @@ from lorafleet.config import PlatformSettings, RelaySettings, get_settings
 from lorafleet.db.pool import close_pool, create_pool
 from lorafleet.kafka import make_producer
 from lorafleet.outbox.relay import Relay
+from lorafleet.profile import refuse_dev_tokens
 from lorafleet.retry import run_with_retry
 from lorafleet.worker import run_until_signal
+from schemas import principals
 
 
 async def _attempt(platform: PlatformSettings, settings: RelaySettings, stop: asyncio.Event) -> None:
@@ -26,7 +28,8 @@ async def _attempt(platform: PlatformSettings, settings: RelaySettings, stop: as
 
 
 async def _main(stop: asyncio.Event) -> None:
-    platform, settings = get_settings(), RelaySettings()
+    platform, settings = get_settings().as_service(principals.RELAY), RelaySettings()
+    refuse_dev_tokens(platform, "relay", {})
     metrics.serve(settings.metrics_port, settings.metrics_host)
     await run_with_retry("relay", lambda s: _attempt(platform, settings, s), stop, platform)
 

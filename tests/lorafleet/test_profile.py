@@ -6,7 +6,17 @@ import pytest
 from pydantic import SecretStr
 
 from lorafleet.config import PlatformSettings
-from lorafleet.profile import DEV_TOKEN, DevTokenRefused, dev_tokens, refuse_dev_tokens
+from lorafleet.profile import (
+    DEV_TOKEN,
+    DevTokenRefused,
+    dev_kafka_password,
+    dev_tokens,
+    kafka_password,
+    refuse_dev_tokens,
+)
+from schemas import principals
+
+REAL_KAFKA = SecretStr("a-real-kafka-secret")
 
 
 def test_the_dev_token_and_an_empty_one_are_found_by_setting_name() -> None:
@@ -15,7 +25,32 @@ def test_the_dev_token_and_an_empty_one_are_found_by_setting_name() -> None:
 
 
 def test_outside_the_dev_profile_a_dev_token_stops_the_process() -> None:
+    production = PlatformSettings(profile="production", kafka_password=REAL_KAFKA)
     with pytest.raises(DevTokenRefused, match="X_TOKEN"):
-        refuse_dev_tokens(PlatformSettings(profile="production"), "gateway", {"X_TOKEN": DEV_TOKEN})
-    refuse_dev_tokens(PlatformSettings(profile="production"), "gateway", {"X_TOKEN": "s3cret"})
+        refuse_dev_tokens(production, "gateway", {"X_TOKEN": DEV_TOKEN})
+    refuse_dev_tokens(production, "gateway", {"X_TOKEN": "s3cret"})
     refuse_dev_tokens(PlatformSettings(profile="dev"), "gateway", {"X_TOKEN": DEV_TOKEN})
+
+
+@pytest.mark.parametrize("principal", principals.ALL)
+def test_outside_the_dev_profile_a_dev_or_missing_kafka_password_stops_the_process(principal: str) -> None:
+    for password in (SecretStr(dev_kafka_password(principal)), SecretStr(dev_kafka_password("admin")), None):
+        settings = PlatformSettings(profile="production", kafka_username=principal, kafka_password=password)
+        with pytest.raises(DevTokenRefused, match="LORAFLEET_KAFKA_PASSWORD"):
+            refuse_dev_tokens(settings, "relay", {})
+    plaintext = PlatformSettings(profile="production", kafka_security_protocol="PLAINTEXT")
+    refuse_dev_tokens(plaintext, "relay", {})  # a broker without authentication: no password to check
+
+
+def test_in_the_dev_profile_an_unset_kafka_password_is_the_principals_dev_password() -> None:
+    dev = PlatformSettings(profile="dev").as_service(principals.RELAY)
+    assert dev.kafka_principal == principals.RELAY
+    assert kafka_password(dev) == dev_kafka_password(principals.RELAY)
+    assert kafka_password(PlatformSettings(profile="production").as_service(principals.RELAY)) == ""
+    assert kafka_password(PlatformSettings(profile="dev", kafka_password=REAL_KAFKA)) == "a-real-kafka-secret"
+
+
+def test_a_service_keeps_a_username_the_environment_names() -> None:
+    named = PlatformSettings(kafka_username="prod-relay").as_service(principals.RELAY)
+    assert named.kafka_principal == "prod-relay"
+    assert PlatformSettings().kafka_principal == principals.ADMIN  # tools and tests
