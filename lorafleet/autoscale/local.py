@@ -24,7 +24,7 @@ from lorafleet.config import PlatformSettings
 from lorafleet.services import prometheus
 from lorafleet.services.paths import REPO_ROOT
 from lorafleet.services.scrape import ReplicaTarget, write_replica_targets
-from lorafleet.services.stack import process_env
+from lorafleet.services.stack import replica_env
 from schemas.events import ReplicaStatus
 from schemas.replica_api import DrainRequest, DrainResponse, StateResponse
 
@@ -101,7 +101,7 @@ class LocalFleet:
         rid, port = self.records.replica_id(index), self.records.port(index)
         proc = self.records.process(index)
         self.records.intend(index)
-        pid = proc.start(replica_argv(rid, port), env=process_env(), cwd=REPO_ROOT)
+        pid = proc.start(replica_argv(rid, port), env=replica_env(), cwd=REPO_ROOT)
         self.records.spawned(index)
         log.info("%s: started on port %d (pid %d, log %s)", rid, port, pid, proc.log_file)
 

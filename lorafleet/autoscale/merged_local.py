@@ -24,7 +24,7 @@ from lorafleet.autoscale.merged_targets import TargetFollower
 from lorafleet.autoscale.records import Records
 from lorafleet.config import PlatformSettings
 from lorafleet.services.paths import REPO_ROOT
-from lorafleet.services.stack import process_env
+from lorafleet.services.stack import replica_env
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class MergedFleet(LocalFleet):
         proc.run_dir.mkdir(parents=True, exist_ok=True)
         proc.pid_file.with_suffix(".adapter").write_text(adapter_id)  # before the pid file: never unnamed
         self.records.intend(index)
-        pid = proc.start(merged_argv(rid, port, adapter_id), env=process_env(), cwd=REPO_ROOT)
+        pid = proc.start(merged_argv(rid, port, adapter_id), env=replica_env(), cwd=REPO_ROOT)
         self.records.spawned(index)
         log.info("%s: merged replica of %s started on port %d (pid %d)", rid, adapter_id, port, pid)
 

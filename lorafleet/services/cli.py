@@ -32,7 +32,8 @@ def up(
 @app.command()
 def supervise(only: list[str] = typer.Option([], "--only", help=ONLY_HELP)) -> None:
     """Run the app processes and restart any that dies, with backoff (what `up` starts in the background)."""
-    supervisor.supervise(get_settings(), stack.app_commands(only), REPO_ROOT)
+    commands = stack.app_commands(only)
+    supervisor.supervise(get_settings(), commands, REPO_ROOT, stack.app_envs(list(commands)))
 
 
 @app.command()

@@ -1,24 +1,50 @@
-"""Apache Kafka, single node, KRaft mode, run with the machine's Java from Maven Central jars."""
+"""Apache Kafka, single node, KRaft mode, run with the machine's Java from Maven Central jars.
+
+The local broker is a dev broker: it authenticates every client with SASL/SCRAM-SHA-512, its users are
+the principals of schemas/principals.py with their dev passwords (lorafleet/profile.py), and every `up`
+applies the fleet's ACL table (lorafleet/kafka_acls.py; a no-op when it is in place). A log dir formatted
+without these users (an older plaintext one) is local dev data: it is formatted again, and `up` says so.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 import shutil
 import subprocess
 import uuid
+from pathlib import Path
 
-from aiokafka.admin import AIOKafkaAdminClient
+from pydantic import SecretStr
 
+from lorafleet import kafka_acl_admin
 from lorafleet.config import PlatformSettings
+from lorafleet.kafka import make_admin
+from lorafleet.profile import dev_kafka_password
 from lorafleet.services.paths import INFRA, java_classpath, log_dir, run_dir, service_dir
 from lorafleet.services.process import ManagedProcess, wait_until
+from schemas import principals
 
 NAME = "kafka"
+MECHANISM = "SCRAM-SHA-512"
 
 
 def process(settings: PlatformSettings) -> ManagedProcess:
     return ManagedProcess(NAME, run_dir(settings), log_dir(settings))
+
+
+def admin_settings(settings: PlatformSettings) -> PlatformSettings:
+    """The local broker's admin login (its dev password), for probing it and applying its ACLs."""
+    return settings.model_copy(
+        update={
+            "kafka_security_protocol": "SASL_PLAINTEXT",
+            "kafka_sasl_mechanism": MECHANISM,
+            "kafka_username": principals.ADMIN,
+            "kafka_password": SecretStr(dev_kafka_password(principals.ADMIN)),
+        }
+    )
 
 
 def _java() -> str:
@@ -28,9 +54,22 @@ def _java() -> str:
     return java
 
 
-def _render_config(settings: PlatformSettings) -> tuple[str, str]:
+def _data(settings: PlatformSettings) -> Path:
+    return service_dir(settings, NAME) / "data"
+
+
+def _users_marker(settings: PlatformSettings) -> Path:
+    return service_dir(settings, NAME) / "scram-users.sha256"
+
+
+def _users_digest() -> str:
+    users = [(name, dev_kafka_password(name)) for name in principals.ALL]
+    return hashlib.sha256(json.dumps([MECHANISM, users]).encode()).hexdigest()
+
+
+def _render_config(settings: PlatformSettings) -> str:
     base = service_dir(settings, NAME)
-    data = base / "data"
+    data = _data(settings)
     data.mkdir(parents=True, exist_ok=True)
     host, port = settings.kafka_bootstrap.rsplit(":", 1)
     if host not in ("127.0.0.1", "localhost"):
@@ -38,16 +77,31 @@ def _render_config(settings: PlatformSettings) -> tuple[str, str]:
     template = (INFRA / "kafka" / "server.properties.template").read_text()
     config = base / "server.properties"
     config.write_text(
-        template.format(broker_port=port, controller_port=settings.kafka_controller_port, log_dir=data)
+        template.format(
+            broker_port=port,
+            controller_port=settings.kafka_controller_port,
+            log_dir=data,
+            admin_password=dev_kafka_password(principals.ADMIN),
+        )
     )
-    return str(config), str(data)
+    config.chmod(0o600)
+    return str(config)
 
 
-def _format_storage(settings: PlatformSettings, config: str, data: str) -> None:
-    """Format the KRaft log dir once; a formatted dir has meta.properties and is left alone."""
-    if (service_dir(settings, NAME) / "data" / "meta.properties").exists():
+def _stale_format(settings: PlatformSettings) -> bool:
+    """A formatted log dir whose SCRAM users are not this code's (none, in a plaintext one)."""
+    formatted = (_data(settings) / "meta.properties").exists()
+    marker = _users_marker(settings)
+    return formatted and (not marker.exists() or marker.read_text() != _users_digest())
+
+
+def _format_storage(settings: PlatformSettings, config: str) -> None:
+    """Format the KRaft log dir once, with every principal's SCRAM user; a formatted dir is left alone."""
+    if (_data(settings) / "meta.properties").exists():
         return
-    cluster_id = uuid.uuid4().hex[:22]
+    scram = []
+    for name in principals.ALL:
+        scram += ["--add-scram", f"{MECHANISM}=[name={name},password={dev_kafka_password(name)}]"]
     subprocess.run(
         [
             _java(),
@@ -57,23 +111,29 @@ def _format_storage(settings: PlatformSettings, config: str, data: str) -> None:
             "kafka.tools.StorageTool",
             "format",
             "-t",
-            cluster_id,
+            uuid.uuid4().hex[:22],
             "-c",
             config,
-            "--ignore-formatted",
+            *scram,
         ],
         check=True,
         capture_output=True,
     )
+    _users_marker(settings).write_text(_users_digest())
 
 
 def _log4j() -> str:
     return f"-Dlog4j.configuration=file:{INFRA / 'kafka' / 'log4j.properties'}"
 
 
-async def _metadata_ok(bootstrap: str) -> bool:
+def apply_acls(settings: PlatformSettings) -> int:
+    """Apply the ACL table as the local admin (idempotent); return the number of bindings."""
+    return asyncio.run(kafka_acl_admin.apply_acls(admin_settings(settings)))
+
+
+async def _metadata_ok(settings: PlatformSettings) -> bool:
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # connection refusals while probing are expected
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=3000)
+    admin = make_admin(admin_settings(settings), request_timeout_ms=3000)
     try:
         await admin.start()
         await admin.list_topics()
@@ -89,16 +149,23 @@ async def _metadata_ok(bootstrap: str) -> bool:
 
 
 def ready(settings: PlatformSettings) -> bool:
-    """Kafka counts as ready when a metadata request succeeds."""
-    return asyncio.run(_metadata_ok(settings.kafka_bootstrap))
+    """Kafka counts as ready when the admin's metadata request succeeds."""
+    return asyncio.run(_metadata_ok(settings))
 
 
 def up(settings: PlatformSettings, timeout: float = 90.0) -> str:
     proc = process(settings)
+    notes = []
+    if _stale_format(settings):
+        # local dev data from a broker without these SCRAM users: start over rather than refuse to start
+        if proc.stop(timeout=30.0):
+            notes.append("stopped the running broker")
+        shutil.rmtree(_data(settings))
+        notes.append(f"formatted {_data(settings)} again: it had no SASL/SCRAM users (its topics are gone)")
     if proc.pid() is not None and ready(settings):
-        return "already running"
-    config, data = _render_config(settings)
-    _format_storage(settings, config, data)
+        return "; ".join(["already running", *notes, *_acl_note(settings)])
+    config = _render_config(settings)
+    _format_storage(settings, config)
     if proc.pid() is None:
         proc.start(
             [
@@ -115,7 +182,11 @@ def up(settings: PlatformSettings, timeout: float = 90.0) -> str:
         )
     if not wait_until(lambda: ready(settings), timeout, interval=1.0):
         raise RuntimeError(f"Kafka did not become ready in {timeout}s:\n{proc.log_tail()}")
-    return "started"
+    return "; ".join(["started", *notes, *_acl_note(settings)])
+
+
+def _acl_note(settings: PlatformSettings) -> list[str]:
+    return [f"{apply_acls(settings)} ACL bindings in place"]
 
 
 def down(settings: PlatformSettings) -> bool:

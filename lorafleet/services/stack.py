@@ -12,13 +12,14 @@ from lorafleet.autoscale import view as autoscale_view
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
-from lorafleet.profile import DEV_PROFILE_ENV
+from lorafleet.profile import DEV_PROFILE_ENV, dev_kafka_password
 from lorafleet.services import kafka, objectstore, postgres, prometheus, redis, supervisor
 from lorafleet.services.memory import format_bytes, rss_bytes, tree_rss_bytes
 from lorafleet.services.paths import REPO_ROOT, log_dir, run_dir
 from lorafleet.services.process import ManagedProcess, wait_until
 from lorafleet.services.profile import LOCAL_REPLICA_ENV
 from lorafleet.services.scrape import LOCAL_ENV, ReplicaTarget, write_replica_targets
+from schemas import principals
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,29 @@ APP_PROCESSES: dict[str, list[str]] = {
 }
 
 
+# Each app process's Kafka principal (schemas/principals.py); a name not listed is a replica.
+APP_PRINCIPALS: dict[str, str] = {
+    "relay": principals.RELAY,
+    "stats-stream": principals.STATS_STREAM,
+    "gateway": principals.GATEWAY,
+    "registry-validator": principals.REGISTRY_VALIDATOR,
+    "placement-worker": principals.PLACEMENT_WORKER,
+    "public-gateway": principals.GATEWAY,
+    AUTOSCALER: principals.AUTOSCALER,
+}
+
+
+def kafka_env(principal: str) -> dict[str, str]:
+    """A local process's Kafka login: the principal and its dev password (the local broker's users have
+    these; the local stack runs in the dev profile)."""
+    return {"LORAFLEET_KAFKA_USERNAME": principal, "LORAFLEET_KAFKA_PASSWORD": dev_kafka_password(principal)}
+
+
+def app_envs(names: Sequence[str]) -> dict[str, dict[str, str]]:
+    """Each named app process's own Kafka login (a name not in APP_PRINCIPALS is a replica)."""
+    return {name: kafka_env(APP_PRINCIPALS.get(name, principals.REPLICA)) for name in names}
+
+
 # The local fleet's replica ids start with this; the router and the placement worker ignore replicas of
 # any other stack that shares the same Kafka (a test run, a second checkout).
 FLEET_ENV: dict[str, str] = {
@@ -109,6 +133,11 @@ def process_env() -> dict[str, str]:
     return {k: v for k, v in wanted.items() if k not in os.environ}
 
 
+def replica_env() -> dict[str, str]:
+    """process_env() for a replica the autoscaler starts, with the replica principal's Kafka login."""
+    return {**process_env(), **kafka_env(principals.REPLICA)}
+
+
 def app_process(settings: PlatformSettings, name: str) -> ManagedProcess:
     return ManagedProcess(name, run_dir(settings), log_dir(settings))
 
@@ -123,7 +152,7 @@ def prepare(settings: PlatformSettings, report: Callable[[str], None]) -> None:
     """Migrate the database and create the topics and the adapter bucket; idempotent."""
     applied = asyncio.run(migrate(settings.database_url))
     report(f"migrations: {len(applied)} applied")
-    created = asyncio.run(ensure_topics(settings))
+    created = asyncio.run(ensure_topics(kafka.admin_settings(settings)))
     report(f"topics: {len(created)} created")
     objectstore.ensure_bucket(settings)
     report(f"bucket: {settings.s3_bucket}")

@@ -89,9 +89,11 @@ class Supervisor:
         settings: PlatformSettings,
         commands: Mapping[str, Sequence[str]],
         cwd: Path | None = None,
+        envs: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self.settings = settings
         self.cwd = cwd
+        self.envs = envs or {}  # per child, over the supervisor's own environment
         self.children = [
             Child(name, list(argv), ManagedProcess(name, run_dir(settings), log_dir(settings)))
             for name, argv in commands.items()
@@ -133,7 +135,7 @@ class Supervisor:
         child.start_at = now + delay
 
     def _start(self, child: Child, now: float) -> None:
-        child.popen = child.proc.spawn(child.argv, cwd=self.cwd)
+        child.popen = child.proc.spawn(child.argv, env=dict(self.envs.get(child.name, {})), cwd=self.cwd)
         child.started_at = now
         child.starts += 1
         log.info("%s started (pid %d, start %d)", child.name, child.popen.pid, child.starts)
@@ -194,9 +196,14 @@ def _signal(child: Child, sig: signal.Signals) -> None:
             pass
 
 
-def supervise(settings: PlatformSettings, commands: Mapping[str, Sequence[str]], cwd: Path) -> None:
+def supervise(
+    settings: PlatformSettings,
+    commands: Mapping[str, Sequence[str]],
+    cwd: Path,
+    envs: Mapping[str, Mapping[str, str]] | None = None,
+) -> None:
     """Run the supervisor in this process (the `services supervise` command) until signalled."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
     )
-    Supervisor(settings, commands, cwd).run()
+    Supervisor(settings, commands, cwd, envs).run()
