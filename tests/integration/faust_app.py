@@ -6,9 +6,13 @@ import os
 
 import faust
 
+from lorafleet.config import PlatformSettings
+from stats_stream.app import broker_credentials
+
 app = faust.App(
     os.environ["FAUST_TEST_APP_ID"],
     broker=f"kafka://{os.environ['LORAFLEET_KAFKA_BOOTSTRAP']}",
+    broker_credentials=broker_credentials(PlatformSettings()),
     store="memory://",
     topic_partitions=1,
     web_enabled=False,

@@ -14,8 +14,15 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from lorafleet.config import PlatformSettings
+from lorafleet.kafka import make_consumer
 from schemas.events import SCHEMA_VERSION
 from schemas.topics import ALL_TOPICS
+
+
+def consumer_at(bootstrap: str, *topics: str, group_id: str | None = None) -> AIOKafkaConsumer:
+    """A consumer of the broker at bootstrap, logged in as the environment's principal (admin in tests)."""
+    return make_consumer(PlatformSettings(kafka_bootstrap=bootstrap), *topics, group_id=group_id)
 
 
 def decodable(record: object) -> bool:
@@ -35,13 +42,7 @@ async def collect(
     accept: Callable[[object], bool] = lambda _r: True,
 ) -> list:
     """Read topic from the beginning with a fresh group until want(records) or timeout; return the records."""
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        group_id=f"test-{uuid.uuid4().hex[:8]}",
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
+    consumer = consumer_at(bootstrap, topic, group_id=f"test-{uuid.uuid4().hex[:8]}")
     await consumer.start()
     records: list = []
     deadline = time.monotonic() + timeout
@@ -65,7 +66,7 @@ async def read_to_end(
     """
     # No group and an explicit assignment: a subscription's assignment is replaced on a metadata refresh,
     # and the replacement starts at the latest offsets, dropping the seek to the beginning.
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = consumer_at(bootstrap)
     await consumer.start()
     records: list = []
     deadline = time.monotonic() + timeout

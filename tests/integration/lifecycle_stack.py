@@ -18,7 +18,6 @@ from pathlib import Path
 
 import asyncpg
 import httpx
-from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from bench.databases import create_database, drop_database
@@ -35,7 +34,7 @@ from placement_worker.main import run_worker
 from schemas.events import Event, parse_event
 from schemas.topics import ALL_TOPICS
 from tests.integration.gateway_stack import ADAPTERS, REPO, TOKEN, ReplicaProc, _seed, start_replica
-from tests.integration.kafka_helpers import decodable
+from tests.integration.kafka_helpers import consumer_at, decodable
 
 LEAN = ("lean", 50, 1_000)  # a tenant whose tokens/min admit two long requests, not a third
 LEAN_ADAPTER, LEAN_ALIAS = "lean-app-v1", "lean/app:prod"
@@ -161,7 +160,7 @@ class Tap:
     """Everything published on some topics from now on (no group: every partition, from its end)."""
 
     def __init__(self, bootstrap: str, *topic_names: str) -> None:
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        self.consumer = consumer_at(bootstrap)
         self.topic_names = topic_names
         self.events: list[Event] = []
         self._task: asyncio.Task[None] | None = None

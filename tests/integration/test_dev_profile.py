@@ -31,6 +31,10 @@ def _env(services, **extra: str) -> dict[str, str]:
         (["public-gateway"], "LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN"),
         (["replica", "serve", "--replica-id", "profile-test"], "LORAFLEET_REPLICA_SERVICE_TOKEN"),
         (["autoscale", "--local"], "LORAFLEET_AUTOSCALE_REPLICA_SERVICE_TOKEN"),
+        (["relay"], "LORAFLEET_KAFKA_PASSWORD"),
+        (["registry-validator"], "LORAFLEET_KAFKA_PASSWORD"),
+        (["placement-worker"], "LORAFLEET_KAFKA_PASSWORD"),
+        (["stats-stream"], "LORAFLEET_KAFKA_PASSWORD"),
     ],
 )
 def test_a_process_on_the_dev_token_refuses_to_start_outside_the_dev_profile(
@@ -45,7 +49,7 @@ def test_a_process_on_the_dev_token_refuses_to_start_outside_the_dev_profile(
         timeout=120,
     )
     assert done.returncode != 0
-    assert setting in done.stderr and "default dev token" in done.stderr, done.stderr[-2000:]
+    assert setting in done.stderr and "well-known dev secret" in done.stderr, done.stderr[-2000:]
 
 
 async def test_the_gateway_starts_on_a_real_secret_outside_the_dev_profile_and_guards_its_document(
@@ -56,6 +60,7 @@ async def test_the_gateway_starts_on_a_real_secret_outside_the_dev_profile_and_g
         services,
         LORAFLEET_GATEWAY_SERVICE_TOKEN="a-real-secret-of-its-own",
         LORAFLEET_GATEWAY_INTERNAL_PORT=str(port),
+        LORAFLEET_KAFKA_PASSWORD="a-real-kafka-secret",
     )
     with open(tmp_path / "gateway.log", "ab") as log:
         proc = subprocess.Popen(

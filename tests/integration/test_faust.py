@@ -9,8 +9,8 @@ import sys
 import uuid
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
+from lorafleet.kafka import make_producer
 from tests.integration.kafka_helpers import collect
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,7 @@ async def test_a_faust_app_consumes_into_a_table_and_emits_to_another_topic(serv
             stderr=subprocess.STDOUT,
         )
     try:
-        producer = AIOKafkaProducer(bootstrap_servers=services.kafka_bootstrap)
+        producer = make_producer(services.settings())
         await producer.start()
         try:
             for i in range(30):

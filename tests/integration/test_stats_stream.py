@@ -20,10 +20,11 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from bench.ports import free_port
 from gateway import console_registry
+from lorafleet.config import PlatformSettings
+from lorafleet.kafka import make_producer
 from schemas.console import TenantStats
 from schemas.events import (
     Alert,
@@ -116,7 +117,7 @@ def stream(services, migrated_db, tmp_path) -> Iterator[tuple[Stream, str]]:
 
 
 async def publish(bootstrap: str, events: list[Event]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+    producer = make_producer(PlatformSettings(kafka_bootstrap=bootstrap))
     await producer.start()
     try:
         for e in events:
