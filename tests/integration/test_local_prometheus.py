@@ -71,7 +71,7 @@ async def test_prometheus_scrapes_every_process_of_a_real_stack(services, tmp_pa
         for listener in LISTENERS
         if "GATEWAY_PUBLIC" not in listener.port_env
     }
-    env = {**LOCAL_REPLICA_ENV, **ports, "LORAFLEET_GATEWAY_VALIDATOR_GROUP": f"validator-{run}"}
+    env = {**LOCAL_REPLICA_ENV, **ports, "LORAFLEET_GATEWAY_VALIDATOR_GROUP": f"registry-validator-{run}"}
     cfg = ScaleupConfig(unmanaged=1, max_replicas=2, stats_min_replicas=2, cooldown_s=2.0, env=env)
     async with scaleup_stack(services.settings(), tmp_path, cfg) as stack:
         validator = Proc("registry-validator", lorafleet("registry-validator"), stack.env, tmp_path / "v.log")
