@@ -38,7 +38,8 @@ def supervise(only: list[str] = typer.Option([], "--only", help=ONLY_HELP)) -> N
 
 @app.command()
 def init() -> None:
-    """Migrate, create the topics and the bucket on services that run elsewhere (containers, Kubernetes)."""
+    """Migrate, create the topics, the Kafka ACLs and the bucket on services that run elsewhere (containers,
+    Kubernetes), logged in to Kafka as the admin (LORAFLEET_KAFKA_USERNAME, LORAFLEET_KAFKA_PASSWORD)."""
     stack.prepare(get_settings(), typer.echo)
 
 

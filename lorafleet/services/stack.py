@@ -12,6 +12,7 @@ from lorafleet.autoscale import view as autoscale_view
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
+from lorafleet.kafka_acl_admin import apply_acls
 from lorafleet.profile import DEV_PROFILE_ENV, dev_kafka_password
 from lorafleet.services import kafka, objectstore, postgres, prometheus, redis, supervisor
 from lorafleet.services.memory import format_bytes, rss_bytes, tree_rss_bytes
@@ -145,15 +146,18 @@ def app_process(settings: PlatformSettings, name: str) -> ManagedProcess:
 def infra_up(settings: PlatformSettings, report: Callable[[str], None]) -> None:
     for svc in INFRA:
         report(f"{svc.name}: {svc.up(settings)} ({svc.address(settings)})")
-    prepare(settings, report)
+    prepare(kafka.admin_settings(settings), report)  # the local broker's admin
 
 
 def prepare(settings: PlatformSettings, report: Callable[[str], None]) -> None:
-    """Migrate the database and create the topics and the adapter bucket; idempotent."""
+    """Migrate the database, create the topics and the ACLs and the adapter bucket; idempotent. The
+    settings' Kafka login is a super user's (the admin)."""
     applied = asyncio.run(migrate(settings.database_url))
     report(f"migrations: {len(applied)} applied")
-    created = asyncio.run(ensure_topics(kafka.admin_settings(settings)))
+    created = asyncio.run(ensure_topics(settings))
     report(f"topics: {len(created)} created")
+    if settings.kafka_security_protocol != "PLAINTEXT":
+        report(f"kafka ACLs: {asyncio.run(apply_acls(settings))} bindings in place")
     objectstore.ensure_bucket(settings)
     report(f"bucket: {settings.s3_bucket}")
 
