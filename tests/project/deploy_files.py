@@ -23,6 +23,7 @@ from lorafleet.autoscale.config import AutoscaleSettings
 from lorafleet.config import PlatformSettings, RelaySettings
 from placement_worker.config import PlacementSettings
 from replica.config import ReplicaSettings
+from schemas import principals
 from stats_stream.config import StatsStreamSettings
 
 ALL_SETTINGS: tuple[type[BaseSettings], ...] = (
@@ -50,6 +51,21 @@ PROCESS_SETTINGS: dict[str, tuple[type[BaseSettings], ...]] = {
     "services init": (PlatformSettings,),
     "model prepare": (PlatformSettings,),
 }
+
+# The Kafka principal each Kafka-client process logs in as (schemas/principals.py); `services init` creates
+# the topics and the ACLs, so it is the admin.
+KAFKA_PRINCIPALS: dict[str, str] = {
+    "relay": principals.RELAY,
+    "gateway": principals.GATEWAY,
+    "public-gateway": principals.GATEWAY,
+    "registry-validator": principals.REGISTRY_VALIDATOR,
+    "placement-worker": principals.PLACEMENT_WORKER,
+    "stats-stream": principals.STATS_STREAM,
+    "replica serve": principals.REPLICA,
+    "autoscale": principals.AUTOSCALER,
+    "services init": principals.ADMIN,
+}
+NO_KAFKA: set[str] = {"model prepare", "demo"}  # processes that never open a Kafka client
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ from lorafleet.autoscale.merged_local import MergedFleet
 from lorafleet.config import PlatformSettings
 from lorafleet.model.prepare import DEFAULT_MODEL_NAME
 from lorafleet.services import scrape
-from lorafleet.services.stack import APP_PROCESSES, FLEET_ENV, stack_replicas
+from lorafleet.services.stack import APP_PROCESSES, FLEET_ENV, kafka_env, stack_replicas
 from replica.config import ReplicaSettings
+from schemas import principals
 from tests.project.compose_files import (
     ANCHOR_ENV,
     Service,
@@ -36,7 +37,9 @@ from tests.project.compose_files import (
 )
 from tests.project.deploy_files import (
     ALL_SETTINGS,
+    KAFKA_PRINCIPALS,
     LISTENERS,
+    NO_KAFKA,
     PROCESS_SETTINGS,
     env_names,
     resolve_cli,
@@ -265,3 +268,45 @@ def test_replica_targets_carry_the_pool_labels_the_kubernetes_pods_have() -> Non
     # the local stack's file_sd targets: its own replicas, the autoscaler's, its merged ones
     assert {r.pool for r in stack_replicas()} == {LocalFleet.pool} == {pool}
     assert MergedFleet.pool == merged
+
+
+@pytest.mark.parametrize(
+    "service", [s for s in built().values() if s.process not in NO_KAFKA], ids=lambda s: s.name
+)
+def test_each_kafka_client_logs_in_as_its_own_principal(service: Service) -> None:
+    """The login `lorafleet services up` gives the same process: its principal and that one's password."""
+    assert service.env().items() >= kafka_env(KAFKA_PRINCIPALS[service.process]).items()
+
+
+def test_the_broker_has_a_scram_user_for_every_principal_with_the_password_its_clients_send() -> None:
+    kafka = services()["kafka"].env()
+    users = dict(u.split(":", 1) for u in kafka["KAFKA_SCRAM_USERS"].split())
+    assert users == {p: kafka_env(p)["LORAFLEET_KAFKA_PASSWORD"] for p in principals.ALL}
+    assert kafka["KAFKA_ADMIN_PASSWORD"] == users[principals.ADMIN]
+
+
+SECURITY_KEYS = (
+    "inter.broker.listener.name",
+    "listener.security.protocol.map",
+    "sasl.enabled.mechanisms",
+    "sasl.mechanism.inter.broker.protocol",
+    "sasl.mechanism.controller.protocol",
+    "listener.name.controller.sasl.enabled.mechanisms",
+    "authorizer.class.name",
+    "super.users",
+    "allow.everyone.if.no.acl.found",
+)
+
+
+def _properties(text: str) -> dict[str, str]:
+    lines = [line for line in text.splitlines() if "=" in line and not line.startswith(("#", " "))]
+    return dict(line.split("=", 1) for line in lines)
+
+
+def test_the_compose_broker_has_the_local_brokers_security_settings() -> None:
+    (mount,) = services()["kafka"].spec["volumes"]
+    script = (ROOT / mount.split(":")[0]).read_text()
+    assert services()["kafka"].spec["entrypoint"][-1] == mount.split(":")[1]
+    local = _properties((ROOT / "infra/kafka/server.properties.template").read_text())
+    compose_broker = _properties(script)
+    assert {k: compose_broker.get(k) for k in SECURITY_KEYS} == {k: local[k] for k in SECURITY_KEYS}
