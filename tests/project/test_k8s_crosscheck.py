@@ -15,7 +15,9 @@ from replica.config import ReplicaSettings
 from replica.metrics import EngineLoad, ReplicaMetrics
 from tests.project.deploy_files import (
     ALL_SETTINGS,
+    KAFKA_PRINCIPALS,
     LISTENERS,
+    NO_KAFKA,
     PROCESS_SETTINGS,
     env_names,
     process_of,
@@ -36,14 +38,29 @@ from tests.project.k8s_files import (
 SECRET_NAME = "lorafleet-secrets"
 # Secrets each process cannot run without (a missing one would fall back to a single-machine default).
 REQUIRED_SECRETS: dict[str, set[str]] = {
-    "gateway": {"LORAFLEET_DATABASE_URL", "LORAFLEET_GATEWAY_SERVICE_TOKEN"},
-    "public-gateway": {"LORAFLEET_DATABASE_URL", "LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN"},
-    "registry-validator": {"LORAFLEET_DATABASE_URL", "LORAFLEET_S3_ACCESS_KEY", "LORAFLEET_S3_SECRET_KEY"},
-    "placement-worker": {"LORAFLEET_DATABASE_URL"},
-    "relay": {"LORAFLEET_DATABASE_URL"},
-    "stats-stream": {"LORAFLEET_DATABASE_URL"},
-    "services init": {"LORAFLEET_DATABASE_URL", "LORAFLEET_S3_ACCESS_KEY", "LORAFLEET_S3_SECRET_KEY"},
+    "gateway": {"LORAFLEET_DATABASE_URL", "LORAFLEET_GATEWAY_SERVICE_TOKEN", "LORAFLEET_KAFKA_PASSWORD"},
+    "public-gateway": {
+        "LORAFLEET_DATABASE_URL",
+        "LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN",
+        "LORAFLEET_KAFKA_PASSWORD",
+    },
+    "registry-validator": {
+        "LORAFLEET_DATABASE_URL",
+        "LORAFLEET_S3_ACCESS_KEY",
+        "LORAFLEET_S3_SECRET_KEY",
+        "LORAFLEET_KAFKA_PASSWORD",
+    },
+    "placement-worker": {"LORAFLEET_DATABASE_URL", "LORAFLEET_KAFKA_PASSWORD"},
+    "relay": {"LORAFLEET_DATABASE_URL", "LORAFLEET_KAFKA_PASSWORD"},
+    "stats-stream": {"LORAFLEET_DATABASE_URL", "LORAFLEET_KAFKA_PASSWORD"},
+    "services init": {
+        "LORAFLEET_DATABASE_URL",
+        "LORAFLEET_S3_ACCESS_KEY",
+        "LORAFLEET_S3_SECRET_KEY",
+        "LORAFLEET_KAFKA_PASSWORD",
+    },
     "replica serve": {
+        "LORAFLEET_KAFKA_PASSWORD",
         "LORAFLEET_REPLICA_SERVICE_TOKEN",
         "LORAFLEET_REPLICA_REGISTRY_TOKEN",
         "LORAFLEET_S3_ACCESS_KEY",
@@ -76,7 +93,8 @@ def secret_settings() -> set[str]:
     for cls in ALL_SETTINGS:
         prefix = str(cls.model_config.get("env_prefix", ""))
         for name, field in cls.model_fields.items():
-            if field.annotation is SecretStr or name.endswith(("token", "secret_key", "access_key")):
+            secret = field.annotation in (SecretStr, SecretStr | None)
+            if secret or name.endswith(("token", "secret_key", "access_key", "password")):
                 out.add((prefix + name).upper())
     return out | {"LORAFLEET_DATABASE_URL"}
 
@@ -190,6 +208,15 @@ def test_secret_values_come_only_from_the_secret() -> None:
 def test_each_process_gets_the_secrets_it_needs(container: Container) -> None:
     needed = REQUIRED_SECRETS.get(process_of(container.argv), set())
     assert sorted(n for n in needed if secret_ref(container, n) is None) == []
+
+
+@pytest.mark.parametrize(
+    "container", [c for c in containers() if process_of(c.argv) not in NO_KAFKA], ids=str
+)
+def test_each_kafka_client_logs_in_as_its_own_principal_with_its_own_secret(container: Container) -> None:
+    principal = KAFKA_PRINCIPALS[process_of(container.argv)]
+    assert container.literal_env().get("LORAFLEET_KAFKA_USERNAME") == principal
+    assert secret_ref(container, "LORAFLEET_KAFKA_PASSWORD") == (SECRET_NAME, f"kafka-{principal}-password")
 
 
 def test_both_ends_of_each_authenticated_call_read_the_same_secret() -> None:
