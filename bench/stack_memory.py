@@ -51,7 +51,11 @@ async def measure(platform: PlatformSettings, work: Path, settle_s: float = 20.0
     ports = {
         listener.port_env: str(free_port()) for listener in LISTENERS if "PUBLIC" not in listener.port_env
     }
-    env = {**LOCAL_REPLICA_ENV, **ports, "LORAFLEET_GATEWAY_VALIDATOR_GROUP": f"registry-validator-{work.name}"}
+    env = {
+        **LOCAL_REPLICA_ENV,
+        **ports,
+        "LORAFLEET_GATEWAY_VALIDATOR_GROUP": f"registry-validator-{work.name}",
+    }
     cfg = ScaleupConfig(unmanaged=1, max_replicas=2, stats_min_replicas=2, cooldown_s=2.0, env=env)
     async with scaleup_stack(platform, work, cfg) as stack:
         # the scale-up stack names its public gateway "gateway"

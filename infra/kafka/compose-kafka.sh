@@ -3,9 +3,12 @@
 # as infra/kafka/server.properties.template has it: SASL/SCRAM-SHA-512 for clients and the inter-broker
 # link, SASL/PLAIN for the controller link, StandardAuthorizer with admin the only super user. The log dir
 # is formatted once with a SCRAM user for each "name:password" of KAFKA_SCRAM_USERS; the ACLs are applied
-# by `lorafleet services init`.
+# by `lorafleet services init`. Clients reach it at KAFKA_ADVERTISED_HOST:KAFKA_PORT (kafka:9092 on the
+# compose network; the test suite's container advertises 127.0.0.1 on a port it publishes as itself).
 set -eu
 : "${KAFKA_ADMIN_PASSWORD:?}" "${KAFKA_SCRAM_USERS:?}"
+port="${KAFKA_PORT:-9092}"
+host="${KAFKA_ADVERTISED_HOST:-kafka}"
 conf=/tmp/server.properties
 data=/tmp/kraft-combined-logs
 jaas="required username=\"admin\" password=\"$KAFKA_ADMIN_PASSWORD\""
@@ -13,8 +16,8 @@ cat > "$conf" <<PROPERTIES
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@kafka:9093
-listeners=SASL_PLAINTEXT://:9092,CONTROLLER://:9093
-advertised.listeners=SASL_PLAINTEXT://kafka:9092
+listeners=SASL_PLAINTEXT://:$port,CONTROLLER://:9093
+advertised.listeners=SASL_PLAINTEXT://$host:$port
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=SASL_PLAINTEXT
 listener.security.protocol.map=CONTROLLER:SASL_PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT

@@ -3,13 +3,20 @@ answers, otherwise the locally started services (started here if they are not ru
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 from lorafleet.config import PlatformSettings
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -53,29 +60,75 @@ def docker_answers() -> bool:
         return False
 
 
+def _kafka_container() -> tuple[Any, str]:
+    """docker-compose.yml's broker (apache/kafka through infra/kafka/compose-kafka.sh: SASL/SCRAM, the
+    principals' users), published on a free host port that it also listens and advertises on."""
+    from testcontainers.core.container import DockerContainer
+
+    from bench.ports import free_port
+
+    spec = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]["kafka"]
+    (mount,) = spec["volumes"]
+    script, inside = mount.split(":")[:2]
+    port = free_port()
+    return (
+        DockerContainer(spec["image"])
+        .with_volume_mapping(str(REPO / script), inside, "ro")
+        .with_envs(**spec["environment"], KAFKA_PORT=str(port), KAFKA_ADVERTISED_HOST="127.0.0.1")
+        .with_bind_ports(port, port)
+        .with_kwargs(entrypoint=spec["entrypoint"], hostname="kafka")
+    ), f"127.0.0.1:{port}"
+
+
+def _kafka_ready(bootstrap: str, timeout_s: float = 120.0) -> None:
+    """Wait until the admin can log in, then apply the ACL table (what `services init` does in compose)."""
+    import time
+
+    from lorafleet.kafka import make_admin
+    from lorafleet.kafka_acl_admin import apply_acls
+
+    admin_settings = PlatformSettings(kafka_bootstrap=bootstrap, kafka_username="admin")
+
+    async def login() -> bool:
+        admin = make_admin(admin_settings, request_timeout_ms=5000)
+        try:
+            await admin.start()
+            return True
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
+        finally:
+            await admin.close()
+
+    deadline = time.monotonic() + timeout_s
+    while not asyncio.run(login()):
+        assert time.monotonic() < deadline, f"the Kafka container at {bootstrap} did not come up"
+        time.sleep(1.0)
+    asyncio.run(apply_acls(admin_settings))
+
+
 @contextlib.contextmanager
 def containers() -> Iterator[ServiceAddresses]:
-    """Kafka (apache/kafka, KRaft), PostgreSQL and MinIO in throwaway containers."""
+    """Kafka (apache/kafka, KRaft, SASL/SCRAM), PostgreSQL and MinIO in throwaway containers."""
     try:
-        from testcontainers.community.kafka import KafkaContainer
         from testcontainers.community.minio import MinioContainer
         from testcontainers.community.postgres import PostgresContainer
     except ImportError:
-        from testcontainers.kafka import KafkaContainer
         from testcontainers.minio import MinioContainer
         from testcontainers.postgres import PostgresContainer
 
+    kafka_container, bootstrap = _kafka_container()
     with (
-        # testcontainers' Kafka module drives Confluent's image; cp-kafka 7.9 ships Apache Kafka 3.9 (KRaft).
-        KafkaContainer("confluentinc/cp-kafka:7.9.0").with_kraft() as kafka,
+        kafka_container,
         PostgresContainer(
             "postgres:16", username="lorafleet", password="lorafleet", dbname="lorafleet"
         ) as pg,
         MinioContainer() as minio,
     ):
         cfg = minio.get_config()
+        with ThreadPoolExecutor(1) as pool:  # asyncio.run off pytest-asyncio's loop
+            pool.submit(_kafka_ready, bootstrap).result()
         yield ServiceAddresses(
-            kafka_bootstrap=kafka.get_bootstrap_server(),
+            kafka_bootstrap=bootstrap,
             database_url=pg.get_connection_url(driver=None),
             s3_endpoint=f"http://{cfg['endpoint']}",
             s3_access_key=cfg["access_key"],
