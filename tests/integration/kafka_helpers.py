@@ -13,9 +13,11 @@ import uuid
 from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+from pydantic import SecretStr
 
 from lorafleet.config import PlatformSettings
-from lorafleet.kafka import make_consumer
+from lorafleet.kafka import make_admin, make_consumer, make_producer
 from schemas.events import SCHEMA_VERSION
 from schemas.topics import ALL_TOPICS
 
@@ -92,3 +94,32 @@ async def read_to_end(
     finally:
         await consumer.stop()
     return records
+
+
+def login(broker: PlatformSettings, principal: str, password: str | None = None) -> PlatformSettings:
+    """The broker's address with a principal's login (its dev password unless one is given)."""
+    secret = SecretStr(password) if password is not None else None
+    return broker.model_copy(update={"kafka_username": principal, "kafka_password": secret})
+
+
+async def produce(settings: PlatformSettings, topic: str) -> None:
+    """Send one record to topic with these settings (an authorization failure raises)."""
+    producer = make_producer(settings, request_timeout_ms=10000)
+    try:
+        await producer.start()
+        await producer.send_and_wait(topic, b"{}", key=b"k")
+    finally:
+        await producer.stop()
+
+
+async def connects(settings: PlatformSettings) -> bool:
+    """Whether a client with these settings logs in and reads metadata."""
+    admin = make_admin(settings, request_timeout_ms=5000)
+    try:
+        await admin.start()
+        await admin.list_topics()
+        return True
+    except KafkaError:
+        return False
+    finally:
+        await admin.close()

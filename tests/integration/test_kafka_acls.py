@@ -15,8 +15,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
-from aiokafka.errors import ClusterAuthorizationFailedError, KafkaError, TopicAuthorizationFailedError
-from pydantic import SecretStr
+from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
 
 from bench.ports import free_port
 from bench.processes import stop
@@ -25,10 +24,11 @@ from gateway.alias_cache import AliasCache, consume_alias_changes
 from gateway.aliases import set_alias
 from gateway.rollout import AliasTarget
 from lorafleet.config import PlatformSettings
-from lorafleet.kafka import ensure_topics, make_admin, make_producer
+from lorafleet.kafka import ensure_topics
 from lorafleet.services import kafka
 from schemas import principals
 from schemas import topics as t
+from tests.integration.kafka_helpers import connects, login, produce
 from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -53,21 +53,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlatformSetting
             yield settings
         finally:
             kafka.down(settings)
-
-
-def login(broker: PlatformSettings, principal: str, password: str | None = None) -> PlatformSettings:
-    """The broker's address with a principal's login (its dev password unless one is given)."""
-    secret = SecretStr(password) if password is not None else None
-    return broker.model_copy(update={"kafka_username": principal, "kafka_password": secret})
-
-
-async def produce(settings: PlatformSettings, topic: str) -> None:
-    producer = make_producer(settings, request_timeout_ms=10000)
-    try:
-        await producer.start()
-        await producer.send_and_wait(topic, b"{}", key=b"k")
-    finally:
-        await producer.stop()
 
 
 async def test_only_a_replica_writes_replica_state_and_replica_events(broker: PlatformSettings) -> None:
@@ -99,26 +84,14 @@ async def test_the_relay_writes_nothing_but_the_control_plane(broker: PlatformSe
         await produce(login(broker, principals.RELAY), t.REPLICA_STATE.name)
 
 
-async def _connects(settings: PlatformSettings) -> bool:
-    admin = make_admin(settings, request_timeout_ms=5000)
-    try:
-        await admin.start()
-        await admin.list_topics()
-        return True
-    except KafkaError:
-        return False
-    finally:
-        await admin.close()
-
-
 async def test_a_client_without_credentials_or_with_a_wrong_password_is_refused(
     broker: PlatformSettings,
 ) -> None:
-    assert await _connects(login(broker, principals.GATEWAY))
-    assert not await _connects(login(broker, principals.GATEWAY, password="not-the-password"))
-    assert not await _connects(login(broker, "nobody", password="dev-kafka-nobody"))
+    assert await connects(login(broker, principals.GATEWAY))
+    assert not await connects(login(broker, principals.GATEWAY, password="not-the-password"))
+    assert not await connects(login(broker, "nobody", password="dev-kafka-nobody"))
     plaintext = broker.model_copy(update={"kafka_security_protocol": "PLAINTEXT"})
-    assert not await _connects(plaintext)
+    assert not await connects(plaintext)
 
 
 async def test_the_relay_publishes_an_alias_move_the_gateway_cache_applies(
