@@ -281,7 +281,7 @@ async def test_poison_on_a_source_is_dead_lettered_and_the_next_events_still_mak
     # a new app id reads the shared sources from their beginning (tens of thousands of records) first
     await s.wait_for("lorafleet_stats_ticks_total", 1, timeout=480)
     topic, adapter = "requests.completed", f"a-{run}-after-poison"
-    producer = AIOKafkaProducer(bootstrap_servers=services.kafka_bootstrap, enable_idempotence=True)
+    producer = make_producer(services.settings())
     await producer.start()
     try:
         key = f"req-{run}".encode()
