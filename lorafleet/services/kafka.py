@@ -161,7 +161,10 @@ def up(settings: PlatformSettings, timeout: float = 90.0) -> str:
         if proc.stop(timeout=30.0):
             notes.append("stopped the running broker")
         shutil.rmtree(_data(settings))
-        notes.append(f"formatted {_data(settings)} again: it had no SASL/SCRAM users (its topics are gone)")
+        notes.append(
+            f"formatted {_data(settings)} again: it lacked this stack's SASL/SCRAM users"
+            " (its topics and offsets are gone)"
+        )
     if proc.pid() is not None and ready(settings):
         return "; ".join(["already running", *notes, *_acl_note(settings)])
     config = _render_config(settings)

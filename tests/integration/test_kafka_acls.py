@@ -16,6 +16,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
+from prometheus_client import CollectorRegistry
 
 from bench.ports import free_port
 from bench.processes import stop
@@ -24,6 +25,7 @@ from gateway.alias_cache import AliasCache, consume_alias_changes
 from gateway.aliases import set_alias
 from gateway.rollout import AliasTarget
 from lorafleet.config import PlatformSettings
+from lorafleet.dead_letters import DeadLetters, dead_letter_counter
 from lorafleet.kafka import ensure_topics
 from lorafleet.services import kafka
 from schemas import principals
@@ -108,7 +110,9 @@ async def test_the_relay_publishes_an_alias_move_the_gateway_cache_applies(
     assert await cache.resolve(tenant, alias) == AliasTarget(versions[0].adapter_id)
 
     ready = asyncio.Event()
-    consumer = asyncio.create_task(consume_alias_changes(login(broker, principals.GATEWAY), cache, ready))
+    letters = DeadLetters("alias-cache", pool, dead_letter_counter(CollectorRegistry()))
+    gateway = login(broker, principals.GATEWAY)
+    consumer = asyncio.create_task(consume_alias_changes(gateway, cache, ready, letters))
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("LORAFLEET_KAFKA_")},
         "LORAFLEET_KAFKA_BOOTSTRAP": broker.kafka_bootstrap,
