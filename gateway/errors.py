@@ -129,6 +129,14 @@ class RateLimited(GatewayError):
         self.type = limit_type
 
 
+class Overloaded(GatewayError):
+    """A 429 that is no tenant limit of the gateway's: a replica's cap (its cold loads for the tenant).
+    The replica's code and Retry-After pass through."""
+
+    status = 429
+    type = "requests"
+
+
 class TooManyAuthFailures(GatewayError):
     """A source address past its limit of failed authentications; Retry-After says when it may try again."""
 

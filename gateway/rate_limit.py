@@ -109,3 +109,12 @@ class RateLimiter:
 def retry_after_header(wait_s: float) -> str:
     """Retry-After as an integer number of seconds, at least 1."""
     return str(max(1, math.ceil(wait_s)))
+
+
+def retry_after_of(upstream: str | None) -> str:
+    """Another service's Retry-After (seconds) as ours: whole seconds from 1 to 3600, 1 if unreadable."""
+    try:
+        wait = float(upstream) if upstream is not None else 1.0
+    except ValueError:
+        return "1"
+    return retry_after_header(min(wait, 3600.0)) if math.isfinite(wait) else "1"

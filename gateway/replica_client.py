@@ -40,9 +40,19 @@ class ReplicaUnavailable(Exception):
     """No replica of the plan could take the request; timed_out when the last one tried sent no first
     event within the first-token deadline."""
 
-    def __init__(self, message: str, timed_out: bool = False) -> None:
+    def __init__(self, message: str, timed_out: bool = False, refusal: Refusal | None = None) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+        self.refusal = refusal  # the last replica's own 5xx answer, when it refused rather than failed
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A replica's error answer: its status, error object and Retry-After (seconds, as it sent them)."""
+
+    status: int
+    error: ErrorDetail
+    retry_after: str | None
 
 
 class UpstreamStalled(Exception):
@@ -56,10 +66,11 @@ class _NoFirstLine(Exception):
 class ReplicaRejected(Exception):
     """A replica refused the request itself (bad parameters, prompt too long): relay its error."""
 
-    def __init__(self, status: int, error: ErrorDetail) -> None:
-        super().__init__(error.message)
-        self.status = status
-        self.error = error
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.error.message)
+        self.status = refusal.status
+        self.error = refusal.error
+        self.retry_after = refusal.retry_after
 
 
 @dataclass
@@ -147,7 +158,7 @@ class ReplicaClient:
     ) -> UpstreamStream:
         """Open the stream on plan[0], or on the next replica after a failure before its first line (once)."""
         content = body.model_dump_json(exclude_none=True)
-        timed_out = False
+        timed_out, refusal = False, None
         last = min(len(plan), max_attempts)
         for attempt, replica in enumerate(plan[:max_attempts], start=1):
             url = f"{replica.url.rstrip('/')}/internal/replicas/{replica.replica_id}/generate"
@@ -157,7 +168,7 @@ class ReplicaClient:
                 async with asyncio.timeout(None if math.isinf(first_token_s) else first_token_s):
                     response = await self.http.send(request, stream=True)
                     if response.status_code != 200:
-                        await self._refused(replica, response)
+                        refusal = await self._refused(replica, response)
                         timed_out = False
                         continue
                     upstream = UpstreamStream(replica, response, attempt > 1, stall_s, on_failure)
@@ -176,17 +187,20 @@ class ReplicaClient:
                 else:
                     log.warning("replica %s failed before its first line: %r", replica.replica_id, exc)
                     on_failure(replica.replica_id)
+                refusal = None
                 if response is not None:
                     await response.aclose()
-        raise ReplicaUnavailable("no replica could take the request", timed_out)
+        raise ReplicaUnavailable("no replica could take the request", timed_out, refusal)
 
-    async def _refused(self, replica: ReplicaLoad, response: httpx.Response) -> None:
-        """Return when the replica cannot take it (the next may); raise when the request is at fault."""
-        error = await _error_of(response)
-        if response.status_code >= 500 or error.code in _PASS_ON:
-            log.warning("replica %s cannot take it: %s %s", replica.replica_id, response.status_code, error)
-            return
-        raise ReplicaRejected(response.status_code, error)
+    async def _refused(self, replica: ReplicaLoad, response: httpx.Response) -> Refusal:
+        """Return the refusal when the replica cannot take it (the next may); raise ReplicaRejected when
+        the request is at fault or over a cap of the tenant's (a 4xx)."""
+        wait = response.headers.get("retry-after")
+        refusal = Refusal(response.status_code, await _error_of(response), wait)
+        if refusal.status >= 500 or refusal.error.code in _PASS_ON:
+            log.warning("replica %s cannot take it: %s %s", replica.replica_id, refusal.status, refusal.error)
+            return refusal
+        raise ReplicaRejected(refusal)
 
 
 async def _error_of(response: httpx.Response) -> ErrorDetail:

@@ -19,11 +19,9 @@ from gateway.chat_relay import completion_response, sse_chunks
 from gateway.deps import PublicCaller
 from gateway.errors import (
     BadRequest,
-    GatewayTimeout,
     NotFound,
     PayloadTooLarge,
     RateLimited,
-    ServiceUnavailable,
 )
 from gateway.idempotency import HEADER as IDEMPOTENCY_HEADER
 from gateway.idempotent_chat import begin
@@ -32,6 +30,7 @@ from gateway.rate_limit import retry_after_header
 from gateway.replica_client import ReplicaRejected, ReplicaUnavailable
 from gateway.sse_response import SseResponse
 from gateway.tenants import Caller
+from gateway.upstream_errors import public_error
 from schemas.openai import ChatCompletionRequest
 from schemas.replica_api import ChatMessage, GenerateRequest
 
@@ -147,22 +146,10 @@ async def _serve(request: Request, online: Online, caller: Caller, body: ChatCom
         upstream = await online.open_upstream(
             rec, replica_body(body, adapter_id, rec.request_id, max_tokens, caller.tenant_id)
         )
-    except ReplicaRejected as exc:
-        await online.finish(rec, "error", exc.error.code or "replica_rejected")
-        code, msg, param = exc.error.code, exc.error.message, exc.error.param
-        if exc.status in (400, 413, 422):
-            raise BadRequest(code or "invalid_request", msg, param) from exc
-        raise ServiceUnavailable(code or "replica_error", msg, None, {"Retry-After": "1"}) from exc
-    except ReplicaUnavailable as exc:
-        if exc.timed_out:
-            await online.finish(rec, "error", "upstream_timeout")
-            raise GatewayTimeout(
-                "upstream_timeout", "no replica sent a first token in time", None, {"Retry-After": "1"}
-            ) from exc
-        await online.finish(rec, "error", "no_replica")
-        raise ServiceUnavailable(
-            "no_replica_available", "no replica can take this request now", None, {"Retry-After": "1"}
-        ) from exc
+    except (ReplicaRejected, ReplicaUnavailable) as exc:
+        error = public_error(exc)
+        await online.finish(rec, "error", error.code)
+        raise error from exc
     except BaseException:  # cancelled while waiting for the first token: the reservation still comes back
         with anyio.CancelScope(shield=True):
             await online.finish(rec, "cancelled", "client_disconnected")

@@ -9,8 +9,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from gateway.replica_client import ReplicaClient, ReplicaUnavailable, UpstreamStalled
+from gateway.rate_limit import retry_after_of
+from gateway.replica_client import ReplicaClient, ReplicaRejected, ReplicaUnavailable, UpstreamStalled
 from gateway.routing import ReplicaLoad
+from gateway.upstream_errors import public_error
+from schemas.api import ErrorBody, ErrorDetail
 from schemas.replica_api import GenerateRequest, TokenEvent, encode_event
 
 TOKEN_LINE = encode_event(TokenEvent(token_id=7, text="Hi"))
@@ -128,5 +131,93 @@ async def test_the_last_replica_to_try_that_answered_keeps_the_request_past_the_
         )
         assert upstream.replica == slow and failed == []  # queued, not hung: waited past 0.2 s
         await upstream.aclose()
+    finally:
+        await client.aclose()
+
+
+def _refusing(status: int, code: str, retry_after: str) -> Handler:
+    body = ErrorBody(error=ErrorDetail(message=f"{code} here", type="server_error", code=code))
+    payload = body.model_dump_json().encode()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\nretry-after: %s\r\ncontent-length: %d\r\n\r\n%s"
+            % (status, retry_after.encode(), len(payload), payload)
+        )
+        await writer.drain()
+        writer.close()
+
+    return handler
+
+
+async def test_a_tenant_cap_429_is_the_requests_fault_and_keeps_the_replicas_retry_after(servers) -> None:
+    capped, never = await servers(_refusing(429, "too_many_cold_loads", "7")), await servers(_silent)
+    client = ReplicaClient("t")
+    try:
+        with pytest.raises(ReplicaRejected) as exc:
+            await client.open([capped, never], GenerateRequest(prompt_token_ids=[1]), lambda _: None)
+        assert (exc.value.status, exc.value.error.code, exc.value.retry_after) == (
+            429,
+            "too_many_cold_loads",
+            "7",
+        )
+        error = public_error(exc.value)
+        assert (error.status, error.code, error.headers) == (429, "too_many_cold_loads", {"Retry-After": "7"})
+    finally:
+        await client.aclose()
+
+
+async def test_owners_that_all_answer_503_give_the_client_the_last_ones_code_and_retry_after(servers) -> None:
+    plan = [
+        await servers(_refusing(503, "cold_loads_full", "2")),
+        await servers(_refusing(503, "adapter_loading_failed", "3")),
+    ]
+    failed: list[str] = []
+    client = ReplicaClient("t")
+    try:
+        with pytest.raises(ReplicaUnavailable) as exc:
+            await client.open(plan, GenerateRequest(prompt_token_ids=[1]), failed.append)
+        assert failed == []  # they answered: refusing, not failed
+        error = public_error(exc.value)
+        assert (error.status, error.code) == (503, "adapter_loading_failed")
+        assert error.headers == {"Retry-After": "3"} and error.body()["error"]["type"] == "server_error"
+    finally:
+        await client.aclose()
+
+
+async def test_an_unreachable_owner_after_a_refusal_is_no_replica_available(servers) -> None:
+    refusing = await servers(_refusing(503, "cold_loads_full", "2"))
+    gone = ReplicaLoad("gone", "http://127.0.0.1:1", 0)  # nothing listens on port 1
+    client = ReplicaClient("t")
+    try:
+        with pytest.raises(ReplicaUnavailable) as exc:
+            await client.open([refusing, gone], GenerateRequest(prompt_token_ids=[1]), lambda _: None)
+        error = public_error(exc.value)
+        assert (error.status, error.code, error.headers) == (
+            503,
+            "no_replica_available",
+            {"Retry-After": "1"},
+        )
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("sent", "passed_on"), [("7", "7"), ("0.2", "1"), ("1e9", "3600"), ("soon", "1"), (None, "1")]
+)
+def test_an_upstream_retry_after_is_passed_on_in_whole_bounded_seconds(
+    sent: str | None, passed_on: str
+) -> None:
+    assert retry_after_of(sent) == passed_on
+
+
+async def test_a_503_not_about_the_adapters_load_is_no_replica_available(servers) -> None:
+    plan = [await servers(_refusing(503, "replica_draining", "5"))]
+    client = ReplicaClient("t")
+    try:
+        with pytest.raises(ReplicaUnavailable) as exc:
+            await client.open(plan, GenerateRequest(prompt_token_ids=[1]), lambda _: None)
+        assert public_error(exc.value).code == "no_replica_available"
     finally:
         await client.aclose()
