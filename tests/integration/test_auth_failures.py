@@ -7,29 +7,22 @@ Each client binds its own loopback address (127.0.0.x), so the gateways see dist
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
-import sys
 import uuid
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import asyncpg
 import httpx
 import pytest
 
 from bench.databases import throwaway_database
-from bench.ports import free_port
-from bench.processes import stop, wait_http
 from gateway.tenants import create_key, create_tenant
 from lorafleet.db.migrate import migrate
 from tests.integration.openai_errors import openai_error
+from tests.integration.public_gateways import public_gateways
 from tests.integration.redis_server import redis_server
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 LIMIT = 5
 WINDOW_S = 120
 
@@ -42,31 +35,6 @@ async def _seed(database_url: str) -> str:
         return (await create_key(pool, "acme")).secret
     finally:
         await pool.close()
-
-
-@contextlib.asynccontextmanager
-async def _gateways(env: dict[str, str], work: Path, count: int) -> AsyncIterator[list[str]]:
-    procs, urls = [], []
-    try:
-        for i in range(count):
-            port = free_port()
-            with open(work / f"gateway-{i}.log", "ab") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "lorafleet.cli", "public-gateway"],
-                        env={**env, "LORAFLEET_GATEWAY_PUBLIC_PORT": str(port)},
-                        cwd=REPO,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                    )
-                )
-            urls.append(f"http://127.0.0.1:{port}")
-        for url, proc in zip(urls, procs, strict=True):
-            await wait_http(f"{url}/health", 90, proc)
-        yield urls
-    finally:
-        for proc in procs:
-            stop(proc)
 
 
 def _client(source: str) -> httpx.AsyncClient:
@@ -85,7 +53,7 @@ async def test_auth_failures_are_limited_per_source_across_gateways_and_locally_
         key = await _seed(database_url)
         with redis_server(tmp_path / "redis") as redis:
             env = _env(services, database_url, redis.url)
-            async with _gateways(env, tmp_path, 2) as urls:
+            async with public_gateways(env, tmp_path, 2) as urls:
                 async with _client("127.0.0.2") as attacker, _client("127.0.0.3") as bystander:
                     # LIMIT failures spread over both gateways: the next try on either is refused.
                     for i in range(LIMIT):
@@ -140,7 +108,7 @@ async def test_an_api_key_in_the_query_string_is_refused_like_any_bad_key_and_ne
             "LORAFLEET_GATEWAY_RATE_LIMIT_STORE": "local",
             "LORAFLEET_GATEWAY_AUTH_FAILURE_LIMIT": "100",
         }
-        async with _gateways(env, tmp_path, 1) as (url,), _client("127.0.0.5") as c:
+        async with public_gateways(env, tmp_path, 1) as (url,), _client("127.0.0.5") as c:
             missing = await c.get(f"{url}/v1/models")
             assert missing.status_code == 401
             chat = {"model": "acme/x:prod", "messages": [{"role": "user", "content": "hi"}]}

@@ -4,31 +4,24 @@ its share of the limit while Redis is stopped."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import subprocess
-import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import asyncpg
 import httpx
 import pytest
 
 from bench.databases import throwaway_database
-from bench.ports import free_port
-from bench.processes import stop, wait_http
 from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from gateway.tenants import create_key, create_tenant
 from lorafleet.db.migrate import migrate
+from tests.integration.public_gateways import public_gateways
 from tests.integration.redis_server import RedisServer, redis_server
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 RPS = 2.0  # the tenant's requests/s; its burst is one second of it
 BASE_HASH = "sha256:" + "0" * 64
 PHASE_S = 6.0
@@ -44,31 +37,6 @@ async def _seed(database_url: str) -> str:
         return (await create_key(pool, "acme")).secret
     finally:
         await pool.close()
-
-
-@contextlib.asynccontextmanager
-async def _gateways(env: dict[str, str], work: Path, count: int) -> AsyncIterator[list[str]]:
-    procs, urls = [], []
-    try:
-        for i in range(count):
-            port = free_port()
-            with open(work / f"gateway-{i}.log", "ab") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "lorafleet.cli", "public-gateway"],
-                        env={**env, "LORAFLEET_GATEWAY_PUBLIC_PORT": str(port)},
-                        cwd=REPO,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                    )
-                )
-            urls.append(f"http://127.0.0.1:{port}")
-        for url, proc in zip(urls, procs, strict=True):
-            await wait_http(f"{url}/health", 90, proc)
-        yield urls
-    finally:
-        for proc in procs:
-            stop(proc)
 
 
 async def _hammer(urls: list[str], key: str, seconds: float) -> tuple[dict[str, Counter[int]], float]:
@@ -108,7 +76,7 @@ async def test_two_gateways_admit_the_limit_with_redis_and_their_shares_without(
         key = await _seed(database_url)
         with redis_server(tmp_path / "redis") as redis:
             env = _env(services, database_url, redis)
-            async with _gateways(env, tmp_path, 2) as urls:
+            async with public_gateways(env, tmp_path, 2) as urls:
                 counts, elapsed = await _hammer(urls, key, PHASE_S)
                 _check_phase(counts, elapsed, "redis")
                 assert [await _fallback_gauge(u) for u in urls] == [0.0, 0.0]
