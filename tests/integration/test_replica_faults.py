@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 from httpx_sse import EventSource
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.integration.gateway_probes import auth, gateway_metrics, live_is, reservations_returned
 from tests.integration.gateway_stack import GatewayStack, gateway_stack, random_adapters
 from tests.integration.waiting import wait_until
 
@@ -46,43 +46,18 @@ async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
     work = tmp_path_factory.mktemp("faults")
     ids = (f"{prefix}a", f"{prefix}b")
     async with gateway_stack(services.settings(), root, base_hash, work, ids, extra_env=settings) as s:
-        await wait_until(lambda: _live_is(s, set(s.replicas)), "both replicas to become live", 60)
+        await wait_until(lambda: live_is(s, set(s.replicas)), "both replicas to become live", 60)
         yield s
-        await wait_until(lambda: _reservations_returned(s), "every reservation to be returned", 30)
+        await wait_until(lambda: reservations_returned(s), "every reservation to be returned", 30)
 
 
 def _tail(log: Path, lines: int = 15) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def _auth(stack: GatewayStack) -> dict[str, str]:
-    return {"Authorization": f"Bearer {stack.keys['acme']}"}
-
-
-async def _live_is(stack: GatewayStack, replica_ids: set[str]) -> bool:
-    async with httpx.AsyncClient() as c:
-        return set((await c.get(f"{stack.url}/ready")).json()["replicas"]) == replica_ids
-
-
-async def _metrics(stack: GatewayStack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    async with httpx.AsyncClient() as c:
-        text = (await c.get(f"{stack.url}/metrics")).text
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
 async def _failures(stack: GatewayStack, replica_id: str) -> float:
-    return (await _metrics(stack)).get(("gateway_replica_failures_total", (("replica", replica_id),)), 0.0)
-
-
-async def _reservations_returned(stack: GatewayStack) -> bool:
-    m = await _metrics(stack)
-    return (
-        m[("gateway_inflight_requests", ())] == 0
-        and m[("gateway_inflight_tokens", (("pool", "default"),))] == 0
+    return (await gateway_metrics(stack)).get(
+        ("gateway_replica_failures_total", (("replica", replica_id),)), 0.0
     )
 
 
@@ -125,7 +100,7 @@ async def _events(resp: httpx.Response) -> AsyncIterator[tuple[str | None, str]]
 async def test_a_replica_stopped_before_its_first_token_is_retried_elsewhere_and_routed_to_again(
     stack: GatewayStack,
 ) -> None:
-    async with httpx.AsyncClient(base_url=stack.url, headers=_auth(stack), timeout=120) as c:
+    async with httpx.AsyncClient(base_url=stack.url, headers=auth(stack), timeout=120) as c:
         # A long stream keeps one replica busy, so the router's first choice for the next request is the other.
         body = {**CHAT, "max_tokens": 400, "stream": True}
         async with c.stream("POST", "/v1/chat/completions", json=body) as long:
@@ -140,14 +115,14 @@ async def test_a_replica_stopped_before_its_first_token_is_retried_elsewhere_and
                 assert first.status_code == 200, first.text
                 assert waited >= FIRST_TOKEN_S, "the request did not go to the stopped replica first"
                 assert await _failures(stack, victim) == 1
-                assert not await _live_is(stack, set(stack.replicas))  # marked unhealthy for routing
+                assert not await live_is(stack, set(stack.replicas))  # marked unhealthy for routing
                 second = await c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 4})
                 assert second.status_code == 200, second.text
                 assert await _failures(stack, victim) == 1, "the marked replica was tried again"
             async for _ in events:  # the long stream finishes on its own replica
                 pass
         # Its next replica.state puts it back in the router's view, and requests reach it again.
-        await wait_until(lambda: _live_is(stack, set(stack.replicas)), "the resumed replica to be live", 60)
+        await wait_until(lambda: live_is(stack, set(stack.replicas)), "the resumed replica to be live", 60)
         for rid in stack.replicas:
             await wait_until(lambda rid=rid: _idle(stack, rid), f"{rid} to finish its requests", 120)
         # With one replica busy, the next request goes to the other: both serve again.
@@ -165,7 +140,7 @@ async def test_a_replica_stopped_before_its_first_token_is_retried_elsewhere_and
 async def test_a_replica_stopped_mid_stream_ends_it_with_an_upstream_timeout_event(
     stack: GatewayStack,
 ) -> None:
-    async with httpx.AsyncClient(base_url=stack.url, headers=_auth(stack), timeout=120) as c:
+    async with httpx.AsyncClient(base_url=stack.url, headers=auth(stack), timeout=120) as c:
         body = {**CHAT, "max_tokens": 400, "stream": True}
         async with c.stream("POST", "/v1/chat/completions", json=body) as r:
             seen: list[tuple[str | None, str]] = []
@@ -187,11 +162,11 @@ async def test_a_replica_stopped_mid_stream_ends_it_with_an_upstream_timeout_eve
             stack.replicas[victim].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
     # The gateway closed the stream: once resumed, the replica aborts the generation and frees its row.
     await wait_until(lambda: _idle(stack, victim), "the resumed replica to free the stream's row", 60)
-    await wait_until(lambda: _live_is(stack, set(stack.replicas)), "the resumed replica to be live", 60)
+    await wait_until(lambda: live_is(stack, set(stack.replicas)), "the resumed replica to be live", 60)
 
 
 async def test_every_replica_stopped_is_504_in_openai_shape_then_503(stack: GatewayStack) -> None:
-    async with httpx.AsyncClient(base_url=stack.url, headers=_auth(stack), timeout=120) as c:
+    async with httpx.AsyncClient(base_url=stack.url, headers=auth(stack), timeout=120) as c:
         with stopped(stack, *stack.replicas):
             started = time.monotonic()
             resp = await c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 4})
@@ -204,7 +179,7 @@ async def test_every_replica_stopped_is_504_in_openai_shape_then_503(stack: Gate
             streamed = await c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 4, "stream": True})
             assert streamed.status_code == 503, streamed.text  # both are marked: none left to try
             assert streamed.json()["error"]["code"] == "no_replica_available"
-        await wait_until(lambda: _live_is(stack, set(stack.replicas)), "both replicas to be live again", 60)
+        await wait_until(lambda: live_is(stack, set(stack.replicas)), "both replicas to be live again", 60)
         ok = await c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 4})
         assert ok.status_code == 200, ok.text
-    assert await _reservations_returned(stack)
+    assert await reservations_returned(stack)

@@ -19,10 +19,10 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from httpx_sse import EventSource
-from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.events import RequestCompleted, parse_event
 from schemas.topics import REQUESTS_COMPLETED
+from tests.integration.gateway_probes import auth, gateway_metrics, live_is, reservations_returned
 from tests.integration.gateway_stack import GatewayStack, gateway_stack, random_adapters
 from tests.integration.kafka_helpers import collect, read_to_end
 from tests.integration.waiting import wait_until
@@ -49,40 +49,13 @@ async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
     work = tmp_path_factory.mktemp("stream-faults")
     ids = (f"{prefix}a", f"{prefix}b")
     async with gateway_stack(services.settings(), root, base_hash, work, ids, extra_env=settings) as s:
-        await wait_until(lambda: _live_is(s, set(s.replicas)), "both replicas to become live", 60)
+        await wait_until(lambda: live_is(s, set(s.replicas)), "both replicas to become live", 60)
         yield s
-        await wait_until(lambda: _reservations_returned(s), "every reservation to be returned", 60)
-
-
-def _auth(stack: GatewayStack) -> dict[str, str]:
-    return {"Authorization": f"Bearer {stack.keys['acme']}"}
-
-
-async def _live_is(stack: GatewayStack, replica_ids: set[str]) -> bool:
-    async with httpx.AsyncClient() as c:
-        return set((await c.get(f"{stack.url}/ready")).json()["replicas"]) == replica_ids
-
-
-async def _metrics(stack: GatewayStack) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    async with httpx.AsyncClient() as c:
-        text = (await c.get(f"{stack.url}/metrics")).text
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+        await wait_until(lambda: reservations_returned(s), "every reservation to be returned", 60)
 
 
 def _requests(m: dict, status: str) -> float:
     return m.get(("gateway_requests_total", (("status", status),)), 0.0)
-
-
-async def _reservations_returned(stack: GatewayStack) -> bool:
-    m = await _metrics(stack)
-    return (
-        m[("gateway_inflight_requests", ())] == 0
-        and m[("gateway_inflight_tokens", (("pool", "default"),))] == 0
-    )
 
 
 async def _busy_replica(stack: GatewayStack, among: set[str] | None = None) -> str:
@@ -146,7 +119,7 @@ class SlowReader:
 async def test_a_client_that_stops_reading_is_cut_its_row_freed_and_others_stream_on(
     stack: GatewayStack,
 ) -> None:
-    before = await _metrics(stack)
+    before = await gateway_metrics(stack)
     cut_before = before.get(("gateway_streams_cut_total", ()), 0.0)
     # A long, high-temperature completion: far more bytes than the socket buffers and the stream's own.
     slow_body = {**CHAT, "max_tokens": 1800, "temperature": 1.5, "stream": True}
@@ -167,7 +140,9 @@ async def test_a_client_that_stops_reading_is_cut_its_row_freed_and_others_strea
             assert data[-1] == "[DONE]" and len(data) > 2, data[-3:]
 
         async def cut() -> bool:
-            return (await _metrics(stack)).get(("gateway_streams_cut_total", ()), 0.0) == cut_before + 1
+            return (await gateway_metrics(stack)).get(
+                ("gateway_streams_cut_total", ()), 0.0
+            ) == cut_before + 1
 
         # About 100 KB (the kernel's buffers and the server's write buffer) go out before a send blocks: a
         # few hundred tokens, minutes on a loaded CPU.
@@ -178,7 +153,7 @@ async def test_a_client_that_stops_reading_is_cut_its_row_freed_and_others_strea
         assert b"data: [DONE]" not in rest, "the stream ran to its end: nothing was cut"
     finally:
         slow.close()
-    await wait_until(lambda: _reservations_returned(stack), "the stream's reservation to be returned", 60)
+    await wait_until(lambda: reservations_returned(stack), "the stream's reservation to be returned", 60)
 
 
 async def _completed_events(stack: GatewayStack, request_id: str) -> list[RequestCompleted]:
@@ -198,8 +173,8 @@ async def test_a_replica_killed_during_prefill_is_retried_once_elsewhere_and_rec
     stack: GatewayStack,
 ) -> None:
     """Last in the module: it kills a replica."""
-    before = await _metrics(stack)
-    async with httpx.AsyncClient(base_url=stack.url, headers=_auth(stack), timeout=120) as c:
+    before = await gateway_metrics(stack)
+    async with httpx.AsyncClient(base_url=stack.url, headers=auth(stack), timeout=120) as c:
         pending = asyncio.create_task(c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 8}))
         victim = await _busy_replica(stack)  # the request is in its (delayed) prefill there
         assert not pending.done()
@@ -211,7 +186,7 @@ async def test_a_replica_killed_during_prefill_is_retried_once_elsewhere_and_rec
     assert resp.status_code == 200, resp.text
     assert resp.json()["choices"][0]["message"]["content"]
     survivor = next(rid for rid in stack.replicas if rid != victim)
-    after = await _metrics(stack)
+    after = await gateway_metrics(stack)
     assert after.get(("gateway_replica_failures_total", (("replica", victim),)), 0.0) == 1
     assert _requests(after, "200") == _requests(before, "200") + 1
     assert _requests(after, "error") == _requests(before, "error")
@@ -220,4 +195,4 @@ async def test_a_replica_killed_during_prefill_is_retried_once_elsewhere_and_rec
     assert len(events) == 1, events
     assert events[0].status == "ok" and events[0].replica_id == survivor, events[0]
     assert events[0].completion_tokens > 0
-    await wait_until(lambda: _reservations_returned(stack), "the reservation to be returned", 60)
+    await wait_until(lambda: reservations_returned(stack), "the reservation to be returned", 60)
