@@ -71,3 +71,20 @@ async def poison_until_read(
             return sent
         except AssertionError:
             assert time.monotonic() < deadline, f"{consumer} dead-lettered nothing sent to {topic}"
+
+
+async def poison_then_valid(
+    producer: AIOKafkaProducer,
+    pool: asyncpg.Pool,
+    consumer: str,
+    topic: str,
+    key: bytes,
+    valid: Event,
+    timeout: float = 60.0,
+) -> tuple[Sent, Sent, dict[Sent, asyncpg.Record]]:
+    """Undecodable bytes (until the consumer reads them), valid at a future schema version, then valid
+    itself: (the raw record, the future one, both records' dead_letters rows)."""
+    raw = await poison_until_read(producer, pool, consumer, topic, key, timeout)
+    future = await send(producer, topic, future_version(valid), key)
+    await send(producer, topic, valid.to_bytes(), key)
+    return raw, future, await wait_dead_lettered(pool, consumer, [raw, future])

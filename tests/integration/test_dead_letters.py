@@ -29,7 +29,10 @@ from replica.control.events import EventPublisher
 from replica.control.service import run_control
 from replica.control.state_publisher import Load, build_state
 from schemas.events import AdapterRegistered, AutoscaleSignal, MergedTarget, ReplicaCommand, ReplicaState
-from tests.integration.poison import Sent, future_version, poison_until_read, send, wait_dead_lettered
+from tests.integration.poison import (
+    Sent,
+    poison_then_valid,
+)
 from tests.integration.waiting import wait_until
 from tests.replica.adapter_cache.helpers import make_env
 
@@ -99,10 +102,7 @@ async def test_the_registry_validator_dead_letters_poison_and_settles_the_next_r
             checksum=HASH,
         )
         key = adapter_id.encode()
-        raw = await poison_until_read(producer, pool, consumer, topic, key)
-        future = await send(producer, topic, future_version(valid), key)
-        await send(producer, topic, valid.to_bytes(), key)
-        rows = await wait_dead_lettered(pool, consumer, [raw, future])
+        raw, future, rows = await poison_then_valid(producer, pool, consumer, topic, key, valid)
         _assert_rows(rows, consumer, raw, future)
 
         async def settled() -> bool:
@@ -133,10 +133,7 @@ async def test_the_placement_worker_dead_letters_poison_and_applies_the_next_sta
         await asyncio.wait_for(ready.wait(), 60)
         valid = ReplicaState(replica_id=f"t{run}-r0", url="http://127.0.0.1:1", gpu_slots=4)
         key = valid.key().encode()
-        raw = await poison_until_read(producer, pool, consumer, topic, key)
-        future = await send(producer, topic, future_version(valid), key)
-        await send(producer, topic, valid.to_bytes(), key)
-        rows = await wait_dead_lettered(pool, consumer, [raw, future])
+        raw, future, rows = await poison_then_valid(producer, pool, consumer, topic, key, valid)
         _assert_rows(rows, consumer, raw, future)
 
         async def member() -> bool:
@@ -173,10 +170,7 @@ async def test_the_replica_dead_letters_poison_commands_and_applies_the_next_one
     try:
         valid = ReplicaCommand(replica_id=replica_id, command="load", adapter_id="a1", target_tier="ram")
         key = replica_id.encode()
-        raw = await poison_until_read(producer, pool, consumer, topic, key)
-        future = await send(producer, topic, future_version(valid), key)
-        await send(producer, topic, valid.to_bytes(), key)
-        rows = await wait_dead_lettered(pool, consumer, [raw, future])
+        raw, future, rows = await poison_then_valid(producer, pool, consumer, topic, key, valid)
         _assert_rows(rows, consumer, raw, future)
 
         async def loaded() -> bool:
@@ -200,10 +194,7 @@ async def test_the_autoscaler_dead_letters_poison_signals_and_takes_the_next_one
     try:
         valid = AutoscaleSignal(fleet=fleet, current_replicas=1, desired_replicas=3, reason="test")
         key = valid.key().encode()
-        raw = await poison_until_read(producer, pool, consumer, topic, key)
-        future = await send(producer, topic, future_version(valid), key)
-        await send(producer, topic, valid.to_bytes(), key)
-        rows = await wait_dead_lettered(pool, consumer, [raw, future])
+        raw, future, rows = await poison_then_valid(producer, pool, consumer, topic, key, valid)
         _assert_rows(rows, consumer, raw, future)
 
         async def taken() -> bool:
@@ -228,10 +219,7 @@ async def test_the_merged_actuator_dead_letters_poison_targets_and_keeps_the_nex
         adapter_id = f"acme-{uuid.uuid4().hex[:8]}"
         valid = MergedTarget(adapter_id=adapter_id, desired_replicas=1, reason="promote", fleet=fleet)
         key = valid.key().encode()
-        raw = await poison_until_read(producer, pool, consumer, topic, key, timeout=120)
-        future = await send(producer, topic, future_version(valid), key)
-        await send(producer, topic, valid.to_bytes(), key)
-        rows = await wait_dead_lettered(pool, consumer, [raw, future])
+        raw, future, rows = await poison_then_valid(producer, pool, consumer, topic, key, valid, timeout=120)
         _assert_rows(rows, consumer, raw, future)
 
         async def kept() -> bool:

@@ -25,7 +25,13 @@ from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_producer
 from lorafleet.outbox.relay import Relay
 from schemas.events import AdapterStats, AliasChanged, ReplicaState
-from tests.integration.poison import future_version, poison_until_read, send, wait_dead_lettered
+from tests.integration.poison import (
+    future_version,
+    poison_then_valid,
+    poison_until_read,
+    send,
+    wait_dead_lettered,
+)
 from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -106,10 +112,7 @@ async def test_the_replica_state_follower_dead_letters_poison_and_sees_the_next_
     try:
         valid = ReplicaState(replica_id=f"{prefix}0", url="http://127.0.0.1:1", gpu_slots=4)
         key = valid.key().encode()
-        raw = await poison_until_read(producer, pool, consumer, topic, key)
-        future = await send(producer, topic, future_version(valid), key)
-        await send(producer, topic, valid.to_bytes(), key)
-        rows = await wait_dead_lettered(pool, consumer, [raw, future])
+        raw, future, rows = await poison_then_valid(producer, pool, consumer, topic, key, valid)
         assert "schema_version" in rows[future]["reason"]
 
         async def seen() -> bool:
@@ -139,10 +142,7 @@ async def test_the_console_follower_dead_letters_poison_and_shows_the_next_windo
             gpu_hit_rate=1.0,
         )
         key = adapter_id.encode()
-        raw = await poison_until_read(producer, pool, consumer, topic, key)
-        future = await send(producer, topic, future_version(valid), key)
-        await send(producer, topic, valid.to_bytes(), key)
-        rows = await wait_dead_lettered(pool, consumer, [raw, future])
+        raw, future, rows = await poison_then_valid(producer, pool, consumer, topic, key, valid)
         assert "schema_version" in rows[future]["reason"]
 
         async def shown() -> bool:
