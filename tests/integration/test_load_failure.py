@@ -8,7 +8,6 @@ second fetch within it), and the first request after it, with the store back, lo
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 
@@ -24,10 +23,10 @@ from replica.adapter_cache.local_source import FirstFound
 from replica.runtime import build_replica
 from replica.server import create_app
 from schemas.api import ADAPTER_WEIGHTS_NAME
-from schemas.replica_api import GenerateRequest
 from tests.canary.canary_util import train_tiny_canaries
 from tests.gateway.adapter_files import make_peft_adapter
 from tests.integration.s3_adapters import Records, cache_over, proxied_store, upload
+from tests.replica.generate_util import generate
 
 pytestmark = pytest.mark.integration
 
@@ -108,24 +107,6 @@ def canaries(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Cana
     return train_tiny_canaries(tmp_path_factory.mktemp("canaries"), 3)
 
 
-async def _generate(
-    client: httpx.AsyncClient, url: str, adapter_id: str, tenant_id: str, prompt: list[int]
-) -> tuple[int, dict[str, str], dict | list[int]]:
-    body = GenerateRequest(
-        prompt_token_ids=prompt,
-        adapter_id=adapter_id,
-        tenant_id=tenant_id,
-        temperature=0.0,
-        max_tokens=3,
-        ignore_eos=True,
-    )
-    async with client.stream("POST", url, json=body.model_dump(exclude_none=True)) as resp:
-        if resp.status_code != 200:
-            return resp.status_code, dict(resp.headers), json.loads(await resp.aread())
-        events = [json.loads(line) async for line in resp.aiter_lines() if line]
-    return 200, dict(resp.headers), [int(e["token_id"]) for e in events if e["type"] == "token"]
-
-
 async def test_through_the_replica_app_only_the_failing_adapters_requests_fail_and_others_run_on(
     services, canaries: tuple[Path, Path, CanaryManifest], tmp_path: Path
 ) -> None:
@@ -172,20 +153,20 @@ async def test_through_the_replica_app_only_the_failing_adapters_requests_fail_a
         def own_marker(adapter_id: str, tokens: object) -> bool:
             return isinstance(tokens, list) and set(markers_in_tokens(tokens, markers)) == {adapter_id}
 
-        status, _, tokens = await _generate(client, url, hot.adapter_id, "globex", prompts[0])
+        status, _, tokens = await generate(client, url, hot.adapter_id, "globex", prompts[0])
         assert status == 200 and own_marker(hot.adapter_id, tokens)
 
         key = record.weights_uri.rsplit("/", 1)[-1]
         store.proxy.stall(512, match=key)
         waiters = [
-            asyncio.ensure_future(_generate(client, url, cold.adapter_id, "acme", prompts[1 + i]))
+            asyncio.ensure_future(generate(client, url, cold.adapter_id, "acme", prompts[1 + i]))
             for i in range(4)
         ]
         await _until(lambda: len(store.proxy.gets(f"{key}/{ADAPTER_WEIGHTS_NAME}")) >= 1)
         store.proxy.fail(10_000, match=key)
         served = 0
         while not all(w.done() for w in waiters):
-            status, _, tokens = await _generate(
+            status, _, tokens = await generate(
                 client, url, hot.adapter_id, "globex", prompts[10 + served % 40]
             )
             assert status == 200 and own_marker(hot.adapter_id, tokens), (status, tokens)
@@ -198,10 +179,10 @@ async def test_through_the_replica_app_only_the_failing_adapters_requests_fail_a
         store.proxy.heal()
         asked = len(store.proxy.gets(key))
         clock.now += TTL_S / 2
-        status, got_headers, error = await _generate(client, url, cold.adapter_id, "acme", prompts[5])
+        status, got_headers, error = await generate(client, url, cold.adapter_id, "acme", prompts[5])
         assert status == 503 and got_headers["retry-after"] == str(int(TTL_S / 2)), error
         assert len(store.proxy.gets(key)) == asked  # answered from memory: the store was not asked
 
         clock.now += TTL_S
-        status, _, tokens = await _generate(client, url, cold.adapter_id, "acme", prompts[6])
+        status, _, tokens = await generate(client, url, cold.adapter_id, "acme", prompts[6])
         assert status == 200 and own_marker(cold.adapter_id, tokens), (status, tokens)

@@ -32,9 +32,9 @@ from replica.engine.sampler import SamplingParams
 from replica.lora.batch_meta import LoraBatchMeta
 from replica.runtime import build_replica
 from replica.server import create_app
-from schemas.replica_api import GenerateRequest
 from tests.canary.canary_util import build_canary_engine, canary_replica, tiny_sampler, train_tiny_canaries
 from tests.canary.engine_run import mixed_requests, run_isolation
+from tests.replica.generate_util import generate
 
 NUM_CANARIES = 64
 SLOTS = {8: 4, 16: 4, 32: 4}  # 12 GPU slots for 64 adapters: loads and evictions all through the run
@@ -207,27 +207,6 @@ async def test_disk_entries_deleted_under_churn_are_fetched_again_and_every_requ
     assert fetched is not None and fetched > len(asked)  # some came again from the object store
 
 
-async def _generate(
-    client: httpx.AsyncClient, url: str, adapter_id: str, tenant_id: str, prompt: list[int]
-) -> tuple[int, dict[str, str], dict | list[int]]:
-    """(status, headers, error body or token ids) of one generate request."""
-    body = GenerateRequest(
-        prompt_token_ids=prompt,
-        adapter_id=adapter_id,
-        tenant_id=tenant_id,
-        temperature=0.0,
-        max_tokens=3,
-        ignore_eos=True,
-    )
-    async with client.stream("POST", url, json=body.model_dump(exclude_none=True)) as resp:
-        if resp.status_code != 200:
-            return resp.status_code, dict(resp.headers), json.loads(await resp.aread())
-        events = [json.loads(line) async for line in resp.aiter_lines() if line]
-    tokens = [int(e["token_id"]) for e in events if e["type"] == "token"]
-    assert len(tokens) == 3, events
-    return 200, dict(resp.headers), tokens
-
-
 async def test_a_tenant_asking_for_many_cold_adapters_is_capped_while_a_hot_tenant_is_served(
     canaries: tuple[Path, Path, CanaryManifest], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -256,7 +235,7 @@ async def test_a_tenant_asking_for_many_cold_adapters_is_capped_while_a_hot_tena
         cache = replica.cache
         assert cache is not None
         hot = ids[0]
-        status, _, tokens = await _generate(client, url, hot, "hot", prompts[0])
+        status, _, tokens = await generate(client, url, hot, "hot", prompts[0])
         assert status == 200 and cache.tier_of(hot) == "gpu"
 
         released = asyncio.Event()
@@ -271,7 +250,7 @@ async def test_a_tenant_asking_for_many_cold_adapters_is_capped_while_a_hot_tena
         monkeypatch.setattr(cache.store, "fetch", held_fetch)
         storm_ids = ids[1:9] + [ids[1], ids[1]]
         storm = [
-            (a, asyncio.ensure_future(_generate(client, url, a, "storm", prompts[i])))
+            (a, asyncio.ensure_future(generate(client, url, a, "storm", prompts[i])))
             for i, a in enumerate(storm_ids)
         ]
 
@@ -295,16 +274,16 @@ async def test_a_tenant_asking_for_many_cold_adapters_is_capped_while_a_hot_tena
             assert isinstance(error, dict) and error["error"]["code"] == "too_many_cold_loads"
 
         others = [
-            asyncio.ensure_future(_generate(client, url, a, "other", prompts[20 + i]))
+            asyncio.ensure_future(generate(client, url, a, "other", prompts[20 + i]))
             for i, a in enumerate(ids[10:12])
         ]
         await until(lambda: len(cache.cold_loads.loading()) == 5 and len(fetches) == 5)
-        status, got_headers, error = await _generate(client, url, ids[12], "third", prompts[30])
+        status, got_headers, error = await generate(client, url, ids[12], "third", prompts[30])
         assert status == 503 and got_headers["retry-after"] == "1"
         assert isinstance(error, dict) and error["error"]["code"] == "cold_loads_full"
 
         for i in range(5):  # the hot tenant, while five cold loads wait on the store
-            status, _, tokens = await _generate(client, url, hot, "hot", prompts[40 + i])
+            status, _, tokens = await generate(client, url, hot, "hot", prompts[40 + i])
             assert status == 200 and isinstance(tokens, list)
             tally.record(f"hot-{i}", hot, markers_in_tokens(tokens, markers))
         assert not released.is_set() and len(cache.cold_loads.loading()) == 5
