@@ -91,6 +91,21 @@ class Stream:
         return self.log.read_bytes().decode(errors="replace")[-4000:]
 
 
+def stream_env(app_id: str, run: str, data_dir: Path) -> dict[str, str]:
+    """The stats stream's settings for a test: its own app id and fleet, short windows and timeouts."""
+    return {
+        "LORAFLEET_STATS_APP_ID": app_id,
+        "LORAFLEET_STATS_FLEET": f"fleet-{run}",
+        "LORAFLEET_STATS_DATA_DIR": str(data_dir),
+        "LORAFLEET_STATS_WINDOW_S": str(WINDOW_S),
+        "LORAFLEET_STATS_GRACE_S": "0.5",
+        "LORAFLEET_STATS_IDLE_CLOSE_S": "5",
+        "LORAFLEET_STATS_TICK_S": "0.3",
+        "LORAFLEET_STATS_SESSION_TIMEOUT_S": "6",
+        "LORAFLEET_STATS_METRICS_PORT": str(free_port()),
+    }
+
+
 @pytest.fixture
 def stream(services, migrated_db, tmp_path) -> Iterator[tuple[Stream, str]]:
     run = uuid.uuid4().hex[:8]
@@ -98,15 +113,7 @@ def stream(services, migrated_db, tmp_path) -> Iterator[tuple[Stream, str]]:
         **os.environ,
         **services.env(),
         "LORAFLEET_DATABASE_URL": migrated_db,
-        "LORAFLEET_STATS_APP_ID": f"lorafleet-stats-test-{run}",
-        "LORAFLEET_STATS_FLEET": f"fleet-{run}",
-        "LORAFLEET_STATS_DATA_DIR": str(tmp_path / "faust"),
-        "LORAFLEET_STATS_WINDOW_S": str(WINDOW_S),
-        "LORAFLEET_STATS_GRACE_S": "0.5",
-        "LORAFLEET_STATS_IDLE_CLOSE_S": "5",
-        "LORAFLEET_STATS_TICK_S": "0.3",
-        "LORAFLEET_STATS_SESSION_TIMEOUT_S": "6",
-        "LORAFLEET_STATS_METRICS_PORT": str(free_port()),
+        **stream_env(f"lorafleet-stats-test-{run}", run, tmp_path / "faust"),
     }
     s = Stream(env, tmp_path / "stats-stream.log")
     s.start()

@@ -21,7 +21,15 @@ from stats_stream.windows import from_ms, to_ms, window_start
 from tests.integration.kafka_helpers import read_to_end
 from tests.integration.outage_stack import infra_env, private_infra
 from tests.integration.services import docker_answers
-from tests.integration.test_stats_stream import WINDOW_S, Stream, mid_window, publish, requests_for, stats_row
+from tests.integration.test_stats_stream import (
+    WINDOW_S,
+    Stream,
+    mid_window,
+    publish,
+    requests_for,
+    stats_row,
+    stream_env,
+)
 
 pytestmark = [
     pytest.mark.integration,
@@ -38,15 +46,7 @@ async def test_the_stream_closes_windows_again_after_the_broker_restarts(service
     async with private_infra(services.settings()) as settings:
         env = {
             **infra_env(settings),
-            "LORAFLEET_STATS_APP_ID": f"lorafleet-stats-outage-{run}",
-            "LORAFLEET_STATS_FLEET": f"fleet-{run}",
-            "LORAFLEET_STATS_DATA_DIR": str(tmp_path / "faust"),
-            "LORAFLEET_STATS_WINDOW_S": str(WINDOW_S),
-            "LORAFLEET_STATS_GRACE_S": "0.5",
-            "LORAFLEET_STATS_IDLE_CLOSE_S": "5",
-            "LORAFLEET_STATS_TICK_S": "0.3",
-            "LORAFLEET_STATS_SESSION_TIMEOUT_S": "6",
-            "LORAFLEET_STATS_METRICS_PORT": str(free_port()),
+            **stream_env(f"lorafleet-stats-outage-{run}", run, tmp_path / "faust"),
         }
         stream = Stream(env, tmp_path / "stats-stream.log")
         stream.start()
