@@ -11,7 +11,6 @@ import asyncio
 import json
 import signal
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,8 +19,14 @@ import httpx
 import pytest
 from httpx_sse import EventSource
 
-from tests.integration.gateway_probes import auth, gateway_metrics, live_is, reservations_returned
-from tests.integration.gateway_stack import GatewayStack, gateway_stack, random_adapters
+from tests.integration.gateway_probes import (
+    auth,
+    fault_stack,
+    gateway_metrics,
+    live_is,
+    reservations_returned,
+)
+from tests.integration.gateway_stack import GatewayStack
 from tests.integration.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -33,7 +38,6 @@ CHAT = {"model": "acme/support:prod", "messages": [{"role": "user", "content": "
 
 @pytest.fixture(scope="module")
 async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GatewayStack]:
-    root, base_hash = await random_adapters(tmp_path_factory)
     settings = {
         "LORAFLEET_GATEWAY_REPLICA_STALE_S": "600",
         "LORAFLEET_GATEWAY_FIRST_TOKEN_TIMEOUT_S": str(FIRST_TOKEN_S),
@@ -42,13 +46,8 @@ async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
         "LORAFLEET_GATEWAY_ROUTING_MODE": "affinity",
         "LORAFLEET_GATEWAY_GPU_PREFERENCE_TOKENS": "0",
     }
-    prefix = f"rft{uuid.uuid4().hex[:6]}-"
-    work = tmp_path_factory.mktemp("faults")
-    ids = (f"{prefix}a", f"{prefix}b")
-    async with gateway_stack(services.settings(), root, base_hash, work, ids, extra_env=settings) as s:
-        await wait_until(lambda: live_is(s, set(s.replicas)), "both replicas to become live", 60)
+    async with fault_stack(services, tmp_path_factory, "rft", settings, returned_s=30) as s:
         yield s
-        await wait_until(lambda: reservations_returned(s), "every reservation to be returned", 30)
 
 
 def _tail(log: Path, lines: int = 15) -> str:

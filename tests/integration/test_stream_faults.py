@@ -12,7 +12,6 @@ import asyncio
 import json
 import socket
 import time
-import uuid
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
@@ -22,8 +21,13 @@ from httpx_sse import EventSource
 
 from schemas.events import RequestCompleted, parse_event
 from schemas.topics import REQUESTS_COMPLETED
-from tests.integration.gateway_probes import auth, gateway_metrics, live_is, reservations_returned
-from tests.integration.gateway_stack import GatewayStack, gateway_stack, random_adapters
+from tests.integration.gateway_probes import (
+    auth,
+    fault_stack,
+    gateway_metrics,
+    reservations_returned,
+)
+from tests.integration.gateway_stack import GatewayStack
 from tests.integration.kafka_helpers import collect, read_to_end
 from tests.integration.waiting import wait_until
 
@@ -35,7 +39,6 @@ CHAT = {"model": "acme/support:prod", "messages": [{"role": "user", "content": "
 
 @pytest.fixture(scope="module")
 async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GatewayStack]:
-    root, base_hash = await random_adapters(tmp_path_factory)
     settings = {
         "LORAFLEET_REPLICA_FAULT_PREFILL_DELAY_S": str(PREFILL_DELAY_S),
         "LORAFLEET_GATEWAY_FIRST_TOKEN_TIMEOUT_S": str(PREFILL_DELAY_S + 20),
@@ -45,13 +48,8 @@ async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
         "LORAFLEET_GATEWAY_CLIENT_SEND_TIMEOUT_S": "5",
         "LORAFLEET_GATEWAY_SOCKET_SEND_BUFFER_BYTES": "4096",
     }
-    prefix = f"sft{uuid.uuid4().hex[:6]}-"
-    work = tmp_path_factory.mktemp("stream-faults")
-    ids = (f"{prefix}a", f"{prefix}b")
-    async with gateway_stack(services.settings(), root, base_hash, work, ids, extra_env=settings) as s:
-        await wait_until(lambda: live_is(s, set(s.replicas)), "both replicas to become live", 60)
+    async with fault_stack(services, tmp_path_factory, "sft", settings, returned_s=60) as s:
         yield s
-        await wait_until(lambda: reservations_returned(s), "every reservation to be returned", 60)
 
 
 def _requests(m: dict, status: str) -> float:
