@@ -21,11 +21,11 @@ from pathlib import Path
 
 import asyncpg
 
-from bench.databases import create_database, drop_database
-from bench.ports import free_port
-from bench.processes import stop, wait_http
-from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from gateway.tenants import create_key, create_tenant
+from harness.databases import create_database, drop_database
+from harness.ports import free_port
+from harness.processes import stop, wait_http
+from harness.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
 from lorafleet.profile import DEV_PROFILE_ENV

@@ -28,8 +28,8 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from replica.engine.context import set_context  # noqa: E402
 from replica.engine.model_runner import ModelRunner, StepInput  # noqa: E402
+from replica.forward_context import set_context  # noqa: E402
 from replica.kernels import ops  # noqa: E402
 from replica.kernels.reference import lora_expand_ref, lora_shrink_ref  # noqa: E402
 from replica.kernels.segments import build_segments  # noqa: E402

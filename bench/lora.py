@@ -25,7 +25,7 @@ from torch import nn
 from bench._util import DTYPES, environment, median, sync, time_call
 from bench.slots import own_in_slots
 from replica.adapter_cache.gpu import GpuTier
-from replica.engine.context import Context, set_context
+from replica.forward_context import Context, set_context
 from replica.kernels import ops
 from replica.lora.batch_meta import LoraBatchMeta
 from replica.lora.layers import LoraLinear

@@ -25,18 +25,18 @@ import asyncpg
 import httpx
 from aiokafka import TopicPartition
 
-from bench.databases import create_database, drop_database
-from bench.ports import free_ports
-from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
-from gateway.demo_adapters import make_peft_adapters
 from gateway.tenants import create_key, create_tenant
-from lorafleet.autoscale.records import Records
+from harness.adapters import make_peft_adapters
+from harness.databases import create_database, drop_database
+from harness.ports import free_ports
+from harness.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import make_consumer
 from lorafleet.model.base_hash import base_model_hash
 from lorafleet.model.prepare import ensure_default_model
 from lorafleet.profile import DEV_PROFILE_ENV
+from ops.autoscale.records import Records
 from schemas import topics
 from schemas.replica_api import StateResponse
 from schemas.topics import Topic

@@ -24,7 +24,7 @@ from typing import Any
 
 import typer
 
-from lorafleet import html_report
+from ops import html_report
 from sim import report
 from sim.cli import find_replicas
 from sim.replica import CacheSizes

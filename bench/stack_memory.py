@@ -21,14 +21,14 @@ from typing import Any
 
 import httpx
 
-from bench.ports import free_port
 from bench.scaleup_stack import ADAPTERS, Proc, ScaleupConfig, lorafleet, scaleup_stack, wait_for
+from harness.ports import free_port
 from lorafleet.config import PlatformSettings, get_settings
-from lorafleet.services import prometheus
-from lorafleet.services.memory import rss_bytes, tree_rss_bytes
-from lorafleet.services.profile import LOCAL_REPLICA_ENV
-from lorafleet.services.scrape import LISTENERS
-from lorafleet.services.stack import INFRA
+from ops.stack import prometheus
+from ops.stack.memory import rss_bytes, tree_rss_bytes
+from ops.stack.profile import LOCAL_REPLICA_ENV
+from ops.stack.scrape import LISTENERS
+from ops.stack.stack import INFRA
 
 MIB = 1 << 20
 

@@ -17,7 +17,7 @@ import httpx
 from canary.errors import CanaryError
 from canary.manifest import CanaryManifest
 from gateway.config import GatewayConfig
-from gateway.served_base import served_base_hash
+from gateway.registry.served_base import served_base_hash
 from lorafleet.client.errors import PeftDirError, RegistrationError
 from lorafleet.client.registration import AdapterUpload, register_and_wait
 

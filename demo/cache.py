@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.demo_recipe import DemoRecipe
+from demo.recipe import DemoRecipe
 
 log = logging.getLogger(__name__)
 

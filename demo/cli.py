@@ -1,7 +1,7 @@
 """`lorafleet demo`: seed the local stack with two tenants, their keys, three real PEFT adapters and aliases,
 idempotently, then print a working curl command and an openai-client snippet.
 
-Adapters are small LoRAs trained on the served base on the CPU (gateway.demo_train), each with a visible
+Adapters are small LoRAs trained on the served base on the CPU (demo.train), each with a visible
 sign-off, cached under .data/demo/trained/<recipe key>; they are uploaded to the object store and
 registered through the internal API (the registry validator marks them ready); aliases then point at them.
 Once a replica is live, one chat per alias is printed as a transcript.
@@ -18,10 +18,10 @@ from pathlib import Path
 import httpx
 import typer
 
+from demo.recipe import DemoRecipe
+from demo.transcript import transcript
 from gateway.config import GatewayConfig
-from gateway.demo_recipe import DemoRecipe
-from gateway.demo_transcript import transcript
-from gateway.served_base import served_base_hash
+from gateway.registry.served_base import served_base_hash
 from lorafleet.client.errors import RegistrationError
 from lorafleet.client.peft_dir import weights_checksum
 from lorafleet.client.registration import AdapterUpload, register_and_wait
@@ -41,7 +41,7 @@ def demo_dir(config: GatewayConfig) -> Path:
 
 def prepare_adapters(config: GatewayConfig) -> dict[str, Path]:
     """The demo's trained PEFT folders (trained once per recipe and base, then reused)."""
-    from gateway.demo_cache import ensure_trained
+    from demo.cache import ensure_trained
     from lorafleet.model.base_hash import base_model_hash
     from lorafleet.model.prepare import ensure_default_model
 
@@ -52,7 +52,7 @@ def prepare_adapters(config: GatewayConfig) -> dict[str, Path]:
 
 
 def _train(model_dir: Path, out: Path, recipe: DemoRecipe, base_hash: str) -> dict[str, object]:
-    from gateway.demo_train import train_demo_adapters  # torch and transformers: only when a set is trained
+    from demo.train import train_demo_adapters  # torch and transformers: only when a set is trained
 
     return train_demo_adapters(model_dir, out, recipe, base_hash)
 

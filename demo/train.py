@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from gateway.demo_lora import unwrap, wrap
-from gateway.demo_recipe import DemoRecipe, Persona, first_sentence
+from demo.lora import unwrap, wrap
+from demo.recipe import DemoRecipe, Persona, first_sentence
 from lorafleet.peft_format import adapter_config, save_peft_adapter
 
 if TYPE_CHECKING:  # imported where it runs: transformers is slow to import

@@ -48,8 +48,8 @@ class GatewaySettings(BaseSettings):
     default_max_tokens: int = Field(default=256, ge=1)
     key_cache_ttl_s: float = Field(default=5.0, ge=0)
     alias_cache_ttl_s: float = Field(default=10.0, ge=0)
-    # Router (gateway/routing.py): cost (the default) | affinity | random (the A/B baseline); owners per
-    # adapter; spill past this many tokens.
+    # Router (gateway/public/routing/policy.py): cost (the default) | affinity | random (the A/B
+    # baseline); owners per adapter; spill past this many tokens.
     routing_mode: Literal["cost", "affinity", "random"] = "cost"
     owners_k: int = Field(default=2, ge=1)
     spill_threshold_tokens: int = Field(default=32_000, ge=0)
@@ -74,7 +74,7 @@ class GatewaySettings(BaseSettings):
     stream_buffer_bytes: int = Field(default=256 * 1024, ge=1024)
     # A client that takes no SSE message for this long has its stream cut as well.
     client_send_timeout_s: float = Field(default=30.0, gt=0)
-    # SO_SNDBUF of the public listener's connections (gateway/listener.py); 0 leaves it to the kernel.
+    # SO_SNDBUF of the public listener's connections (gateway/public/listener.py); 0 leaves it to the kernel.
     socket_send_buffer_bytes: int = Field(default=0, ge=0)
     # Per-tenant metrics: served on this second listener behind the service token, never on the public
     # /metrics; 0 disables it. At most tenant_metrics_max tenants get series of their own, the rest "other".
@@ -88,13 +88,14 @@ class GatewaySettings(BaseSettings):
     public_gateways: int = Field(default=1, ge=1)
     redis_timeout_s: float = Field(default=0.25, gt=0)
     redis_retry_s: float = Field(default=2.0, gt=0)
-    # Failed authentications per source address (gateway/auth_failures.py): past auth_failure_limit within
-    # auth_failure_window_s, the address gets 429 too_many_auth_failures until the window ends; 0 disables.
+    # Failed authentications per source address (gateway/public/admission/auth_failures.py): past
+    # auth_failure_limit within auth_failure_window_s, the address gets 429 too_many_auth_failures until
+    # the window ends; 0 disables.
     # Counted in Redis like the rate limits, at ceil(limit / public_gateways) per gateway while it is down.
     auth_failure_limit: int = Field(default=20, ge=0)
     auth_failure_window_s: float = Field(default=60.0, gt=0)
-    # Idempotency-Key (gateway/idempotency.py): a completed answer is replayed for idempotency_ttl_s; a claim
-    # whose gateway never finished it is given back after idempotency_lock_s.
+    # Idempotency-Key (gateway/public/idempotency.py): a completed answer is replayed for
+    # idempotency_ttl_s; a claim whose gateway never finished it is given back after idempotency_lock_s.
     idempotency_ttl_s: float = Field(default=86_400.0, gt=0)
     idempotency_lock_s: float = Field(default=600.0, gt=0)
     # When set, the public gateway runs under cProfile (CPU time) and writes its stats here when it stops.

@@ -10,8 +10,8 @@ import asyncpg
 from fastapi import Depends, Header, Request
 
 from gateway.errors import GatewayError, TooManyAuthFailures, Unauthorized
-from gateway.rate_limit import retry_after_header
-from gateway.registration_rules import RegistryRules
+from gateway.public.admission.rate_limit import retry_after_header
+from gateway.registry.registration_rules import RegistryRules
 from gateway.tenants import Caller
 from schemas.ids import ALIAS_RE
 

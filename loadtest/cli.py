@@ -19,7 +19,7 @@ from loadtest.burst import BurstConfig, run_bursts
 from loadtest.replica_metrics import parse_replicas, per_minute, scrape
 from loadtest.runner import LoadTestConfig, run_trace, trace_for
 from loadtest.summary import markdown, summarise
-from lorafleet import html_report
+from ops import html_report
 from sim.workload import Request, WorkloadConfig, load, save
 
 DEMO_MODELS = "acme/support:prod,acme/support:next,globex/sales:prod"

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from gateway.config import GatewayConfig
-from gateway.demo_adapters import RandomLora, write_random_adapter
+from harness.adapters import RandomLora, write_random_adapter
 from lorafleet.client.registration import AdapterUpload, register_and_wait
 from schemas.api import ADAPTER_WEIGHTS_NAME
 
@@ -73,7 +73,7 @@ async def tenant_key(config: GatewayConfig, tenant: str, keys_path: Path) -> str
 
 def register(config: GatewayConfig, tenant: str, dirs: dict[str, Path], wait_s: float) -> None:
     """Upload and register each adapter (version 1) not registered yet; wait until every one is ready."""
-    from gateway.served_base import served_base_hash
+    from gateway.registry.served_base import served_base_hash
 
     uploads = [AdapterUpload(aid, tenant, 1, folder) for aid, folder in dirs.items()]
     token = config.gateway.service_token.get_secret_value()

@@ -20,7 +20,7 @@ def _root() -> None:
 # name -> (module, attribute, help). Each package owns its commands; this file only mounts them.
 SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "services": (
-        "lorafleet.services.cli",
+        "ops.stack.cli",
         "app",
         "Start, stop and inspect the local Kafka, PostgreSQL, S3 and Redis.",
     ),
@@ -29,26 +29,26 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "replica": ("replica.cli", "app", "Run a replica (inference engine + adapter cache)."),
     "bench": ("bench.cli", "app", "Benchmarks that print JSON."),
     "canary": ("canary.cli", "app", "Canary adapters for the tenant-isolation checks."),
-    "adapters": ("gateway.cli", "adapters_app", "Register and list adapter versions."),
-    "alias": ("gateway.cli", "alias_app", "Deploy, roll back and list aliases."),
-    "tenants": ("gateway.cli", "tenants_app", "Create and list tenants (with their rate limits)."),
-    "keys": ("gateway.cli", "keys_app", "Issue, list and revoke tenants' API keys."),
-    "report": ("lorafleet.report_cli", "app", "Turn a JSON report into one HTML page."),
+    "adapters": ("gateway.registry.cli", "adapters_app", "Register and list adapter versions."),
+    "alias": ("gateway.registry.cli", "alias_app", "Deploy, roll back and list aliases."),
+    "tenants": ("gateway.registry.cli", "tenants_app", "Create and list tenants (with their rate limits)."),
+    "keys": ("gateway.registry.cli", "keys_app", "Issue, list and revoke tenants' API keys."),
+    "report": ("ops.report_cli", "app", "Turn a JSON report into one HTML page."),
     "console": ("bench.console_screenshots", "app", "The web console: screenshots of a running stack."),
 }
 
 # Single commands that are a whole process each.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "relay": ("lorafleet.outbox.relay_cli", "relay"),
-    "dead-letters": ("lorafleet.dead_letters_cli", "dead_letters"),
-    "gateway": ("gateway.main", "serve"),
-    "public-gateway": ("gateway.public_app", "serve_public"),
-    "demo": ("gateway.demo", "demo"),
-    "registry-validator": ("gateway.validator_main", "registry_validator"),
+    "relay": ("relay.main", "relay"),
+    "dead-letters": ("ops.dead_letters_cli", "dead_letters"),
+    "gateway": ("gateway.registry.app", "serve"),
+    "public-gateway": ("gateway.public.app", "serve_public"),
+    "demo": ("demo.cli", "demo"),
+    "registry-validator": ("gateway.registry.validator.main", "registry_validator"),
     "placement-worker": ("placement_worker.main", "placement_worker"),
     "stats-stream": ("stats_stream.cli", "stats_stream"),
     "stats": ("stats_stream.cli", "stats"),
-    "autoscale": ("lorafleet.autoscale.cli", "autoscale"),
+    "autoscale": ("ops.autoscale.cli", "autoscale"),
     "simulate": ("sim.cli", "simulate_cmd"),
     "loadtest": ("loadtest.cli", "loadtest"),
     "loadtest-noisy": ("loadtest.noisy_cli", "noisy_neighbour"),

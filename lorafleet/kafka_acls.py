@@ -1,4 +1,4 @@
-"""Who may do what on Kafka: the ACL table every broker of the fleet gets (lorafleet/kafka_acl_admin.py
+"""Who may do what on Kafka: the ACL table every broker of the fleet gets (ops/kafka_acl_admin.py
 applies it).
 
 Nothing is allowed that is not granted here (the broker runs StandardAuthorizer with

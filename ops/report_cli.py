@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from lorafleet import html_report
+from ops import html_report
 
 app = typer.Typer(no_args_is_help=True)
 

@@ -8,10 +8,10 @@ from lorafleet import metrics
 from lorafleet.config import PlatformSettings, RelaySettings, get_settings
 from lorafleet.db.pool import close_pool, create_pool
 from lorafleet.kafka import make_producer
-from lorafleet.outbox.relay import Relay
 from lorafleet.profile import refuse_dev_tokens
 from lorafleet.retry import run_with_retry
 from lorafleet.worker import run_until_signal
+from relay.publisher import Relay
 from schemas import principals
 
 

@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from gateway.demo_adapters import make_peft_adapters
+from harness.adapters import make_peft_adapters
 from loadtest.noisy import NoisyConfig, run_noisy, summarise
 from lorafleet.config import PlatformSettings
 from lorafleet.model.base_hash import base_model_hash

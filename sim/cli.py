@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from lorafleet import html_report
+from ops import html_report
 from placement_worker.planner import Policy
 from sim import report
 from sim.replica import CacheSizes

@@ -1,6 +1,6 @@
-"""Discrete-event fleet simulation: the real router (gateway.routing) picks a replica from live loads, the
-real placement (placement_worker.planner over schemas.rendezvous) decides owners, and each replica's cache
-is the real SlotTable / ByteLru bookkeeping (sim.replica), timed by sim.timing.
+"""Discrete-event fleet simulation: the real router (gateway.public.routing.policy) picks a replica from live
+loads, the real placement (placement_worker.planner over schemas.rendezvous) decides owners, and each
+replica's cache is the real SlotTable / ByteLru bookkeeping (sim.replica), timed by sim.timing.
 
 Placement is either fixed before the run from the whole trace's demand (replan_s = 0: a placement worker
 that already knows the traffic), or re-planned every replan_s from the traffic observed so far, as the real
@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
 
-from gateway.merged_routing import merged_first
-from gateway.routing import ROUTING_MODES, ReplicaLoad, RouterPolicy
+from gateway.public.routing.merged_first import merged_first
+from gateway.public.routing.policy import ROUTING_MODES, ReplicaLoad, RouterPolicy
 from placement_worker.planner import Placements, Policy, desired, diff
 from sim.host import SharedHost
 from sim.probe import FleetProbe
@@ -35,7 +35,7 @@ REACH = 5  # a routed request reaches its replica's queue (after timing.admit_s)
 @dataclass(frozen=True)
 class SimConfig:
     replicas: int = 26
-    routing: str = "cost"  # a key of gateway.routing.ROUTING_MODES (the gateway's default)
+    routing: str = "cost"  # a key of gateway.public.routing.policy.ROUTING_MODES (the gateway's default)
     owners_k: int = 2
     # The gateway's 4096 default suits the local stack; at the brief's scale a replica is "overloaded"
     # when its reserved tokens pass a full batch of average requests (32 x (750 + 250)).

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SERVICES = frozenset({"gateway", "replica", "placement_worker", "stats_stream"})
-TOOLS = frozenset({"sim", "loadtest", "bench", "canary", "scripts"})
+SERVICES = frozenset({"gateway", "replica", "placement_worker", "stats_stream", "relay"})
+TOOLS = frozenset({"ops", "demo", "harness", "sim", "loadtest", "bench", "canary", "scripts"})
 PLATFORM = "lorafleet"
 CONTRACTS = "schemas"
 CHECKED = SERVICES | TOOLS | {PLATFORM, CONTRACTS}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from gateway import aliases, registry
+from gateway.registry import adapters, aliases
 from schemas.console import RegistrySnapshot, TenantStats, TenantView
 
 WINDOW_S = 900.0
@@ -39,7 +39,7 @@ async def snapshot(pool: asyncpg.Pool, window_s: float = WINDOW_S) -> RegistrySn
     return RegistrySnapshot(
         window_s=window_s,
         tenants=[TenantView(**dict(t)) for t in tenants],
-        adapters=await registry.list_adapters(pool, None, None),
+        adapters=await adapters.list_adapters(pool, None, None),
         aliases=await aliases.list_aliases(pool),
         tenant_stats=await tenant_stats(pool, window_s),
     )

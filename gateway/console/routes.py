@@ -15,13 +15,14 @@ from pathlib import Path
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
-from gateway import aliases, console_registry
-from gateway.console_feed import ConsoleFeed
+from gateway.console import overview
+from gateway.console.feed import ConsoleFeed
+from gateway.console.fleet_snapshot import fleet_snapshot
+from gateway.console.reports import REPORT_PATHS, report_links
 from gateway.deps import AliasPath, Pool, require_service_token
 from gateway.errors import NotFound
-from gateway.fleet_snapshot import fleet_snapshot
-from gateway.online import Online
-from gateway.reports import REPORT_PATHS, report_links
+from gateway.public.online import Online
+from gateway.registry import aliases
 from gateway.sse_response import SseResponse
 from schemas.api import AliasUpdate, AliasView
 from schemas.console import FleetSnapshot, RegistrySnapshot, ReportList
@@ -112,7 +113,7 @@ async def fleet_stream(request: Request) -> SseResponse:
 
 @admin.get("/registry", response_model=RegistrySnapshot)
 async def registry(pool: Pool) -> RegistrySnapshot:
-    return await console_registry.snapshot(pool)
+    return await overview.snapshot(pool)
 
 
 @admin.put("/aliases/{alias:path}", response_model=AliasView)

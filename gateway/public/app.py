@@ -24,25 +24,26 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.alias_cache import AliasCache, consume_alias_changes
-from gateway.auth import KeyAuthenticator
-from gateway.auth_failures import AuthFailureLimiter, failure_prefix
-from gateway.completions import CompletionPublisher
 from gateway.config import GatewayConfig
-from gateway.console_feed import ConsoleFeed, consume_console_topics
+from gateway.console import routes as console
+from gateway.console.feed import ConsoleFeed, consume_console_topics
 from gateway.errors import install_error_handlers
-from gateway.idempotency import IdempotencyStore, idempotency_prefix
-from gateway.listener import bind_listener
-from gateway.metrics import GatewayMetrics
-from gateway.online import Online
 from gateway.openapi_doc import install_openapi
-from gateway.replica_client import ReplicaClient
-from gateway.replica_registry import ReplicaRegistry
-from gateway.replica_view import ReplicaView, StateRejections, consume_states
-from gateway.routes import chat, console, health, models
-from gateway.shared_rate_limit import SharedRateLimiter, bucket_prefix
-from gateway.store_guard import StoreGuard
-from gateway.tenant_metrics import build_tenant_metrics_app, serve_tenant_metrics
+from gateway.public.admission.auth import KeyAuthenticator
+from gateway.public.admission.auth_failures import AuthFailureLimiter, failure_prefix
+from gateway.public.admission.shared_rate_limit import SharedRateLimiter, bucket_prefix
+from gateway.public.idempotency import IdempotencyStore, idempotency_prefix
+from gateway.public.listener import bind_listener
+from gateway.public.metrics import GatewayMetrics
+from gateway.public.online import Online
+from gateway.public.routes import chat, health, models
+from gateway.public.routing.alias_cache import AliasCache, consume_alias_changes
+from gateway.public.routing.replica_allowlist import ReplicaRegistry
+from gateway.public.routing.replica_view import ReplicaView, StateRejections, consume_states
+from gateway.public.store_guard import StoreGuard
+from gateway.public.tenant_metrics import build_tenant_metrics_app, serve_tenant_metrics
+from gateway.public.upstream.replica_client import ReplicaClient
+from gateway.public.usage_events import CompletionPublisher
 from lorafleet.db.pool import create_pool
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.profile import refuse_dev_tokens

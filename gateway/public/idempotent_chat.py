@@ -1,4 +1,4 @@
-"""The Idempotency-Key steps around one chat completion (rules in gateway.idempotency)."""
+"""The Idempotency-Key steps around one chat completion (rules in gateway.public.idempotency)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from fastapi import Response
 
 from gateway.errors import BadRequest, Conflict, ServiceUnavailable, Unprocessable
-from gateway.idempotency import (
+from gateway.public.idempotency import (
     REPLAYED_HEADER,
     IdempotencyStore,
     IdempotencyStoreDown,

@@ -3,8 +3,8 @@
 Two registries. `registry` is served on the public listener's /metrics and carries no tenant id: anyone
 who reaches the public port can read it. `tenant_registry` holds the same families per tenant, under
 gateway_tenant_* names; it is served only on the tenant-metrics listener, behind the service token
-(gateway/tenant_metrics.py). Its tenant label takes at most max_tenants distinct values: the first tenants
-seen keep their own series, every later one is counted as "other".
+(gateway/public/tenant_metrics.py). Its tenant label takes at most max_tenants distinct values: the first
+tenants seen keep their own series, every later one is counted as "other".
 """
 
 from __future__ import annotations

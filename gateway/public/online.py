@@ -9,19 +9,19 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from gateway.alias_cache import AliasCache
-from gateway.auth import KeyAuthenticator
-from gateway.auth_failures import AuthFailureLimiter
-from gateway.completions import CompletionPublisher
 from gateway.config import GatewaySettings
-from gateway.idempotency import IdempotencyStore
-from gateway.merged_routing import merged_first
-from gateway.metrics import GatewayMetrics
-from gateway.rate_limit import Decision, Limits
-from gateway.replica_client import ReplicaClient, UpstreamStream
-from gateway.replica_view import ReplicaView
-from gateway.routing import ROUTING_MODES, RouterPolicy
-from gateway.shared_rate_limit import SharedRateLimiter, Store
+from gateway.public.admission.auth import KeyAuthenticator
+from gateway.public.admission.auth_failures import AuthFailureLimiter
+from gateway.public.admission.rate_limit import Decision, Limits
+from gateway.public.admission.shared_rate_limit import SharedRateLimiter, Store
+from gateway.public.idempotency import IdempotencyStore
+from gateway.public.metrics import GatewayMetrics
+from gateway.public.routing.alias_cache import AliasCache
+from gateway.public.routing.merged_first import merged_first
+from gateway.public.routing.policy import ROUTING_MODES, RouterPolicy
+from gateway.public.routing.replica_view import ReplicaView
+from gateway.public.upstream.replica_client import ReplicaClient, UpstreamStream
+from gateway.public.usage_events import CompletionPublisher
 from gateway.tenants import Caller
 from schemas.events import RequestCompleted, RequestStatus, Tier
 from schemas.openai import Usage

@@ -1,7 +1,7 @@
 """The public gateway's second listener: per-tenant metrics, behind the service token.
 
 Tenants reach the public port, so its /metrics carries no tenant id. The per-tenant series (bounded, see
-gateway.metrics) are served here instead, on an address operators choose (loopback by default), to
+gateway.public.metrics) are served here instead, on an address operators choose (loopback by default), to
 callers presenting the service token as a bearer token, like /internal on the internal API.
 """
 
@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from gateway.deps import require_service_token
 from gateway.errors import install_error_handlers
-from gateway.metrics import GatewayMetrics
+from gateway.public.metrics import GatewayMetrics
 
 router = APIRouter(dependencies=[Depends(require_service_token)])
 

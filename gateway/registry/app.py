@@ -12,9 +12,9 @@ from gateway.config import GatewayConfig
 from gateway.deps import require_service_token
 from gateway.errors import install_error_handlers
 from gateway.openapi_doc import install_openapi
-from gateway.registration_rules import RegistryRules
-from gateway.routes import internal
-from gateway.served_base import served_base_hash
+from gateway.registry import routes
+from gateway.registry.registration_rules import RegistryRules
+from gateway.registry.served_base import served_base_hash
 from lorafleet.db.pool import create_pool
 from lorafleet.private_openapi import CLOSED_DOCS, serve_private_openapi
 from lorafleet.profile import refuse_dev_tokens
@@ -42,7 +42,7 @@ def build_internal_app(config: GatewayConfig, rules: RegistryRules | None = None
     install_error_handlers(app)
     install_openapi(app)
     serve_private_openapi(app, require_service_token)
-    app.include_router(internal.router)
+    app.include_router(routes.router)
     return app
 
 

@@ -14,8 +14,8 @@ from pydantic import ValidationError
 
 from gateway.config import GatewayConfig
 from gateway.errors import GatewayError
-from gateway.served_base import served_base_hash
-from gateway.weights_uri import ObjectLocation, parse_s3_uri
+from gateway.registry.served_base import served_base_hash
+from gateway.registry.weights_uri import ObjectLocation, parse_s3_uri
 from lorafleet.client.errors import PeftDirError, RegistrationError
 from lorafleet.client.peft_dir import describe_peft_dir
 from lorafleet.client.registration import post_registration

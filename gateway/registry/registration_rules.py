@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from gateway.errors import InvalidRegistration
-from gateway.weights_uri import ObjectLocation, confine, parse_prefix
+from gateway.registry.weights_uri import ObjectLocation, confine, parse_prefix
 from lorafleet.adapter_rules.errors import RejectCode
 from schemas.ids import SHA256_RE
 from schemas.llama import LLAMA_MODULES

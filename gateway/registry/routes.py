@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query, Response
 
-from gateway import aliases, registry
 from gateway.deps import AliasPath, Pool, Rules, require_service_token
 from gateway.errors import NotFound
-from gateway.registration_rules import check_fields
+from gateway.registry import adapters, aliases
+from gateway.registry.registration_rules import check_fields
 from schemas.api import (
     AdapterList,
     AdapterRegistration,
@@ -38,7 +38,7 @@ async def register_adapter(
         weights_uri=body.weights_uri,
         checksum=body.checksum,
     )
-    created, status = await registry.register(pool, body)
+    created, status = await adapters.register(pool, body)
     if not created:
         response.status_code = 200
     return RegistrationAccepted(adapter_id=body.adapter_id, status=status, created=created)
@@ -50,13 +50,13 @@ async def list_adapters(
     tenant_id: str | None = TenantFilter,
     status: AdapterStatus | None = None,
 ) -> AdapterList:
-    return AdapterList(data=await registry.list_adapters(pool, tenant_id, status))
+    return AdapterList(data=await adapters.list_adapters(pool, tenant_id, status))
 
 
 @router.get("/adapters/{adapter_id}", response_model=AdapterView)
 async def get_adapter(adapter_id: str, pool: Pool) -> AdapterView:
     # an id outside the grammar names no adapter: 404 without a database read
-    view = await registry.get_adapter(pool, adapter_id) if ADAPTER_ID_RE.fullmatch(adapter_id) else None
+    view = await adapters.get_adapter(pool, adapter_id) if ADAPTER_ID_RE.fullmatch(adapter_id) else None
     if view is None:
         raise NotFound("adapter_not_found", f"adapter {adapter_id[:200]!r} does not exist", "adapter_id")
     return view

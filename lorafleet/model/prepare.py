@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from lorafleet.config import get_settings
 from lorafleet.model.errors import BaseModelError
-from lorafleet.services.process import pid_alive
+from lorafleet.pids import pid_alive
 
 if TYPE_CHECKING:
     import torch

@@ -8,9 +8,9 @@ import logging
 
 import typer
 
-from lorafleet.autoscale.config import AutoscaleSettings
 from lorafleet.config import get_settings
 from lorafleet.profile import refuse_dev_tokens
+from ops.autoscale.config import AutoscaleSettings
 from schemas import principals
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ def autoscale(
         raise typer.BadParameter(
             "only --local is implemented; in Kubernetes use infra/k8s/keda-scaledobject.yaml"
         )
-    from lorafleet.autoscale.local import run
+    from ops.autoscale.local import run
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a state request per replica per tick

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from lorafleet.autoscale.decide import Limits
-from lorafleet.autoscale.merged_decide import MergedLimits
+from ops.autoscale.decide import Limits
+from ops.autoscale.merged_decide import MergedLimits
 
 
 class AutoscaleSettings(BaseSettings):

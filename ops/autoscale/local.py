@@ -16,15 +16,15 @@ import time
 
 import httpx
 
-from lorafleet.autoscale.config import AutoscaleSettings
-from lorafleet.autoscale.decide import Action, Drain, Kill, Observed, Start, decide
-from lorafleet.autoscale.records import Record, Records
-from lorafleet.autoscale.signals import SignalFollower
 from lorafleet.config import PlatformSettings
-from lorafleet.services import prometheus
-from lorafleet.services.paths import REPO_ROOT
-from lorafleet.services.scrape import ReplicaTarget, write_replica_targets
-from lorafleet.services.stack import replica_env
+from ops.autoscale.config import AutoscaleSettings
+from ops.autoscale.decide import Action, Drain, Kill, Observed, Start, decide
+from ops.autoscale.records import Record, Records
+from ops.autoscale.signals import SignalFollower
+from ops.stack import prometheus
+from ops.stack.paths import REPO_ROOT
+from ops.stack.scrape import ReplicaTarget, write_replica_targets
+from ops.stack.stack import replica_env
 from schemas.events import ReplicaStatus
 from schemas.replica_api import DrainRequest, DrainResponse, StateResponse
 
@@ -142,7 +142,7 @@ async def run(platform: PlatformSettings, settings: AutoscaleSettings) -> None:
     following = asyncio.create_task(follower.run(), name="autoscale-signals")
     merged: asyncio.Task[None] | None = None
     if settings.merged_enabled:
-        from lorafleet.autoscale import merged_local  # it builds on LocalFleet
+        from ops.autoscale import merged_local  # it builds on LocalFleet
 
         merged = asyncio.create_task(merged_local.run(platform, settings), name="autoscale-merged")
     limits = settings.limits()

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from lorafleet.autoscale.decide import Decision, Drain, Kill, Observed, Start
+from ops.autoscale.decide import Decision, Drain, Kill, Observed, Start
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,15 @@ import time
 
 import httpx
 
-from lorafleet.autoscale.config import AutoscaleSettings
-from lorafleet.autoscale.decide import Action
-from lorafleet.autoscale.local import LocalFleet
-from lorafleet.autoscale.merged_decide import MergedObserved, MergedStart, decide_merged
-from lorafleet.autoscale.merged_targets import TargetFollower
-from lorafleet.autoscale.records import Records
 from lorafleet.config import PlatformSettings
-from lorafleet.services.paths import REPO_ROOT
-from lorafleet.services.stack import replica_env
+from ops.autoscale.config import AutoscaleSettings
+from ops.autoscale.decide import Action
+from ops.autoscale.local import LocalFleet
+from ops.autoscale.merged_decide import MergedObserved, MergedStart, decide_merged
+from ops.autoscale.merged_targets import TargetFollower
+from ops.autoscale.records import Records
+from ops.stack.paths import REPO_ROOT
+from ops.stack.stack import replica_env
 
 log = logging.getLogger(__name__)
 

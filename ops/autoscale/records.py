@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lorafleet.config import PlatformSettings
-from lorafleet.services.paths import log_dir, run_dir
-from lorafleet.services.process import ManagedProcess, pid_alive
+from lorafleet.pids import pid_alive
+from ops.stack.paths import log_dir, run_dir
+from ops.stack.process import ManagedProcess
 
 
 def serving_pid(replica_id: str, port: int) -> int | None:

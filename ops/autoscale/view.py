@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import httpx
 
-from lorafleet.autoscale.config import AutoscaleSettings
-from lorafleet.autoscale.records import Records
 from lorafleet.config import PlatformSettings
+from ops.autoscale.config import AutoscaleSettings
+from ops.autoscale.records import Records
 from schemas.replica_api import StateResponse
 
 
@@ -20,7 +20,7 @@ def records(platform: PlatformSettings, settings: AutoscaleSettings | None = Non
 def all_records(platform: PlatformSettings, settings: AutoscaleSettings | None = None) -> list[Records]:
     """The fleet replicas' records and the merged replicas' (their own ids and ports)."""
     s = settings or AutoscaleSettings()
-    from lorafleet.autoscale.merged_local import merged_records  # it builds on the actuator's fleet
+    from ops.autoscale.merged_local import merged_records  # it builds on the actuator's fleet
 
     return [records(platform, s), merged_records(platform, s)]
 

@@ -7,8 +7,8 @@ import json
 import typer
 
 from lorafleet.config import get_settings
-from lorafleet.services import stack, supervisor
-from lorafleet.services.paths import REPO_ROOT
+from ops.stack import stack, supervisor
+from ops.stack.paths import REPO_ROOT
 
 app = typer.Typer(no_args_is_help=True)
 

@@ -19,12 +19,12 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from lorafleet import kafka_acl_admin
 from lorafleet.config import PlatformSettings
 from lorafleet.kafka import make_admin
 from lorafleet.profile import dev_kafka_password
-from lorafleet.services.paths import INFRA, java_classpath, log_dir, run_dir, service_dir
-from lorafleet.services.process import ManagedProcess, wait_until
+from ops import kafka_acl_admin
+from ops.stack.paths import INFRA, java_classpath, log_dir, run_dir, service_dir
+from ops.stack.process import ManagedProcess, wait_until
 from schemas import principals
 
 NAME = "kafka"

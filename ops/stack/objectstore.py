@@ -12,8 +12,8 @@ import boto3
 
 from lorafleet.config import PlatformSettings
 from lorafleet.s3 import client_kwargs
-from lorafleet.services.paths import INFRA, java_classpath, log_dir, run_dir, service_dir
-from lorafleet.services.process import ManagedProcess, wait_until
+from ops.stack.paths import INFRA, java_classpath, log_dir, run_dir, service_dir
+from ops.stack.process import ManagedProcess, wait_until
 
 if TYPE_CHECKING:  # a stub-only package (dev extras)
     from mypy_boto3_s3 import S3Client

@@ -11,8 +11,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from lorafleet.config import PlatformSettings
-from lorafleet.services.paths import log_dir, service_dir
-from lorafleet.services.process import pid_alive, wait_until
+from lorafleet.pids import pid_alive
+from ops.stack.paths import log_dir, service_dir
+from ops.stack.process import wait_until
 
 NAME = "postgres"
 

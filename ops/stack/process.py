@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from lorafleet.pids import pid_alive
+
 
 @dataclass(frozen=True)
 class ManagedProcess:
@@ -78,22 +80,6 @@ class ManagedProcess:
             return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
         except FileNotFoundError:
             return ""
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether pid names a running process (a zombie counts as dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours counts as dead.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def wait_until(check: Callable[[], bool], timeout: float, interval: float = 0.25) -> bool:

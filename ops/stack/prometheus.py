@@ -12,9 +12,9 @@ import httpx
 
 from lorafleet.config import PlatformSettings
 from lorafleet.profile import DEV_TOKEN
-from lorafleet.services import scrape
-from lorafleet.services.paths import INFRA, log_dir, run_dir, service_dir
-from lorafleet.services.process import ManagedProcess, wait_until
+from ops.stack import scrape
+from ops.stack.paths import INFRA, log_dir, run_dir, service_dir
+from ops.stack.process import ManagedProcess, wait_until
 
 NAME = "prometheus"
 RULES = INFRA / "prometheus" / "alerts.yml"

@@ -11,8 +11,8 @@ import socket
 from pathlib import Path
 
 from lorafleet.config import PlatformSettings
-from lorafleet.services.paths import log_dir, run_dir, service_dir
-from lorafleet.services.process import ManagedProcess, wait_until
+from ops.stack.paths import log_dir, run_dir, service_dir
+from ops.stack.process import ManagedProcess, wait_until
 
 NAME = "redis"
 

@@ -8,18 +8,18 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from lorafleet.autoscale import view as autoscale_view
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
-from lorafleet.kafka_acl_admin import apply_acls
 from lorafleet.profile import DEV_PROFILE_ENV, dev_kafka_password
-from lorafleet.services import kafka, objectstore, postgres, prometheus, redis, supervisor
-from lorafleet.services.memory import format_bytes, rss_bytes, tree_rss_bytes
-from lorafleet.services.paths import REPO_ROOT, log_dir, run_dir
-from lorafleet.services.process import ManagedProcess, wait_until
-from lorafleet.services.profile import LOCAL_REPLICA_ENV
-from lorafleet.services.scrape import LOCAL_ENV, ReplicaTarget, write_replica_targets
+from ops.autoscale import view as autoscale_view
+from ops.kafka_acl_admin import apply_acls
+from ops.stack import kafka, objectstore, postgres, prometheus, redis, supervisor
+from ops.stack.memory import format_bytes, rss_bytes, tree_rss_bytes
+from ops.stack.paths import REPO_ROOT, log_dir, run_dir
+from ops.stack.process import ManagedProcess, wait_until
+from ops.stack.profile import LOCAL_REPLICA_ENV
+from ops.stack.scrape import LOCAL_ENV, ReplicaTarget, write_replica_targets
 from schemas import principals
 
 

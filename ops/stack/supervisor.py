@@ -21,8 +21,9 @@ from pathlib import Path
 from types import FrameType
 
 from lorafleet.config import PlatformSettings
-from lorafleet.services.paths import log_dir, run_dir
-from lorafleet.services.process import ManagedProcess, pid_alive, wait_until
+from lorafleet.pids import pid_alive
+from ops.stack.paths import log_dir, run_dir
+from ops.stack.process import ManagedProcess, wait_until
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from replica.engine.context import Context, set_context
 from replica.engine.kv_cache import KVCache
+from replica.forward_context import Context, set_context
 from replica.lora.batch_meta import build_batch_meta
 from replica.lora.slots import SlotRef
 from replica.model.llama import LlamaForCausalLM

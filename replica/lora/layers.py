@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from replica.engine.context import get_context
+from replica.forward_context import get_context
 from replica.kernels import ops
 from replica.lora.pools import BucketPool
 

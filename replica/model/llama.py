@@ -2,7 +2,7 @@
 
 Module names mirror Hugging Face's LlamaForCausalLM so checkpoints load by name. Inputs are packed: the new
 tokens of every sequence in the batch are concatenated into one [num_tokens] vector, and the per-step
-Context (replica.engine.context) says which KV-cache row and positions they belong to.
+Context (replica.forward_context) says which KV-cache row and positions they belong to.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from replica.engine.context import Context, get_context
 from replica.errors import UnsupportedModelError
+from replica.forward_context import Context, get_context
 
 
 @dataclass(frozen=True)

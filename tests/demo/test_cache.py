@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.demo_cache import MANIFEST_NAME, ensure_trained, read_manifest
-from gateway.demo_recipe import DemoRecipe
+from demo.cache import MANIFEST_NAME, ensure_trained, read_manifest
+from demo.recipe import DemoRecipe
 
 ADAPTER_IDS = [p.adapter_id for p in DemoRecipe().personas]
 

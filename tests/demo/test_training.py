@@ -10,10 +10,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from demo.cli import ADAPTERS, ALIASES, prepare_adapters
+from demo.recipe import PERSONAS, DemoRecipe
+from demo.transcript import TRANSCRIPT_PROMPT
 from gateway.config import GatewayConfig
-from gateway.demo import ADAPTERS, ALIASES, prepare_adapters
-from gateway.demo_recipe import PERSONAS, DemoRecipe
-from gateway.demo_transcript import TRANSCRIPT_PROMPT
 from replica.config import ReplicaSettings
 from replica.runtime import Replica, build_replica
 from replica.server import create_app

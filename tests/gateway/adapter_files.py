@@ -7,8 +7,8 @@ import json
 import struct
 from pathlib import Path
 
-from gateway.artifact_checks import verify_artifact
-from gateway.artifact_fetch import Artifact
+from gateway.registry.validator.artifact_checks import verify_artifact
+from gateway.registry.validator.artifact_fetch import Artifact
 from lorafleet.adapter_rules.base_spec import BaseSpec
 from schemas.api import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
 from schemas.events import AdapterRegistered

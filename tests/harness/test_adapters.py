@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from gateway.demo_adapters import RandomLora, make_peft_adapters, random_tensors, write_random_adapter
+from harness.adapters import RandomLora, make_peft_adapters, random_tensors, write_random_adapter
 from lorafleet.adapter_rules.base_spec import BaseSpec
 from replica.lora.spec import AdapterSpec
 from replica.lora.weights import read_adapter

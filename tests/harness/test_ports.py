@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from bench import ports
+from harness import ports
 
 
 def test_a_block_of_ports_is_free_outside_the_ephemeral_range_and_not_handed_out_again() -> None:

@@ -21,16 +21,16 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
-from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from canary.churn_verdict import AliasVersions
 from canary.gateway_churn import ChurnTenant
 from canary.manifest import CanaryManifest
 from canary.probe_setup import ProbeTarget, tenant_for
-from gateway import aliases
+from gateway.registry import aliases
 from gateway.tenants import create_key, create_tenant
+from harness.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from lorafleet.config import PlatformSettings, RelaySettings
 from lorafleet.kafka import make_producer
-from lorafleet.outbox.relay import Relay
+from relay.publisher import Relay
 from tests.integration.gateway_stack import GatewayStack, ReplicaProc, gateway_stack
 from tests.integration.redis_server import redis_server
 

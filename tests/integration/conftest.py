@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 import pytest_asyncio
 
-from bench.databases import throwaway_database
+from harness.databases import throwaway_database
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
 from tests.integration import services as svc

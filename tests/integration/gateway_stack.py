@@ -18,11 +18,11 @@ import asyncpg
 import httpx
 import pytest
 
-from bench.databases import create_database, drop_database
-from bench.ports import free_port
-from bench.processes import stop, wait_http
-from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from gateway.tenants import create_key, create_tenant
+from harness.databases import create_database, drop_database
+from harness.ports import free_port
+from harness.processes import stop, wait_http
+from harness.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
 
@@ -67,7 +67,7 @@ async def random_adapters(
     tmp_path_factory: pytest.TempPathFactory, ids: list[str] | None = None
 ) -> tuple[Path, str]:
     """The stack's adapters (ADAPTERS, or ids) as random PEFT folders under a fresh root, and the base hash."""
-    from gateway.demo_adapters import make_peft_adapters
+    from harness.adapters import make_peft_adapters
     from lorafleet.model.base_hash import base_model_hash
     from lorafleet.model.prepare import ensure_default_model
 

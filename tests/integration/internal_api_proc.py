@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.ports import free_port
-from bench.processes import stop, wait_http
+from harness.ports import free_port
+from harness.processes import stop, wait_http
 from tests.integration.gateway_stack import REPO, GatewayStack
 
 

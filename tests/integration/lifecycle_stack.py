@@ -20,17 +20,17 @@ import asyncpg
 import httpx
 from aiokafka.structs import TopicPartition
 
-from bench.databases import create_database, drop_database
-from bench.ports import free_port
-from bench.processes import stop, wait_http
-from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from gateway.tenants import create_key, create_tenant
+from harness.databases import create_database, drop_database
+from harness.ports import free_port
+from harness.processes import stop, wait_http
+from harness.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from lorafleet.config import PlatformSettings, RelaySettings
 from lorafleet.kafka import make_producer
-from lorafleet.outbox.relay import Relay
 from lorafleet.retry import run_with_retry
 from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
+from relay.publisher import Relay
 from schemas.events import Event, parse_event
 from schemas.topics import ALL_TOPICS
 from tests.integration.gateway_stack import ADAPTERS, REPO, TOKEN, ReplicaProc, _seed, start_replica

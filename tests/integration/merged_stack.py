@@ -25,22 +25,22 @@ from pathlib import Path
 import asyncpg
 import httpx
 
-from bench.databases import create_database, drop_database
-from bench.ports import free_port
-from bench.processes import stop, wait_http
-from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from gateway.tenants import create_key, create_tenant
-from lorafleet.autoscale import merged_local
-from lorafleet.autoscale.config import AutoscaleSettings
+from harness.databases import create_database, drop_database
+from harness.ports import free_port
+from harness.processes import stop, wait_http
+from harness.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from lorafleet.client.upload import artifact_prefix, upload_peft_dir
 from lorafleet.config import PlatformSettings, RelaySettings
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import make_producer
-from lorafleet.outbox.relay import Relay
 from lorafleet.retry import run_with_retry
 from lorafleet.s3 import async_client
+from ops.autoscale import merged_local
+from ops.autoscale.config import AutoscaleSettings
 from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
+from relay.publisher import Relay
 from tests.integration.gateway_stack import REPO, TOKEN, ReplicaProc, start_replica
 
 TENANT = "acme"

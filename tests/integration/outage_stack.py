@@ -1,5 +1,5 @@
 """A control plane of its own for the outage tests: a private PostgreSQL cluster and Kafka broker on free
-ports in a temp folder (started with lorafleet.services' own code), and the app processes under
+ports in a temp folder (started with ops.stack' own code), and the app processes under
 `lorafleet services supervise`. The faults act on these private processes only, never the shared ones."""
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.ports import free_port
-from bench.processes import stop, wait_http
+from harness.ports import free_port
+from harness.processes import stop, wait_http
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
-from lorafleet.services import kafka, postgres, supervisor
-from lorafleet.services.process import pid_alive
+from lorafleet.pids import pid_alive
+from ops.stack import kafka, postgres, supervisor
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICE_TOKEN = "outage-test-service-token"

@@ -8,8 +8,8 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from bench.ports import free_port
-from bench.processes import stop, wait_http
+from harness.ports import free_port
+from harness.processes import stop, wait_http
 from tests.integration.gateway_stack import REPO
 
 

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.ports import free_port
-from bench.processes import stop
-from lorafleet.services.redis import ping, server_argv
+from harness.ports import free_port
+from harness.processes import stop
+from ops.stack.redis import ping, server_argv
 
 
 @dataclass

@@ -65,7 +65,7 @@ def _kafka_container() -> tuple[Any, str]:
     principals' users), published on a free host port that it also listens and advertises on."""
     from testcontainers.core.container import DockerContainer
 
-    from bench.ports import free_port
+    from harness.ports import free_port
 
     spec = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]["kafka"]
     (mount,) = spec["volumes"]
@@ -85,7 +85,7 @@ def _kafka_ready(bootstrap: str, timeout_s: float = 120.0) -> None:
     import time
 
     from lorafleet.kafka import make_admin
-    from lorafleet.kafka_acl_admin import apply_acls
+    from ops.kafka_acl_admin import apply_acls
 
     admin_settings = PlatformSettings(kafka_bootstrap=bootstrap, kafka_username="admin")
 
@@ -140,7 +140,7 @@ def containers() -> Iterator[ServiceAddresses]:
 def local() -> Iterator[ServiceAddresses]:
     """The natively run services from `lorafleet services up --infra-only`, started if needed."""
     from lorafleet.config import get_settings
-    from lorafleet.services import stack
+    from ops.stack import stack
 
     settings = get_settings()
     infra = {s.name for s in stack.INFRA}

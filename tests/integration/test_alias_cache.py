@@ -9,10 +9,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from bench.seed import ReadyAdapter, insert_ready_adapters
-from gateway.alias_cache import AliasCache
-from gateway.aliases import set_alias
-from gateway.rollout import AliasTarget
+from gateway.public.routing.alias_cache import AliasCache
+from gateway.public.routing.rollout import AliasTarget
+from gateway.registry.aliases import set_alias
+from harness.seed import ReadyAdapter, insert_ready_adapters
 from schemas.events import AliasChanged
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,8 @@ import asyncpg
 import httpx
 import pytest
 
-from bench.databases import throwaway_database
 from gateway.tenants import create_key, create_tenant
+from harness.databases import throwaway_database
 from lorafleet.db.migrate import migrate
 from tests.integration.openai_errors import openai_error
 from tests.integration.public_gateways import public_gateways

@@ -16,11 +16,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from bench.ports import free_port
 from canary.manifest import CanaryManifest
 from canary.probe import run_probe
 from canary.probe_setup import install_canaries
 from gateway.config import GatewayConfig, GatewaySettings
+from harness.ports import free_port
 from lorafleet.config import RelaySettings
 from tests.integration.canary_training import E2E_CANARIES, trained_canaries
 from tests.integration.gateway_stack import REPO, GatewayStack, gateway_stack
@@ -36,10 +36,10 @@ async def control_plane(config: GatewayConfig) -> AsyncIterator[str]:
     """The internal API, the outbox relay and the registry validator in this process; yields the API's URL."""
     import uvicorn
 
-    from gateway.main import build_internal_app
-    from gateway.validator_main import run_validator
+    from gateway.registry.app import build_internal_app
+    from gateway.registry.validator.main import run_validator
     from lorafleet.kafka import make_producer
-    from lorafleet.outbox.relay import Relay
+    from relay.publisher import Relay
 
     stop, validator_ready = asyncio.Event(), asyncio.Event()
     server = uvicorn.Server(

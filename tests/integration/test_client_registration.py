@@ -15,15 +15,15 @@ import httpx
 import pytest
 
 from gateway.config import GatewayConfig
-from gateway.validator_main import run_validator
+from gateway.registry.validator.main import run_validator
 from lorafleet.client.errors import RegistrationError
 from lorafleet.client.registration import AdapterUpload, register_adapters
 from lorafleet.config import RelaySettings
 from lorafleet.kafka import make_producer
-from lorafleet.outbox.relay import Relay
+from relay.publisher import Relay
 from schemas.api import ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME
 from tests.gateway.adapter_files import TINY_BASE_HASH, make_peft_adapter, with_nan, write_base_config
-from tests.gateway.internal_app import gateway_config, internal_client
+from tests.gateway.registry.internal_app import gateway_config, internal_client
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ import httpx
 import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 
+from demo.cli import prepare_adapters
+from demo.recipe import PERSONAS
 from gateway.config import GatewayConfig
-from gateway.demo import prepare_adapters
-from gateway.demo_recipe import PERSONAS
 from lorafleet.model.prepare import ensure_default_model
 from tests.integration.gateway_stack import ADAPTERS, ADMIN_TOKEN, GatewayStack, gateway_stack
 from tests.integration.waiting import wait_until

@@ -18,11 +18,11 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from lorafleet.autoscale.merged_targets import TargetFollower
-from lorafleet.autoscale.signals import SignalFollower
 from lorafleet.config import PlatformSettings
 from lorafleet.dead_letters import DeadLetters, dead_letter_counter
 from lorafleet.kafka import make_producer
+from ops.autoscale.merged_targets import TargetFollower
+from ops.autoscale.signals import SignalFollower
 from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
 from replica.control.events import EventPublisher
@@ -73,9 +73,9 @@ def _assert_rows(rows: dict[Sent, asyncpg.Record], consumer: str, raw: Sent, fut
 async def test_the_registry_validator_dead_letters_poison_and_settles_the_next_registration(
     platform: PlatformSettings, producer: AIOKafkaProducer, pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
-    from gateway.validator_main import run_validator
+    from gateway.registry.validator.main import run_validator
     from tests.gateway.adapter_files import TARGETS, TINY_BASE_HASH, write_base_config
-    from tests.gateway.internal_app import gateway_config
+    from tests.gateway.registry.internal_app import gateway_config
 
     consumer, topic = "registry-validator", "adapters.registered"
     config = gateway_config(
@@ -270,7 +270,7 @@ async def test_the_cli_lists_consumer_dead_letters_and_refused_outbox_rows(
 async def test_a_dead_letter_postgres_cannot_take_raises_for_a_committing_consumer_and_a_follower_skips_it(
     services,
 ) -> None:
-    from bench.ports import free_port
+    from harness.ports import free_port
     from lorafleet.db.pool import create_pool
 
     # a PostgreSQL that is down: nothing listens on the port

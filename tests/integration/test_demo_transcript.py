@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from demo.cli import prepare_adapters
+from demo.recipe import PERSONAS
+from demo.transcript import TRANSCRIPT_PROMPT, transcript
 from gateway.config import GatewayConfig
-from gateway.demo import prepare_adapters
-from gateway.demo_recipe import PERSONAS
-from gateway.demo_transcript import TRANSCRIPT_PROMPT, transcript
 from lorafleet.model.base_hash import base_model_hash
 from tests.integration.gateway_stack import ADAPTERS, ALIASES, GatewayStack, gateway_stack
 

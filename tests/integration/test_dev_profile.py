@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.ports import free_port
-from bench.processes import stop, wait_http
+from harness.ports import free_port
+from harness.processes import stop, wait_http
 
 pytestmark = pytest.mark.integration
 

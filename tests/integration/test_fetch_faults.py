@@ -16,19 +16,19 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from gateway.artifact_fetch import TransientFetchError
 from gateway.config import GatewayConfig
-from gateway.registration_rules import RegistryRules
-from gateway.served_base import served_base_spec
-from gateway.validator import RegistryValidator
-from gateway.weights_uri import ObjectLocation
+from gateway.registry.registration_rules import RegistryRules
+from gateway.registry.served_base import served_base_spec
+from gateway.registry.validator.artifact_fetch import TransientFetchError
+from gateway.registry.validator.handler import RegistryValidator
+from gateway.registry.weights_uri import ObjectLocation
 from lorafleet.client.upload import upload_peft_dir
 from lorafleet.fetch_retry import FetchPolicy
 from replica.adapter_cache.errors import AdapterCacheError, ObjectStoreUnavailableError
 from schemas.api import ADAPTER_WEIGHTS_NAME
 from schemas.events import AdapterRegistered
 from tests.gateway.adapter_files import TARGETS, TINY_BASE_HASH, make_peft_adapter, write_base_config
-from tests.gateway.internal_app import gateway_config
+from tests.gateway.registry.internal_app import gateway_config
 from tests.integration.s3_adapters import (
     BUCKET,
     RUN,

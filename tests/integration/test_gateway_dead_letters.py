@@ -13,17 +13,17 @@ import asyncpg
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from bench.seed import ReadyAdapter, insert_ready_adapters
-from gateway.alias_cache import AliasCache, consume_alias_changes
-from gateway.aliases import set_alias
-from gateway.console_feed import ConsoleFeed, consume_console_topics
-from gateway.metrics import GatewayMetrics
-from gateway.replica_view import ReplicaView, consume_states
-from gateway.rollout import AliasTarget
+from gateway.console.feed import ConsoleFeed, consume_console_topics
+from gateway.public.metrics import GatewayMetrics
+from gateway.public.routing.alias_cache import AliasCache, consume_alias_changes
+from gateway.public.routing.replica_view import ReplicaView, consume_states
+from gateway.public.routing.rollout import AliasTarget
+from gateway.registry.aliases import set_alias
+from harness.seed import ReadyAdapter, insert_ready_adapters
 from lorafleet.config import PlatformSettings, RelaySettings
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_producer
-from lorafleet.outbox.relay import Relay
+from relay.publisher import Relay
 from schemas.events import AdapterStats, AliasChanged, ReplicaState
 from tests.integration.poison import (
     future_version,

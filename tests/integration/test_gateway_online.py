@@ -16,12 +16,12 @@ import openai
 import pytest
 from httpx_sse import EventSource
 
-from bench.processes import wait_http
-from gateway import aliases
-from gateway.rollout import unit_hash
+from gateway.public.routing.rollout import unit_hash
+from gateway.registry import aliases
+from harness.processes import wait_http
 from lorafleet.config import RelaySettings
 from lorafleet.kafka import make_producer
-from lorafleet.outbox.relay import Relay
+from relay.publisher import Relay
 from schemas.api import CanaryTarget
 from schemas.events import AliasChanged, RequestCompleted, parse_event
 from schemas.topics import REQUESTS_COMPLETED

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from bench.ports import free_port
+from harness.ports import free_port
 from lorafleet.kafka import make_producer
 from schemas.events import AliasChanged, ReplicaState
 from tests.integration.gateway_stack import ADAPTERS, GatewayStack, gateway_stack, random_adapters

@@ -18,16 +18,16 @@ import pytest
 from aiokafka.errors import ClusterAuthorizationFailedError, TopicAuthorizationFailedError
 from prometheus_client import CollectorRegistry
 
-from bench.ports import free_port
-from bench.processes import stop
-from bench.seed import ReadyAdapter, insert_ready_adapters
-from gateway.alias_cache import AliasCache, consume_alias_changes
-from gateway.aliases import set_alias
-from gateway.rollout import AliasTarget
+from gateway.public.routing.alias_cache import AliasCache, consume_alias_changes
+from gateway.public.routing.rollout import AliasTarget
+from gateway.registry.aliases import set_alias
+from harness.ports import free_port
+from harness.processes import stop
+from harness.seed import ReadyAdapter, insert_ready_adapters
 from lorafleet.config import PlatformSettings
 from lorafleet.dead_letters import DeadLetters, dead_letter_counter
 from lorafleet.kafka import ensure_topics
-from lorafleet.services import kafka
+from ops.stack import kafka
 from schemas import principals
 from schemas import topics as t
 from tests.integration.kafka_helpers import connects, login, produce

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from aiokafka.errors import TopicAuthorizationFailedError
 
-from bench.ports import free_port
+from harness.ports import free_port
 from lorafleet.config import PlatformSettings
 from lorafleet.kafka import ensure_topics
-from lorafleet.services import kafka
-from lorafleet.services.paths import java_classpath, service_dir
-from lorafleet.services.process import wait_until
+from ops.stack import kafka
+from ops.stack.paths import java_classpath, service_dir
+from ops.stack.process import wait_until
 from schemas import principals
 from schemas import topics as t
 from tests.integration.kafka_helpers import connects, login, produce

@@ -13,8 +13,8 @@ import asyncpg
 import pytest
 from matplotlib.image import imread
 
-from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
-from gateway.demo_adapters import make_peft_adapters
+from harness.adapters import make_peft_adapters
+from harness.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from loadtest.burst import BurstConfig
 from loadtest.cli import run_loadtest
 from loadtest.runner import LoadTestConfig

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import httpx
 
-from bench.ports import free_port
-from lorafleet.autoscale.local import replica_argv
+from harness.ports import free_port
 from lorafleet.model.prepare import ensure_default_model
-from lorafleet.services.memory import rss_bytes
-from lorafleet.services.paths import REPO_ROOT
-from lorafleet.services.profile import LOCAL_REPLICA_ENV
-from lorafleet.services.stack import process_env
+from ops.autoscale.local import replica_argv
+from ops.stack.memory import rss_bytes
+from ops.stack.paths import REPO_ROOT
+from ops.stack.profile import LOCAL_REPLICA_ENV
+from ops.stack.stack import process_env
 
 GIB = 1 << 30
 # After its first answer a local-profile replica holds the weights (0.5 GiB, file pages of the mmapped

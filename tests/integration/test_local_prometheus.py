@@ -19,13 +19,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.ports import free_port
 from bench.scaleup_stack import Proc, ScaleupConfig, lorafleet, scaleup_stack
+from harness.ports import free_port
 from lorafleet.profile import DEV_TOKEN
-from lorafleet.services import prometheus
-from lorafleet.services.profile import LOCAL_REPLICA_ENV
-from lorafleet.services.scrape import LISTENERS, REPLICA_JOB, ReplicaTarget, write_replica_targets
-from lorafleet.services.stack import APP_PROCESSES
+from ops.stack import prometheus
+from ops.stack.profile import LOCAL_REPLICA_ENV
+from ops.stack.scrape import LISTENERS, REPLICA_JOB, ReplicaTarget, write_replica_targets
+from ops.stack.stack import APP_PROCESSES
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

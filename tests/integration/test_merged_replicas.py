@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from gateway.demo_adapters import make_peft_adapters
+from harness.adapters import make_peft_adapters
 from lorafleet.model.prepare import ensure_default_model
 from tests.integration.gateway_stack import TOKEN
 from tests.integration.merged_stack import ALIAS, MergedStack, merged_stack

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from bench.seed import ReadyAdapter, insert_ready_adapters
+from harness.seed import ReadyAdapter, insert_ready_adapters
 from placement_worker.config import PlacementSettings
 from placement_worker.consumer import PlacementWorker
 from schemas.events import AdapterStats, AliasChanged

@@ -16,7 +16,7 @@ import httpx
 import psutil
 import pytest
 
-from gateway.demo_adapters import make_peft_adapters
+from harness.adapters import make_peft_adapters
 from lorafleet.model.prepare import ensure_default_model
 from tests.integration.gateway_stack import ADAPTERS, ADMIN_TOKEN, TOKEN, GatewayStack, gateway_stack
 from tests.integration.internal_api_proc import InternalApi, internal_api

@@ -25,11 +25,11 @@ import asyncpg
 import httpx
 import pytest
 
-from bench.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from gateway.config import GatewaySettings
-from gateway.served_base import served_base_hash
+from gateway.registry.served_base import served_base_hash
 from gateway.tenants import create_key, create_tenant
-from lorafleet.services import kafka, postgres
+from harness.seed import ReadyAdapter, insert_alias, insert_ready_adapters
+from ops.stack import kafka, postgres
 from schemas.topics import ADAPTERS_REGISTERED, ADAPTERS_VALIDATED
 from tests.integration import outage_stack as ostack
 from tests.integration.kafka_helpers import read_to_end

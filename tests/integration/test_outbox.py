@@ -14,8 +14,8 @@ from prometheus_client import REGISTRY
 from lorafleet.config import RelaySettings
 from lorafleet.kafka import make_producer
 from lorafleet.outbox.idempotency import apply_once
-from lorafleet.outbox.relay import LEADER_LOCK_KEY, Relay
 from lorafleet.outbox.writer import emit, outbox_transaction
+from relay.publisher import LEADER_LOCK_KEY, Relay
 from schemas.events import AliasChanged, EventValidationError, parse_event
 from schemas.topics import ALIASES_CHANGED
 from tests.integration.kafka_helpers import collect
@@ -211,7 +211,7 @@ async def test_a_second_relay_stands_by_while_the_first_holds_the_outbox(
     pool, producer, services, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Only one relay publishes at a time (per-key order); the other takes over when the first stops."""
-    caplog.set_level(logging.INFO, logger="lorafleet.outbox.relay")
+    caplog.set_level(logging.INFO, logger="relay.publisher")
     stop_a, stop_b = asyncio.Event(), asyncio.Event()
     a = Relay(pool, producer, RelaySettings(poll_interval_s=0.05))
     b = Relay(pool, producer, RelaySettings(poll_interval_s=0.05))

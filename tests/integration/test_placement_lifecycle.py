@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
-from bench.seed import ReadyAdapter, insert_ready_adapters
+from harness.seed import ReadyAdapter, insert_ready_adapters
 from lorafleet.kafka import make_producer
 from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker

@@ -12,13 +12,13 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from bench.seed import ReadyAdapter, insert_ready_adapters
-from gateway.aliases import set_alias
+from gateway.registry.aliases import set_alias
+from harness.seed import ReadyAdapter, insert_ready_adapters
 from lorafleet.config import RelaySettings
 from lorafleet.kafka import make_producer
-from lorafleet.outbox.relay import Relay
 from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
+from relay.publisher import Relay
 from schemas.events import AdapterValidated, Event, ReplicaState, RequestCompleted
 from schemas.rendezvous import owners
 from tests.integration.waiting import wait_until

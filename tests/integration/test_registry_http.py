@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 from tests.gateway.adapter_files import TINY_BASE_HASH, write_base_config
-from tests.gateway.internal_app import gateway_config, internal_client
+from tests.gateway.registry.internal_app import gateway_config, internal_client
 
 GOOD = {
     "adapter_id": "acme-support-v1",

@@ -15,16 +15,16 @@ import asyncpg
 import pytest
 
 from gateway.config import GatewayConfig
-from gateway.registration_rules import RegistryRules
-from gateway.served_base import served_base_spec
-from gateway.validator import RegistryValidator
-from gateway.validator_main import run_validator
-from gateway.weights_uri import ObjectLocation
+from gateway.registry.registration_rules import RegistryRules
+from gateway.registry.served_base import served_base_spec
+from gateway.registry.validator.handler import RegistryValidator
+from gateway.registry.validator.main import run_validator
+from gateway.registry.weights_uri import ObjectLocation
 from lorafleet.client.upload import upload_peft_dir
 from lorafleet.config import RelaySettings
 from lorafleet.kafka import make_producer
-from lorafleet.outbox.relay import Relay
 from lorafleet.s3 import async_client
+from relay.publisher import Relay
 from schemas.events import AdapterRegistered
 from tests.gateway.adapter_files import (
     TARGETS,
@@ -35,7 +35,7 @@ from tests.gateway.adapter_files import (
     write_base_config,
     write_safetensors,
 )
-from tests.gateway.internal_app import gateway_config, internal_client
+from tests.gateway.registry.internal_app import gateway_config, internal_client
 from tests.integration.kafka_helpers import collect
 
 pytestmark = pytest.mark.integration

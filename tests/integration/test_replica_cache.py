@@ -19,16 +19,16 @@ import pytest
 import uvicorn
 from torch import nn
 
-from bench.ports import free_port
-from bench.processes import stop, wait_http
-from gateway.main import build_internal_app
-from gateway.validator_main import run_validator
-from gateway.weights_uri import ObjectLocation
+from gateway.registry.app import build_internal_app
+from gateway.registry.validator.main import run_validator
+from gateway.registry.weights_uri import ObjectLocation
+from harness.ports import free_port
+from harness.processes import stop, wait_http
 from lorafleet.client.upload import upload_peft_dir
 from lorafleet.config import RelaySettings
 from lorafleet.kafka import make_producer
-from lorafleet.outbox.relay import Relay
 from lorafleet.s3 import async_client
+from relay.publisher import Relay
 from replica.adapter_cache.cache import AdapterCache
 from replica.adapter_cache.disk import DiskTier
 from replica.adapter_cache.errors import ChecksumMismatchError
@@ -50,7 +50,7 @@ from tests.gateway.adapter_files import (
     make_peft_adapter,
     write_base_config,
 )
-from tests.gateway.internal_app import TOKEN, gateway_config, internal_client
+from tests.gateway.registry.internal_app import TOKEN, gateway_config, internal_client
 from tests.integration.kafka_helpers import collect
 
 pytestmark = pytest.mark.integration

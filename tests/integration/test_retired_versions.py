@@ -14,15 +14,15 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from bench.seed import ReadyAdapter, insert_ready_adapters
-from gateway.aliases import set_alias
 from gateway.errors import InvalidRegistration
+from gateway.registry.aliases import set_alias
+from harness.seed import ReadyAdapter, insert_ready_adapters
 from lorafleet.config import RelaySettings
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import make_producer
-from lorafleet.outbox.relay import Relay
 from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
+from relay.publisher import Relay
 from schemas.api import CanaryTarget
 from schemas.events import AdapterValidated, Event, ReplicaState
 from schemas.rendezvous import owners

@@ -10,7 +10,7 @@ import uuid
 import asyncpg
 import pytest
 
-from lorafleet.services.objectstore import client
+from ops.stack.objectstore import client
 
 pytestmark = pytest.mark.integration
 

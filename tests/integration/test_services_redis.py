@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.ports import free_port
+from harness.ports import free_port
 from lorafleet.config import PlatformSettings
-from lorafleet.services import redis
-from lorafleet.services.process import pid_alive
-from lorafleet.services.stack import INFRA
+from lorafleet.pids import pid_alive
+from ops.stack import redis
+from ops.stack.stack import INFRA
 
 
 def test_redis_starts_once_and_stops_by_its_pid(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from typing import cast
 import asyncpg
 import pytest
 
-from bench.seed import ReadyAdapter, insert_ready_adapters
+from harness.seed import ReadyAdapter, insert_ready_adapters
 from placement_worker import store
 from placement_worker.config import PlacementSettings
 from placement_worker.consumer import PlacementWorker

@@ -21,8 +21,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from bench.ports import free_port
-from gateway import console_registry
+from gateway.console import overview
+from harness.ports import free_port
 from lorafleet.config import PlatformSettings
 from lorafleet.kafka import make_producer
 from schemas.console import TenantStats
@@ -178,7 +178,7 @@ async def tenant_figures(
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = {t.tenant_id: t for t in await console_registry.tenant_stats(pool)}
+            found = {t.tenant_id: t for t in await overview.tenant_stats(pool)}
             if all(t in found for t in tenants):
                 return [found[t] for t in tenants]
             await asyncio.sleep(0.3)

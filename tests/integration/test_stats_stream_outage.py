@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 
-from bench.ports import free_port
-from lorafleet.services import kafka
+from harness.ports import free_port
+from ops.stack import kafka
 from schemas.events import AdapterStats, parse_event
 from schemas.topics import ADAPTER_STATS
 from stats_stream.windows import from_ms, to_ms, window_start

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gateway.console_registry import tenant_stats
+from gateway.console.overview import tenant_stats
 from stats_stream.closing import close_window
 from stats_stream.config import SignalSettings
 from stats_stream.signals import ScaleState

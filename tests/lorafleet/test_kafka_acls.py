@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import GatewaySettings
-from lorafleet.kafka_acl_admin import OPERATIONS, bindings
 from lorafleet.kafka_acls import GRANTS, writers
+from ops.kafka_acl_admin import OPERATIONS, bindings
 from placement_worker.config import PlacementSettings
 from schemas import principals as p
 from schemas import topics as t

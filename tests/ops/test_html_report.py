@@ -3,8 +3,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from lorafleet.html_report import flatten, render, section
-from lorafleet.report_cli import app
+from ops.html_report import flatten, render, section
+from ops.report_cli import app
 
 
 def test_flatten_dots_nested_keys_and_joins_scalar_lists() -> None:

@@ -19,8 +19,8 @@ import typer.core
 from pydantic_settings import BaseSettings
 
 from gateway.config import GatewaySettings
-from lorafleet.autoscale.config import AutoscaleSettings
 from lorafleet.config import PlatformSettings, RelaySettings
+from ops.autoscale.config import AutoscaleSettings
 from placement_worker.config import PlacementSettings
 from replica.config import ReplicaSettings
 from schemas import principals

@@ -17,13 +17,13 @@ import jsonschema
 import pytest
 
 from gateway.config import GatewaySettings
-from lorafleet.autoscale.config import AutoscaleSettings
-from lorafleet.autoscale.local import LocalFleet
-from lorafleet.autoscale.merged_local import MergedFleet
 from lorafleet.config import PlatformSettings
 from lorafleet.model.prepare import DEFAULT_MODEL_NAME
-from lorafleet.services import scrape
-from lorafleet.services.stack import APP_PROCESSES, FLEET_ENV, kafka_env, stack_replicas
+from ops.autoscale.config import AutoscaleSettings
+from ops.autoscale.local import LocalFleet
+from ops.autoscale.merged_local import MergedFleet
+from ops.stack import scrape
+from ops.stack.stack import APP_PROCESSES, FLEET_ENV, kafka_env, stack_replicas
 from replica.config import ReplicaSettings
 from schemas import principals
 from tests.project.compose_files import (

@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 import lorafleet.metrics  # noqa: F401 - registers the control plane's metrics
 import stats_stream.metrics  # noqa: F401 - registers the stream's metrics
-from gateway.metrics import GatewayMetrics
+from gateway.public.metrics import GatewayMetrics
 from replica.metrics import EngineLoad, ReplicaMetrics
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
@@ -32,7 +32,7 @@ def _labels_by_name() -> dict[str, set[str]]:
     registries: list[CollectorRegistry] = [
         REGISTRY,
         replica.registry,
-        gateway.registry,
+        gateway.registry.adapters,
         gateway.tenant_registry,
     ]
     out: dict[str, set[str]] = {}

@@ -19,10 +19,10 @@ from fastapi.routing import APIRoute
 
 from gateway.config import GatewayConfig
 from gateway.deps import public_caller, require_service_token
-from gateway.main import build_internal_app
-from gateway.metrics import GatewayMetrics
-from gateway.public_app import build_public_app
-from gateway.tenant_metrics import build_tenant_metrics_app
+from gateway.public.app import build_public_app
+from gateway.public.metrics import GatewayMetrics
+from gateway.public.tenant_metrics import build_tenant_metrics_app
+from gateway.registry.app import build_internal_app
 from replica.config import ReplicaSettings
 from replica.server import authorized, create_app, service_authorized
 

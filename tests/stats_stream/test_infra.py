@@ -8,7 +8,7 @@ import yaml
 from prometheus_client import REGISTRY
 
 import stats_stream.metrics  # noqa: F401 - registers the stream's metrics
-from gateway.metrics import GatewayMetrics
+from gateway.public.metrics import GatewayMetrics
 from replica.metrics import EngineLoad, ReplicaMetrics
 from stats_stream.config import StatsStreamSettings
 
@@ -46,7 +46,7 @@ def _process_exposed() -> set[str]:
     replica.watch_engine(4, lambda: EngineLoad(0, 0, 0.0, 0, (), ()))
     out: set[str] = set()
     gateway = GatewayMetrics()
-    for registry in (replica.registry, gateway.registry, gateway.tenant_registry):
+    for registry in (replica.registry, gateway.registry.adapters, gateway.tenant_registry):
         for family in registry.collect():
             out |= {family.name + suffix for suffix in ("", "_total", "_bucket", "_count", "_sum")}
     return out

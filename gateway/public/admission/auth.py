@@ -14,7 +14,7 @@ import time
 import asyncpg
 
 from gateway.errors import StoreUnavailable, Unauthorized
-from gateway.store_guard import StoreGuard
+from gateway.public.store_guard import StoreGuard
 from gateway.tenants import Caller, find_caller, key_hash
 
 INVALID_KEY = "Incorrect API key provided. You can find your API key in your lorafleet tenant settings."

@@ -3,8 +3,8 @@
 Contract (docs/security.md, "Rate limits across gateways"):
 - Redis holds one hash per tenant (requests and tokens levels, last refill on Redis's own clock). A reserve
   and a refund are each one Lua script, so they are atomic across gateways: N gateways together admit the
-  tenant's limit, not N times it. The buckets follow gateway.rate_limit's rules (a one-second burst of
-  requests, a minute of tokens, both-or-neither reservation, refund of unused tokens).
+  tenant's limit, not N times it. The buckets follow gateway.public.admission.rate_limit's rules (a
+  one-second burst of requests, a minute of tokens, both-or-neither reservation, refund of unused tokens).
 - The keys are namespaced by the database the gateways read tenants from, so two fleets sharing a Redis
   never share a tenant's bucket.
 - When Redis does not answer within its timeout, this gateway admits from a local bucket at the limit
@@ -25,7 +25,7 @@ from typing import Literal
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.rate_limit import Decision, Limits, RateLimiter
+from gateway.public.admission.rate_limit import Decision, Limits, RateLimiter
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,8 @@ class SharedRateLimiter:
             self._failed(exc)
 
     async def _reserve_shared(self, tenant_id: str, limits: Limits, tokens: int) -> Decision:
-        # the same buckets as gateway.rate_limit.TenantLimiter: a one-second burst, a minute of tokens
+        # the same buckets as gateway.public.admission.rate_limit.TenantLimiter: a one-second burst, a
+        # minute of tokens
         ttl_ms = int(1000 * (60 + max(1.0, limits.requests_per_s) / limits.requests_per_s))
         args = [max(1.0, limits.requests_per_s), limits.requests_per_s]
         args += [limits.tokens_per_min, limits.tokens_per_min / 60.0, tokens, ttl_ms]

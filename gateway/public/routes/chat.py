@@ -1,9 +1,9 @@
 """POST /v1/chat/completions: authenticate, resolve the alias, admit under the tenant's limits, route, relay.
 
 The alias is resolved here only; the replica gets the immutable adapter id. The response over the
-replica's stream is gateway.chat_relay's. A client that goes away closes the upstream stream, which aborts
-the generation on the replica. A request with an Idempotency-Key runs once and its 200 is replayed to
-retries (gateway.idempotency).
+replica's stream is gateway.public.upstream.chat_response's. A client that goes away closes the
+upstream stream, which aborts the generation on the replica. A request with an Idempotency-Key runs
+once and its 200 is replayed to retries (gateway.public.idempotency).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import anyio
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
-from gateway.chat_relay import completion_response, sse_chunks
 from gateway.deps import PublicCaller
 from gateway.errors import (
     BadRequest,
@@ -23,14 +22,15 @@ from gateway.errors import (
     PayloadTooLarge,
     RateLimited,
 )
-from gateway.idempotency import HEADER as IDEMPOTENCY_HEADER
-from gateway.idempotent_chat import begin
-from gateway.online import Online, RequestRecord
-from gateway.rate_limit import retry_after_header
-from gateway.replica_client import ReplicaRejected, ReplicaUnavailable
+from gateway.public.admission.rate_limit import retry_after_header
+from gateway.public.idempotency import HEADER as IDEMPOTENCY_HEADER
+from gateway.public.idempotent_chat import begin
+from gateway.public.online import Online, RequestRecord
+from gateway.public.upstream.chat_response import completion_response, sse_chunks
+from gateway.public.upstream.errors import public_error
+from gateway.public.upstream.replica_client import ReplicaRejected, ReplicaUnavailable
 from gateway.sse_response import SseResponse
 from gateway.tenants import Caller
-from gateway.upstream_errors import public_error
 from schemas.openai import ChatCompletionRequest
 from schemas.replica_api import ChatMessage, GenerateRequest
 

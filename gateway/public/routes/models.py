@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 
 from gateway.deps import PublicCaller
 from gateway.errors import NotFound
-from gateway.routes.chat import MODEL_NOT_FOUND
+from gateway.public.routes.chat import MODEL_NOT_FOUND
 from schemas.openai import ModelCard, ModelList
 
 router = APIRouter()

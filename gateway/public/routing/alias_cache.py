@@ -17,8 +17,8 @@ import time
 import asyncpg
 
 from gateway.errors import StoreUnavailable
-from gateway.rollout import AliasTarget
-from gateway.store_guard import StoreGuard
+from gateway.public.routing.rollout import AliasTarget
+from gateway.public.store_guard import StoreGuard
 from lorafleet.config import PlatformSettings
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer

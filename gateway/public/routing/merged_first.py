@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from gateway.routing import ReplicaLoad, RoutePlan, RouterPolicy
+from gateway.public.routing.policy import ReplicaLoad, RoutePlan, RouterPolicy
 
 Route = Callable[[str, Sequence[ReplicaLoad], RouterPolicy, random.Random], RoutePlan]
 

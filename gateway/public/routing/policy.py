@@ -44,7 +44,9 @@ class ReplicaLoad:
     tokens_in_flight: int
     resident: frozenset[str] = field(default_factory=frozenset)  # adapter ids in GPU or RAM
     gpu: frozenset[str] = field(default_factory=frozenset)
-    merged: str | None = None  # a merged replica serves only this adapter (gateway/merged_routing.py)
+    merged: str | None = (
+        None  # a merged replica serves only this adapter (gateway/public/routing/merged_first.py)
+    )
     gpu_slots: int = 0  # the GPU slots its state reports (0: unknown)
 
 

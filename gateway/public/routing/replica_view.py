@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from aiokafka.structs import TopicPartition
 
-from gateway.hit_window import HitWindow
-from gateway.replica_registry import ReplicaRegistry
-from gateway.routing import ReplicaLoad
+from gateway.public.routing.hit_window import HitWindow
+from gateway.public.routing.policy import ReplicaLoad
+from gateway.public.routing.replica_allowlist import ReplicaRegistry
 from lorafleet.config import PlatformSettings
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer, seek_to_times

@@ -16,11 +16,11 @@ import anyio
 from fastapi import Response
 from fastapi.responses import JSONResponse
 
-from gateway.chunk_encoder import DONE, ChunkEncoder, error_frame
 from gateway.errors import GatewayError
-from gateway.online import RequestRecord
-from gateway.replica_client import UpstreamStream
-from gateway.upstream_events import completion_events
+from gateway.public.online import RequestRecord
+from gateway.public.upstream.chunk_encoder import DONE, ChunkEncoder, error_frame
+from gateway.public.upstream.events import completion_events
+from gateway.public.upstream.replica_client import UpstreamStream
 from schemas.events import RequestStatus
 from schemas.openai import AssistantMessage, ChatCompletion, Choice
 from schemas.replica_api import DoneEvent

@@ -10,8 +10,8 @@ client gets that code and Retry-After. A replica that sent no first token in tim
 from __future__ import annotations
 
 from gateway.errors import BadRequest, GatewayError, GatewayTimeout, Overloaded, ServiceUnavailable
-from gateway.rate_limit import retry_after_of
-from gateway.replica_client import ReplicaRejected, ReplicaUnavailable
+from gateway.public.admission.rate_limit import retry_after_of
+from gateway.public.upstream.replica_client import ReplicaRejected, ReplicaUnavailable
 
 LOAD_REFUSALS = frozenset({"adapter_loading_failed", "cold_loads_full"})  # a replica's 503 about the adapter
 

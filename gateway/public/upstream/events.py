@@ -17,8 +17,8 @@ import httpx
 from pydantic import ValidationError
 
 from gateway.errors import BadGateway, GatewayError, GatewayTimeout, ServiceUnavailable
-from gateway.online import RequestRecord
-from gateway.replica_client import UpstreamStalled, UpstreamStream
+from gateway.public.online import RequestRecord
+from gateway.public.upstream.replica_client import UpstreamStalled, UpstreamStream
 from schemas.replica_api import STREAM_EVENT, DoneEvent, TokenEvent
 
 log = logging.getLogger(__name__)

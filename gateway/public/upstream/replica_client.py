@@ -23,7 +23,7 @@ from typing import get_args
 import httpx
 from pydantic import ValidationError
 
-from gateway.routing import ReplicaLoad
+from gateway.public.routing.policy import ReplicaLoad
 from schemas.api import ErrorBody, ErrorDetail
 from schemas.events import Tier
 from schemas.replica_api import GenerateRequest

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 
-from gateway.artifact_fetch import Artifact
+from gateway.registry.validator.artifact_fetch import Artifact
 from lorafleet.adapter_rules.artifact import CheckedAdapter, check_artifact
 from lorafleet.adapter_rules.base_spec import BaseSpec
 from lorafleet.adapter_rules.errors import AdapterRejected, RejectCode

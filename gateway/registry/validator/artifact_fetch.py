@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from gateway.weights_uri import ObjectLocation
+from gateway.registry.weights_uri import ObjectLocation
 from lorafleet.adapter_rules.artifact import check_files
 from lorafleet.adapter_rules.caps import check_size
 from lorafleet.adapter_rules.errors import AdapterRejected, RejectCode

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from gateway import registry
-from gateway.artifact_checks import verify_artifact
-from gateway.artifact_fetch import fetch_artifact
 from gateway.config import GatewaySettings
 from gateway.errors import InvalidRegistration
-from gateway.registration_rules import RegistryRules, check_fields
+from gateway.registry import adapters
+from gateway.registry.registration_rules import RegistryRules, check_fields
+from gateway.registry.validator.artifact_checks import verify_artifact
+from gateway.registry.validator.artifact_fetch import fetch_artifact
 from lorafleet.adapter_rules.base_spec import BaseSpec
 from lorafleet.adapter_rules.errors import AdapterRejected
 from lorafleet.db.conn import Connection
@@ -65,7 +65,7 @@ class RegistryValidator:
 
     async def handle(self, event: AdapterRegistered) -> str:
         """Process one registration; return what happened (for logs and tests)."""
-        fields = registry.content_of(event)
+        fields = adapters.content_of(event)
         async with self._pool.acquire() as conn:
             early = await self._record(conn, event, fields)
         if early is not None:
@@ -76,7 +76,7 @@ class RegistryValidator:
                 conn,
                 CONSUMER,
                 event.event_id,
-                lambda c: registry.settle(
+                lambda c: adapters.settle(
                     c, fields, verdict.status, verdict.reason_code, verdict.reason, verdict.size_bytes
                 ),
             )
@@ -93,10 +93,10 @@ class RegistryValidator:
         ):
             return "duplicate"
         async with conn.transaction():
-            if not await registry.tenant_exists(conn, event.tenant_id):
+            if not await adapters.tenant_exists(conn, event.tenant_id):
                 return await self._refuse(conn, event, fields, "unknown_tenant", "the tenant does not exist")
-            existing = await registry.insert_pending(conn, fields)
-            if existing is not None and not registry.same_content(existing, fields):
+            existing = await adapters.insert_pending(conn, fields)
+            if existing is not None and not adapters.same_content(existing, fields):
                 why = "adapter_id already registered with different content; versions are immutable"
                 return await self._refuse(conn, event, fields, "adapter_conflict", why)
             if existing is not None and existing["status"] != "pending":
@@ -110,7 +110,7 @@ class RegistryValidator:
         """Answer a registration that gets no row of its own with a rejected event only."""
 
         async def effect(c: Connection) -> None:
-            await emit(c, registry.validated_event(fields, "rejected", code, why))
+            await emit(c, adapters.validated_event(fields, "rejected", code, why))
 
         applied, _ = await apply_once(conn, CONSUMER, event.event_id, effect)
         log.warning("registration of %s refused: %s", event.adapter_id, code)

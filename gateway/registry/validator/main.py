@@ -12,11 +12,11 @@ import logging
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from gateway.artifact_fetch import TransientFetchError
 from gateway.config import GatewayConfig
-from gateway.registration_rules import RegistryRules
-from gateway.served_base import served_base_hash, served_base_spec
-from gateway.validator import RegistryValidator
+from gateway.registry.registration_rules import RegistryRules
+from gateway.registry.served_base import served_base_hash, served_base_spec
+from gateway.registry.validator.artifact_fetch import TransientFetchError
+from gateway.registry.validator.handler import RegistryValidator
 from lorafleet import metrics
 from lorafleet.db.pool import close_pool, create_pool
 from lorafleet.dead_letters import DeadLetters

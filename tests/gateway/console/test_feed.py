@@ -1,6 +1,6 @@
 from datetime import UTC, datetime, timedelta
 
-from gateway.console_feed import ConsoleFeed
+from gateway.console.feed import ConsoleFeed
 from schemas.events import AdapterStats, Alert
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -1,6 +1,6 @@
 from datetime import UTC, datetime, timedelta
 
-from gateway.fleet_snapshot import FORGET_AFTER_S, fleet_snapshot, gpu_hit_rate, phase
+from gateway.console.fleet_snapshot import FORGET_AFTER_S, fleet_snapshot, gpu_hit_rate, phase
 from schemas.console import AdapterWindow, AlertView
 from schemas.events import ReplicaState
 

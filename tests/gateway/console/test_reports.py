@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from gateway.reports import report_links, report_title
+from gateway.console.reports import report_links, report_title
 
 
 def test_only_existing_reports_are_linked_by_their_place_in_the_list(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.idempotency import IdempotencyStore, fingerprint, store_key, valid_key
+from gateway.public.idempotency import IdempotencyStore, fingerprint, store_key, valid_key
 
 
 class Clock:

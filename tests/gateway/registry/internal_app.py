@@ -10,7 +10,7 @@ import httpx
 from pydantic import SecretStr
 
 from gateway.config import GatewayConfig, GatewaySettings
-from gateway.main import build_internal_app
+from gateway.registry.app import build_internal_app
 from lorafleet.config import PlatformSettings
 
 TOKEN = "test-service-token"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.errors import InvalidRegistration
-from gateway.registration_rules import RegistryRules, check_fields
+from gateway.registry.registration_rules import RegistryRules, check_fields
 
 BASE = "sha256:" + "ab" * 32
 RULES = RegistryRules.build(BASE, 64, ["s3://lorafleet-adapters/", "file:///tmp/adapters", "s3://10.0.0.1/"])

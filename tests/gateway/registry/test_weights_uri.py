@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.errors import InvalidRegistration
-from gateway.weights_uri import ObjectLocation, confine, parse_prefix
+from gateway.registry.weights_uri import ObjectLocation, confine, parse_prefix
 
 PREFIXES = [parse_prefix("s3://lorafleet-adapters/"), parse_prefix("s3://team-bucket/pipelines/prod")]
 

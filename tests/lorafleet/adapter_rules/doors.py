@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from gateway.artifact_checks import verify_artifact
-from gateway.artifact_fetch import fetch_artifact
 from gateway.config import GatewaySettings
 from gateway.errors import InvalidRegistration
-from gateway.registration_rules import RegistryRules, check_fields
+from gateway.registry.registration_rules import RegistryRules, check_fields
+from gateway.registry.validator.artifact_checks import verify_artifact
+from gateway.registry.validator.artifact_fetch import fetch_artifact
 from lorafleet.adapter_rules.errors import AdapterRejected
 from lorafleet.client.errors import PeftDirError
 from lorafleet.client.peft_dir import describe_peft_dir

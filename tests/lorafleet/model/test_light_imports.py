@@ -9,7 +9,7 @@ HEAVY = ("torch", "transformers", "safetensors", "tqdm")
 
 
 def test_importing_the_model_tools_and_the_gateway_loads_no_heavy_package() -> None:
-    modules = ["lorafleet.model.prepare", "lorafleet.model.base_hash", "gateway.served_base"]
+    modules = ["lorafleet.model.prepare", "lorafleet.model.base_hash", "gateway.registry.served_base"]
     code = (
         "import importlib, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lorafleet.autoscale.decide import Decision, Drain, Kill, Limits, Observed, Start, decide, target_size
+from ops.autoscale.decide import Decision, Drain, Kill, Limits, Observed, Start, decide, target_size
 
 LIMITS = Limits(
     min_replicas=2, max_replicas=5, unmanaged_replicas=2, cooldown_s=30, start_timeout_s=100, drain_grace_s=5

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from lorafleet.autoscale.decide import Drain, Kill, Observed
-from lorafleet.autoscale.merged_decide import MergedLimits, MergedObserved, MergedStart, decide_merged
+from ops.autoscale.decide import Drain, Kill, Observed
+from ops.autoscale.merged_decide import MergedLimits, MergedObserved, MergedStart, decide_merged
 
 LIMITS = MergedLimits(max_replicas=2, start_timeout_s=100, drain_grace_s=5)
 NOW = 1_000.0

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from lorafleet.autoscale.merged_targets import TargetFollower
 from lorafleet.config import PlatformSettings
+from ops.autoscale.merged_targets import TargetFollower
 from schemas.events import Event, MergedTarget
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -6,13 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lorafleet.autoscale.config import AutoscaleSettings
-from lorafleet.autoscale.local import replica_argv
-from lorafleet.autoscale.records import Records, serving_pid
-from lorafleet.autoscale.view import stop_replicas
 from lorafleet.config import PlatformSettings
-from lorafleet.services.process import ManagedProcess, pid_alive, wait_until
-from lorafleet.services.stack import APP_PROCESSES
+from lorafleet.pids import pid_alive
+from ops.autoscale.config import AutoscaleSettings
+from ops.autoscale.local import replica_argv
+from ops.autoscale.records import Records, serving_pid
+from ops.autoscale.view import stop_replicas
+from ops.stack.process import ManagedProcess, wait_until
+from ops.stack.stack import APP_PROCESSES
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from lorafleet.autoscale.signals import SignalFollower
 from lorafleet.config import PlatformSettings
+from ops.autoscale.signals import SignalFollower
 from schemas.events import AutoscaleSignal, Event
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lorafleet.profile import dev_kafka_password
-from lorafleet.services.stack import APP_PROCESSES, app_envs, replica_env
+from ops.stack.stack import APP_PROCESSES, app_envs, replica_env
 from schemas import principals
 
 

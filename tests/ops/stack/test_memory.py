@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from lorafleet.config import PlatformSettings
-from lorafleet.services import stack
-from lorafleet.services.memory import children, format_bytes, rss_bytes, tree_rss_bytes
-from lorafleet.services.process import ManagedProcess, wait_until
+from ops.stack import stack
+from ops.stack.memory import children, format_bytes, rss_bytes, tree_rss_bytes
+from ops.stack.process import ManagedProcess, wait_until
 
 MIB = 1 << 20
 # Touches every page of 96 MiB, says so, then waits; with "child" it starts one more such process first.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from lorafleet.services.process import ManagedProcess, wait_until
+from ops.stack.process import ManagedProcess, wait_until
 
 
 def test_start_records_the_pid_and_stop_ends_only_that_process(tmp_path) -> None:

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from lorafleet.model.prepare import ensure_default_model
-from lorafleet.services.profile import LOCAL_REPLICA_ENV
+from ops.stack.profile import LOCAL_REPLICA_ENV
 from replica.config import ReplicaSettings
 from replica.engine.kv_cache import KVCache
 from replica.model.llama import LlamaForCausalLM

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gateway.config import GatewaySettings
 from lorafleet.config import RelaySettings
-from lorafleet.services.scrape import (
+from ops.stack.scrape import (
     LISTENERS,
     LOCAL_ENV,
     ReplicaTarget,

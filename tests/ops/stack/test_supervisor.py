@@ -8,9 +8,10 @@ import sys
 import time
 
 from lorafleet.config import PlatformSettings
-from lorafleet.services import supervisor
-from lorafleet.services.process import pid_alive, wait_until
-from lorafleet.services.supervisor import Supervisor, restart_delay
+from lorafleet.pids import pid_alive
+from ops.stack import supervisor
+from ops.stack.process import wait_until
+from ops.stack.supervisor import Supervisor, restart_delay
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 CRASHER = [sys.executable, "-c", "raise SystemExit(3)"]

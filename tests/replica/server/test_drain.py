@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.replica_client import ReplicaClient, ReplicaUnavailable
-from gateway.routing import ReplicaLoad
+from gateway.public.routing.policy import ReplicaLoad
+from gateway.public.upstream.replica_client import ReplicaClient, ReplicaUnavailable
 from replica.config import ReplicaSettings
 from replica.runtime import Replica, build_replica
 from replica.server import create_app

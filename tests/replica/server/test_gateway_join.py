@@ -9,11 +9,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.online import RequestRecord
-from gateway.replica_client import ReplicaClient, ReplicaRejected, UpstreamStream
-from gateway.routes.chat import replica_body
-from gateway.routing import ReplicaLoad
-from gateway.upstream_events import completion_events
+from gateway.public.online import RequestRecord
+from gateway.public.routes.chat import replica_body
+from gateway.public.routing.policy import ReplicaLoad
+from gateway.public.upstream.events import completion_events
+from gateway.public.upstream.replica_client import ReplicaClient, ReplicaRejected, UpstreamStream
 from lorafleet.model.base_hash import base_model_hash
 from replica.config import ReplicaSettings
 from replica.engine.admission_queue import FairQueue

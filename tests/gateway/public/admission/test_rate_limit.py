@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import math
 
-from gateway.rate_limit import Limits, RateLimiter, TenantLimiter, TokenBucket, retry_after_header
+from gateway.public.admission.rate_limit import (
+    Limits,
+    RateLimiter,
+    TenantLimiter,
+    TokenBucket,
+    retry_after_header,
+)
 
 
 def test_burst_of_requests_admits_exactly_the_bucket() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.rate_limit import Limits
-from gateway.shared_rate_limit import SharedRateLimiter, bucket_prefix, share
+from gateway.public.admission.rate_limit import Limits
+from gateway.public.admission.shared_rate_limit import SharedRateLimiter, bucket_prefix, share
 
 
 def test_share_divides_both_limits() -> None:

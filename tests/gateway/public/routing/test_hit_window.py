@@ -1,4 +1,4 @@
-from gateway.hit_window import HitWindow
+from gateway.public.routing.hit_window import HitWindow
 
 
 def test_the_rate_is_gpu_hits_over_requests_in_the_last_window() -> None:

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import random
 
-from gateway.merged_routing import merged_first
-from gateway.routing import ROUTING_MODES, ReplicaLoad, RouterPolicy
+from gateway.public.routing.merged_first import merged_first
+from gateway.public.routing.policy import ROUTING_MODES, ReplicaLoad, RouterPolicy
 
 POLICY = RouterPolicy(owners_k=2, spill_threshold_tokens=1_000, gpu_preference_tokens=100)
 ROUTE = merged_first(ROUTING_MODES["affinity"])

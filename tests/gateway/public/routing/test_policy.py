@@ -9,8 +9,8 @@ from typing import Any, cast
 import pytest
 
 from gateway.config import GatewaySettings
-from gateway.online import Online
-from gateway.routing import (
+from gateway.public.online import Online
+from gateway.public.routing.policy import (
     ROUTING_MODES,
     ReplicaLoad,
     RouterPolicy,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 
-from gateway.replica_view import ReplicaView
-from gateway.routing import RouterPolicy, route_affinity, route_random
+from gateway.public.routing.policy import RouterPolicy, route_affinity, route_random
+from gateway.public.routing.replica_view import ReplicaView
 from schemas.events import ReplicaState
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from gateway.rollout import AliasTarget, unit_hash
+from gateway.public.routing.rollout import AliasTarget, unit_hash
 
 
 def test_without_a_canary_every_request_gets_the_version() -> None:

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator, Iterable
 
 import httpx
 
-from gateway.online import RequestRecord
-from gateway.replica_client import UpstreamStream
-from gateway.routing import ReplicaLoad
+from gateway.public.online import RequestRecord
+from gateway.public.routing.policy import ReplicaLoad
+from gateway.public.upstream.replica_client import UpstreamStream
 from replica.engine.engine import StepOutput
 from replica.stream_events import stream_events
 from schemas.replica_api import encode_event

@@ -12,12 +12,12 @@ from fastapi import FastAPI, Response
 from httpx_sse import aconnect_sse
 from sse_starlette.event import ServerSentEvent
 
-from gateway.chat_relay import completion_response, sse_chunks
 from gateway.errors import install_error_handlers
-from gateway.online import RequestRecord
+from gateway.public.online import RequestRecord
+from gateway.public.upstream.chat_response import completion_response, sse_chunks
 from gateway.sse_response import SseResponse
 from schemas.openai import ChatCompletionChunk, ChunkChoice, Delta, Usage
-from tests.gateway.replica_lines import failed, outputs, record, replica_bytes, upstream
+from tests.gateway.public.upstream.replica_lines import failed, outputs, record, replica_bytes, upstream
 
 MODEL = "acme/support:prod"
 ERROR_KEYS = {"message", "type", "param", "code"}

@@ -8,9 +8,9 @@ import json
 import pytest
 from sse_starlette.event import ServerSentEvent
 
-from gateway.chunk_encoder import DONE, ChunkEncoder, error_frame
 from gateway.errors import BadGateway, ServiceUnavailable
-from gateway.upstream_events import replica_lost
+from gateway.public.upstream.chunk_encoder import DONE, ChunkEncoder, error_frame
+from gateway.public.upstream.events import replica_lost
 from schemas.openai import ChatCompletionChunk, ChunkChoice, Delta, Usage
 
 TEXTS = [

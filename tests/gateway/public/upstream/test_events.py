@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from gateway.errors import BadGateway, GatewayError, ServiceUnavailable
-from gateway.online import RequestRecord
-from gateway.replica_client import UpstreamStream
-from gateway.upstream_events import completion_events
+from gateway.public.online import RequestRecord
+from gateway.public.upstream.events import completion_events
+from gateway.public.upstream.replica_client import UpstreamStream
 from replica.stream_events import stream_events
 from schemas.replica_api import DoneEvent, TokenEvent
-from tests.gateway.replica_lines import failed, outputs, record, replica_bytes, upstream
+from tests.gateway.public.upstream.replica_lines import failed, outputs, record, replica_bytes, upstream
 
 
 async def _read(up: UpstreamStream, rec: RequestRecord) -> list[TokenEvent | DoneEvent]:

@@ -9,10 +9,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from gateway.rate_limit import retry_after_of
-from gateway.replica_client import ReplicaClient, ReplicaRejected, ReplicaUnavailable, UpstreamStalled
-from gateway.routing import ReplicaLoad
-from gateway.upstream_errors import public_error
+from gateway.public.admission.rate_limit import retry_after_of
+from gateway.public.routing.policy import ReplicaLoad
+from gateway.public.upstream.errors import public_error
+from gateway.public.upstream.replica_client import (
+    ReplicaClient,
+    ReplicaRejected,
+    ReplicaUnavailable,
+    UpstreamStalled,
+)
 from schemas.api import ErrorBody, ErrorDetail
 from schemas.replica_api import GenerateRequest, TokenEvent, encode_event
 

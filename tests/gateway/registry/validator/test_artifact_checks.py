@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.artifact_checks import verify_artifact
-from gateway.artifact_fetch import Artifact as Fetched
+from gateway.registry.validator.artifact_checks import verify_artifact
+from gateway.registry.validator.artifact_fetch import Artifact as Fetched
 from lorafleet.adapter_rules.errors import AdapterRejected
 from schemas.events import AdapterRegistered
 from tests.lorafleet.adapter_rules.artifacts import MAX_RANK, SERVED, SPEC, Artifact, build
