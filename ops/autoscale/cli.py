@@ -8,7 +8,7 @@ import logging
 
 import typer
 
-from lorafleet.config import get_settings
+from lorafleet.config import PlatformSettings, get_settings
 from lorafleet.profile import refuse_dev_tokens
 from ops.autoscale.config import AutoscaleSettings
 from schemas import principals
@@ -24,8 +24,6 @@ def autoscale(
         raise typer.BadParameter(
             "only --local is implemented; in Kubernetes use infra/k8s/keda-scaledobject.yaml"
         )
-    from ops.autoscale.local import run
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a state request per replica per tick
     settings = AutoscaleSettings()
@@ -44,4 +42,22 @@ def autoscale(
         settings.cooldown_s,
     )
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(platform, settings))
+        asyncio.run(run_actuators(platform, settings))
+
+
+async def run_actuators(platform: PlatformSettings, settings: AutoscaleSettings) -> None:
+    """The fleet actuator, and the merged-replica one beside it when enabled, for the fleet one's life."""
+    from ops.autoscale import local, merged_local
+
+    fleet = asyncio.create_task(local.run(platform, settings), name="autoscale-fleet")
+    merged = (
+        [asyncio.create_task(merged_local.run(platform, settings), name="autoscale-merged")]
+        if settings.merged_enabled
+        else []
+    )
+    try:
+        await fleet
+    finally:
+        for task in merged:
+            task.cancel()
+        await asyncio.gather(*merged, return_exceptions=True)

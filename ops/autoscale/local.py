@@ -22,9 +22,9 @@ from ops.autoscale.decide import Action, Drain, Kill, Observed, Start, decide
 from ops.autoscale.records import Record, Records
 from ops.autoscale.signals import SignalFollower
 from ops.stack import prometheus
+from ops.stack.env import replica_env
 from ops.stack.paths import REPO_ROOT
 from ops.stack.scrape import ReplicaTarget, write_replica_targets
-from ops.stack.stack import replica_env
 from schemas.events import ReplicaStatus
 from schemas.replica_api import DrainRequest, DrainResponse, StateResponse
 
@@ -140,11 +140,6 @@ async def run(platform: PlatformSettings, settings: AutoscaleSettings) -> None:
     """Follow the fleet's signal and act on it, one action at a time, until cancelled."""
     follower = SignalFollower(platform, settings.fleet, settings.signal_max_age_s)
     following = asyncio.create_task(follower.run(), name="autoscale-signals")
-    merged: asyncio.Task[None] | None = None
-    if settings.merged_enabled:
-        from ops.autoscale import merged_local  # it builds on LocalFleet
-
-        merged = asyncio.create_task(merged_local.run(platform, settings), name="autoscale-merged")
     limits = settings.limits()
     said = ""
     try:
@@ -171,6 +166,4 @@ async def run(platform: PlatformSettings, settings: AutoscaleSettings) -> None:
             following.result()
     finally:
         following.cancel()
-        if merged is not None:
-            merged.cancel()
-        await asyncio.gather(following, *([merged] if merged else []), return_exceptions=True)
+        await asyncio.gather(following, return_exceptions=True)

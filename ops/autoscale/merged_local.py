@@ -1,6 +1,6 @@
 """The local merged-replica actuator: start and drain dedicated merged replicas to follow merged.targets.
 
-It runs beside the fleet autoscaler (local.run starts it) with records of its own: pid files
+It runs beside the fleet autoscaler (the autoscale command starts both) with records of its own: pid files
 `autoscale-<prefix>merged-<index>.pid` plus `.adapter` naming the adapter each one serves, and ports from
 merged_first_port, so it never sees or signals the fleet's replicas, nor they its. A demotion drains the
 replica through POST /internal/drain, so its running requests finish and the router, which stops choosing
@@ -22,15 +22,11 @@ from ops.autoscale.decide import Action
 from ops.autoscale.local import LocalFleet
 from ops.autoscale.merged_decide import MergedObserved, MergedStart, decide_merged
 from ops.autoscale.merged_targets import TargetFollower
-from ops.autoscale.records import Records
+from ops.autoscale.records import merged_records
+from ops.stack.env import replica_env
 from ops.stack.paths import REPO_ROOT
-from ops.stack.stack import replica_env
 
 log = logging.getLogger(__name__)
-
-
-def merged_records(platform: PlatformSettings, settings: AutoscaleSettings) -> Records:
-    return Records(platform, settings.merged_replica_id_prefix(), settings.merged_first_port)
 
 
 def merged_argv(replica_id: str, port: int, adapter_id: str) -> list[str]:

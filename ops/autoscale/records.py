@@ -18,6 +18,7 @@ from pathlib import Path
 
 from lorafleet.config import PlatformSettings
 from lorafleet.pids import pid_alive
+from ops.autoscale.config import AutoscaleSettings
 from ops.stack.paths import log_dir, run_dir
 from ops.stack.process import ManagedProcess
 
@@ -165,3 +166,8 @@ class Records:
     def touch_last_action(self, at: float | None = None) -> None:
         self.run.mkdir(parents=True, exist_ok=True)
         self._last.write_text(f"{time.time() if at is None else at:.3f}")
+
+
+def merged_records(platform: PlatformSettings, settings: AutoscaleSettings) -> Records:
+    """The merged replicas' records: ids and ports of their own, apart from the fleet's."""
+    return Records(platform, settings.merged_replica_id_prefix(), settings.merged_first_port)

@@ -8,7 +8,7 @@ import httpx
 
 from lorafleet.config import PlatformSettings
 from ops.autoscale.config import AutoscaleSettings
-from ops.autoscale.records import Records
+from ops.autoscale.records import Records, merged_records
 from schemas.replica_api import StateResponse
 
 
@@ -20,8 +20,6 @@ def records(platform: PlatformSettings, settings: AutoscaleSettings | None = Non
 def all_records(platform: PlatformSettings, settings: AutoscaleSettings | None = None) -> list[Records]:
     """The fleet replicas' records and the merged replicas' (their own ids and ports)."""
     s = settings or AutoscaleSettings()
-    from ops.autoscale.merged_local import merged_records  # it builds on the actuator's fleet
-
     return [records(platform, s), merged_records(platform, s)]
 
 

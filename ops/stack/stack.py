@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -11,15 +10,14 @@ from dataclasses import dataclass
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
-from lorafleet.profile import DEV_PROFILE_ENV, dev_kafka_password
 from ops.autoscale import view as autoscale_view
 from ops.kafka_acl_admin import apply_acls
 from ops.stack import kafka, objectstore, postgres, prometheus, redis, supervisor
+from ops.stack.env import kafka_env, process_env
 from ops.stack.memory import format_bytes, rss_bytes, tree_rss_bytes
 from ops.stack.paths import REPO_ROOT, log_dir, run_dir
 from ops.stack.process import ManagedProcess, wait_until
-from ops.stack.profile import LOCAL_REPLICA_ENV
-from ops.stack.scrape import LOCAL_ENV, ReplicaTarget, write_replica_targets
+from ops.stack.scrape import ReplicaTarget, write_replica_targets
 from schemas import principals
 
 
@@ -97,24 +95,9 @@ APP_PRINCIPALS: dict[str, str] = {
 }
 
 
-def kafka_env(principal: str) -> dict[str, str]:
-    """A local process's Kafka login: the principal and its dev password (the local broker's users have
-    these; the local stack runs in the dev profile)."""
-    return {"LORAFLEET_KAFKA_USERNAME": principal, "LORAFLEET_KAFKA_PASSWORD": dev_kafka_password(principal)}
-
-
 def app_envs(names: Sequence[str]) -> dict[str, dict[str, str]]:
     """Each named app process's own Kafka login (a name not in APP_PRINCIPALS is a replica)."""
     return {name: kafka_env(APP_PRINCIPALS.get(name, principals.REPLICA)) for name in names}
-
-
-# The local fleet's replica ids start with this; the router and the placement worker ignore replicas of
-# any other stack that shares the same Kafka (a test run, a second checkout).
-FLEET_ENV: dict[str, str] = {
-    "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": "replica-",
-    "LORAFLEET_PLACEMENT_REPLICA_ID_PREFIX": "replica-",
-    "LORAFLEET_STATS_REPLICA_ID_PREFIX": "replica-",
-}
 
 
 def stack_replicas() -> list[ReplicaTarget]:
@@ -125,18 +108,6 @@ def stack_replicas() -> list[ReplicaTarget]:
             rid, port = args[args.index("--replica-id") + 1], int(args[args.index("--port") + 1])
             out.append(ReplicaTarget(rid, "127.0.0.1", port, "default"))
     return out
-
-
-def process_env() -> dict[str, str]:
-    """The dev profile (the local stack runs on the default tokens), the fleet's id prefixes, the local
-    profile's replica sizing and the local listeners, except what the environment sets."""
-    wanted = {**DEV_PROFILE_ENV, **FLEET_ENV, **LOCAL_REPLICA_ENV, **LOCAL_ENV}
-    return {k: v for k, v in wanted.items() if k not in os.environ}
-
-
-def replica_env() -> dict[str, str]:
-    """process_env() for a replica the autoscaler starts, with the replica principal's Kafka login."""
-    return {**process_env(), **kafka_env(principals.REPLICA)}
 
 
 def app_process(settings: PlatformSettings, name: str) -> ManagedProcess:

@@ -13,10 +13,10 @@ import httpx
 from harness.ports import free_port
 from lorafleet.model.prepare import ensure_default_model
 from ops.autoscale.local import replica_argv
+from ops.stack.env import process_env
 from ops.stack.memory import rss_bytes
 from ops.stack.paths import REPO_ROOT
 from ops.stack.profile import LOCAL_REPLICA_ENV
-from ops.stack.stack import process_env
 
 GIB = 1 << 30
 # After its first answer a local-profile replica holds the weights (0.5 GiB, file pages of the mmapped

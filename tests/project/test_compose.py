@@ -23,7 +23,8 @@ from ops.autoscale.config import AutoscaleSettings
 from ops.autoscale.local import LocalFleet
 from ops.autoscale.merged_local import MergedFleet
 from ops.stack import scrape
-from ops.stack.stack import APP_PROCESSES, FLEET_ENV, kafka_env, stack_replicas
+from ops.stack.env import FLEET_ENV, kafka_env
+from ops.stack.stack import APP_PROCESSES, stack_replicas
 from replica.config import ReplicaSettings
 from schemas import principals
 from tests.project.compose_files import (

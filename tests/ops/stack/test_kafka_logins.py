@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from lorafleet.profile import dev_kafka_password
-from ops.stack.stack import APP_PROCESSES, app_envs, replica_env
+from ops.stack.env import replica_env
+from ops.stack.stack import APP_PROCESSES, app_envs
 from schemas import principals
 
 

@@ -1,0 +1,38 @@
+"""The environment of every process the local stack starts: the dev profile, the fleet's id prefixes,
+the local replica sizing and listeners, and each process's own Kafka login."""
+
+from __future__ import annotations
+
+import os
+
+from lorafleet.profile import DEV_PROFILE_ENV, dev_kafka_password
+from ops.stack.profile import LOCAL_REPLICA_ENV
+from ops.stack.scrape import LOCAL_ENV
+from schemas import principals
+
+
+def kafka_env(principal: str) -> dict[str, str]:
+    """A local process's Kafka login: the principal and its dev password (the local broker's users have
+    these; the local stack runs in the dev profile)."""
+    return {"LORAFLEET_KAFKA_USERNAME": principal, "LORAFLEET_KAFKA_PASSWORD": dev_kafka_password(principal)}
+
+
+# The local fleet's replica ids start with this; the router and the placement worker ignore replicas of
+# any other stack that shares the same Kafka (a test run, a second checkout).
+FLEET_ENV: dict[str, str] = {
+    "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": "replica-",
+    "LORAFLEET_PLACEMENT_REPLICA_ID_PREFIX": "replica-",
+    "LORAFLEET_STATS_REPLICA_ID_PREFIX": "replica-",
+}
+
+
+def process_env() -> dict[str, str]:
+    """The dev profile (the local stack runs on the default tokens), the fleet's id prefixes, the local
+    profile's replica sizing and the local listeners, except what the environment sets."""
+    wanted = {**DEV_PROFILE_ENV, **FLEET_ENV, **LOCAL_REPLICA_ENV, **LOCAL_ENV}
+    return {k: v for k, v in wanted.items() if k not in os.environ}
+
+
+def replica_env() -> dict[str, str]:
+    """process_env() for a replica the autoscaler starts, with the replica principal's Kafka login."""
+    return {**process_env(), **kafka_env(principals.REPLICA)}
