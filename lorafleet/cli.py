@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import typer
 
@@ -55,17 +57,49 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _mount(only: str | None = None) -> None:
-    """Mount every sub-app, or just the one named (so `lorafleet services status` does not import torch).
+# Packages that are tools rather than services: an installation may leave them out (the Docker image ships
+# only what its services and deployment commands run), so their commands are listed as unavailable there.
+TOOL_PACKAGES = frozenset({"ops", "demo", "harness", "bench", "canary", "sim", "loadtest", "scripts"})
 
-    A sub-app that fails to import is a packaging error: it fails the command rather than vanishing.
-    """
-    for name, (module, attr, help_text) in SUBCOMMANDS.items():
-        if only in (None, name):
-            app.add_typer(getattr(importlib.import_module(module), attr), name=name, help=help_text)
-    for name, (module, attr) in COMMANDS.items():
-        if only in (None, name):
-            app.command(name)(getattr(importlib.import_module(module), attr))
+
+def _load(module: str, attr: str) -> Any:
+    """The command object, or the ImportError of a tool that this installation lacks.
+
+    A service that fails to import is a packaging error: it fails the command rather than vanishing."""
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except ImportError as err:
+        if module.split(".")[0] not in TOOL_PACKAGES:
+            raise
+        return err
+
+
+def _unavailable(name: str, err: ImportError) -> Callable[[typer.Context], None]:
+    def command(ctx: typer.Context) -> None:
+        typer.echo(f"lorafleet {name} is not available in this installation: {err}", err=True)
+        raise typer.Exit(2)
+
+    return command
+
+
+def _mount(only: str | None = None) -> None:
+    """Mount every sub-app, or just the one named (so `lorafleet services status` does not import torch)."""
+    absent = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+    tables = {
+        **{n: (m, a, h) for n, (m, a, h) in SUBCOMMANDS.items()},
+        **{n: (m, a, None) for n, (m, a) in COMMANDS.items()},
+    }
+    for name, (module, attr, help_text) in tables.items():
+        if only not in (None, name):
+            continue
+        loaded = _load(module, attr)
+        if isinstance(loaded, ImportError):
+            note = f"(not available here: {loaded})"
+            app.command(name, help=note, context_settings=absent)(_unavailable(name, loaded))
+        elif name in SUBCOMMANDS:
+            app.add_typer(loaded, name=name, help=help_text)
+        else:
+            app.command(name)(loaded)
 
 
 def main() -> None:
