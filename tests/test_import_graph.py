@@ -3,11 +3,13 @@
 Every `import x` and `from x import y` counts, at module level and inside functions, classes and
 `if TYPE_CHECKING:` blocks, and so does `importlib.import_module("literal")`; relative imports resolve to
 their own package. The rules:
-- the services (gateway, replica, placement_worker, stats_stream) import only themselves, `schemas` and the
-  platform package `lorafleet`;
+- the services (gateway, replica, placement_worker, stats_stream, relay) import only themselves, `schemas`
+  and the platform package `lorafleet`;
 - `schemas` imports none of our packages; `lorafleet` imports only `schemas`;
-- the tools (sim, loadtest, bench, canary, scripts) are never imported by a service, `schemas` or `lorafleet`;
-- the graph of top-level packages has no cycle.
+- the tools (ops, demo, harness, sim, loadtest, bench, canary, scripts) are never imported by a service,
+  `schemas` or `lorafleet`, and never import `tests`;
+- the graph of top-level packages has no cycle, and neither has the graph of modules inside a package
+  (tests/test_module_cycles.py).
 
 The composition root: `lorafleet/cli.py` names every package's command (services and tools alike) in its
 SUBCOMMANDS and COMMANDS tables and imports the one asked for through `importlib.import_module(name)` when
@@ -28,6 +30,7 @@ SERVICES = frozenset({"gateway", "replica", "placement_worker", "stats_stream", 
 TOOLS = frozenset({"ops", "demo", "harness", "sim", "loadtest", "bench", "canary", "scripts"})
 PLATFORM = "lorafleet"
 CONTRACTS = "schemas"
+TESTS = "tests"
 CHECKED = SERVICES | TOOLS | {PLATFORM, CONTRACTS}
 COMPOSITION_ROOT = REPO / "lorafleet" / "cli.py"
 ROOT_TABLES = ("SUBCOMMANDS", "COMMANDS")
@@ -122,7 +125,8 @@ def allowed(source: str, target: str) -> bool:
         return target == CONTRACTS
     if source in SERVICES:
         return target in (CONTRACTS, PLATFORM)
-    return source in TOOLS  # a tool may use anything; nothing but a tool may use a tool (rules above)
+    # a tool may use anything but the tests; nothing but a tool may use a tool (rules above)
+    return source in TOOLS and target != TESTS
 
 
 def forbidden(found: list[Edge]) -> list[Edge]:
@@ -178,6 +182,16 @@ def test_every_edge_between_top_level_packages_is_allowed() -> None:
     assert not bad, _report("forbidden imports:", bad)
 
 
+def test_no_service_imports_a_tool() -> None:
+    found = [e for e in edges() if e.source in SERVICES and e.target in TOOLS]
+    assert not found, _report("services importing tools:", found)
+
+
+def test_no_tool_imports_the_tests() -> None:
+    found = [e for e in edges() if e.source in TOOLS and e.target == TESTS]
+    assert not found, _report("tools importing tests:", found)
+
+
 def test_the_package_graph_has_no_cycle() -> None:
     found = edges()
     loops = cycles(found)
@@ -220,7 +234,7 @@ def test_only_the_composition_root_imports_a_module_named_at_run_time() -> None:
 
 def test_the_scan_sees_every_kind_of_import(tmp_path: Path) -> None:
     (tmp_path / "gateway" / "routes").mkdir(parents=True)
-    for pkg in ("gateway", "gateway/routes", "replica", "schemas", "sim"):
+    for pkg in ("gateway", "gateway/routes", "replica", "schemas", "sim", "tests"):
         (tmp_path / pkg / "__init__.py").parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / pkg / "__init__.py").write_text("")
     (tmp_path / "scripts").mkdir()
@@ -239,6 +253,7 @@ def test_the_scan_sees_every_kind_of_import(tmp_path: Path) -> None:
     (tmp_path / "schemas" / "ids.py").write_text(
         "class C:\n    def m(self):\n        from gateway import x\n"
     )
+    (tmp_path / "sim" / "run.py").write_text("from tests.integration import helpers\n")
     found = edges(tmp_path)
     got = sorted((e.source, e.target, e.line) for e in found)
     assert got == [
@@ -247,12 +262,14 @@ def test_the_scan_sees_every_kind_of_import(tmp_path: Path) -> None:
         ("gateway", "scripts", 10),
         ("gateway", "sim", 6),
         ("schemas", "gateway", 3),
+        ("sim", "tests", 1),
     ]
     assert sorted((e.source, e.target) for e in forbidden(found)) == [
         ("gateway", "replica"),
         ("gateway", "scripts"),
         ("gateway", "sim"),
         ("schemas", "gateway"),
+        ("sim", "tests"),
     ]
     assert cycles(found) == [["gateway", "schemas", "gateway"]]
     assert forbidden(found)[0].where() == "gateway/routes/chat.py:1: import replica.engine"
