@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from gateway.errors import STORE_DOWN, StoreUnavailable
+from gateway.public.pause import Pause
 
 log = logging.getLogger(__name__)
 
@@ -22,12 +22,11 @@ class StoreGuard:
 
     def __init__(self, deadline_s: float, pause_s: float) -> None:
         self.deadline_s = deadline_s
-        self.pause_s = pause_s
-        self._down_until = 0.0
+        self.pause = Pause(pause_s)
         self.failures = 0
 
     def down(self) -> bool:
-        return time.monotonic() < self._down_until
+        return self.pause.active()
 
     async def read(self, fn: Callable[[], Awaitable[T]]) -> T:
         if self.down():
@@ -44,12 +43,12 @@ class StoreGuard:
             return task.result()
         except STORE_DOWN as exc:
             self.failures += 1
-            self._down_until = time.monotonic() + self.pause_s
+            self.pause.start()
             log.warning(
                 "registry store read failed (%s: %s); caches answer alone for %.1fs",
                 type(exc).__name__,
                 exc,
-                self.pause_s,
+                self.pause.duration_s,
             )
             raise StoreUnavailable() from exc
 

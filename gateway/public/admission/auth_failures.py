@@ -23,6 +23,8 @@ from collections.abc import Callable
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from gateway.public.pause import Pause
+
 log = logging.getLogger(__name__)
 
 # KEYS[1]: the source's counter. ARGV: window (ms). Returns {failures in the window, ms left in it}.
@@ -95,7 +97,7 @@ class AuthFailureLimiter:
         self.retry_s = retry_s
         self.clock = clock
         self.local = LocalWindows(window_s)
-        self._down_until = 0.0
+        self.redis_pause = Pause(retry_s, clock)
         if redis is not None:
             self._fail = redis.register_script(_FAIL)
             self._peek = redis.register_script(_PEEK)
@@ -105,17 +107,16 @@ class AuthFailureLimiter:
         return self.limit > 0
 
     def _in_fallback(self) -> bool:
-        return self.redis is None or self.clock() < self._down_until
+        return self.redis is None or self.redis_pause.active()
 
     def _failed_redis(self, exc: Exception) -> None:
-        if not self._in_fallback():
+        if self.redis_pause.start():
             log.warning(
                 "Redis unreachable (%s): counting auth failures locally at %d per source, retrying in %.1fs",
                 exc,
                 self.local_limit,
                 self.retry_s,
             )
-        self._down_until = self.clock() + self.retry_s
 
     async def _shared(self, script_name: str, source: str) -> tuple[int, float] | None:
         """(failures, seconds left) from Redis; None when Redis did not answer."""

@@ -26,6 +26,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.public.admission.rate_limit import Decision, Limits, RateLimiter
+from gateway.public.pause import Pause
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class SharedRateLimiter:
         self.clock = clock
         self.local = RateLimiter()
         self.redis_errors = 0
-        self._down_until = 0.0
+        self.redis_pause = Pause(retry_s, clock)
         if redis is not None:
             self._reserve = redis.register_script(_RESERVE)
             self._refund = redis.register_script(_REFUND)
@@ -124,18 +125,17 @@ class SharedRateLimiter:
     @property
     def in_fallback(self) -> bool:
         """Whether admissions are counted locally now (no Redis, or Redis failed within retry_s)."""
-        return self.redis is None or self.clock() < self._down_until
+        return self.redis is None or self.redis_pause.active()
 
     def _failed(self, exc: Exception) -> None:
         self.redis_errors += 1
-        if not self.in_fallback:
+        if self.redis_pause.start():
             log.warning(
                 "Redis unreachable (%s): admitting at 1/%d of each limit locally, retrying in %.1fs",
                 exc,
                 self.fallback_share,
                 self.retry_s,
             )
-        self._down_until = self.clock() + self.retry_s
 
     async def reserve(self, tenant_id: str, limits: Limits, tokens: int) -> Reservation:
         if not self.in_fallback:
