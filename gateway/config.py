@@ -19,6 +19,7 @@ class GatewaySettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="LORAFLEET_GATEWAY_", extra="ignore")
 
+    # The internal API's listener (`lorafleet gateway`): registry, aliases, the console's admin API.
     internal_host: str = "127.0.0.1"
     internal_port: int = 18081
     # Where CLIs reach the internal API; defaults to the local listener.
@@ -30,24 +31,24 @@ class GatewaySettings(BaseSettings):
     # The served base: its hash (computed from served_model_dir when unset) and its config.json for shapes.
     served_model_dir: Path = DEFAULT_MODEL_DIR
     served_base_model_hash: str | None = None
-    max_rank: int = Field(default=64, ge=1)
+    max_rank: int = Field(default=64, ge=1)  # the fleet's rank cap: a registration over it is refused
 
     # Registry validator download caps: unset means the shared cap (lorafleet.adapter_rules.caps), a value
     # may only lower it, so the replica serves whatever the registry accepts.
     max_adapter_bytes: int | None = Field(default=None, ge=1)
     max_config_bytes: int | None = Field(default=None, ge=1)
-    validator_group: str = "registry-validator"
+    validator_group: str = "registry-validator"  # the registry validator's Kafka consumer group
     validator_metrics_port: int = Field(default=9461, ge=0, description="validator /metrics; 0 disables")
     validator_metrics_host: str = "127.0.0.1"  # 0.0.0.0 in a container
 
     # The public OpenAI-compatible API (a listener of its own; tenants never see /internal).
     public_host: str = "127.0.0.1"
     public_port: int = 18080
-    public_url: str | None = None
-    max_body_bytes: int = Field(default=1 << 20, ge=1024)
-    default_max_tokens: int = Field(default=256, ge=1)
-    key_cache_ttl_s: float = Field(default=5.0, ge=0)
-    alias_cache_ttl_s: float = Field(default=10.0, ge=0)
+    public_url: str | None = None  # where tools reach the public API; defaults to the local listener
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)  # a larger request body gets 413
+    default_max_tokens: int = Field(default=256, ge=1)  # a chat request's budget when it names none
+    key_cache_ttl_s: float = Field(default=5.0, ge=0)  # how long an API key's lookup is reused
+    alias_cache_ttl_s: float = Field(default=10.0, ge=0)  # how long a resolved alias is reused
     # Router (gateway/public/routing/policy.py): cost (the default) | affinity | random (the A/B
     # baseline); owners per adapter; spill past this many tokens.
     routing_mode: Literal["cost", "affinity", "random"] = "cost"
@@ -58,13 +59,13 @@ class GatewaySettings(BaseSettings):
     # Cost routing: tokens in flight a replica finishes per second, and a GPU load's price in seconds.
     drain_tokens_per_s: float = Field(default=2_560.0, gt=0)
     slot_cost_s: float = Field(default=3.0, ge=0)
-    replica_stale_s: float = Field(default=3.0, gt=0)
+    replica_stale_s: float = Field(default=3.0, gt=0)  # a replica.state older than this is not routed to
     # Route only to replicas whose id starts with this (the placement worker's replica_id_prefix).
     replica_id_prefix: str = ""
     # The replicas' service token (their LORAFLEET_REPLICA_SERVICE_TOKEN).
     replica_service_token: SecretStr = SecretStr("dev-service-token")
-    replica_connect_timeout_s: float = Field(default=2.0, gt=0)
-    replica_read_timeout_s: float = Field(default=60.0, gt=0)
+    replica_connect_timeout_s: float = Field(default=2.0, gt=0)  # opening a connection to a replica
+    replica_read_timeout_s: float = Field(default=60.0, gt=0)  # one read from a replica (httpx)
     # A replica that sends no first token this long after the request went to it is given up on (and
     # marked failed): the next owner gets the request, and past the last the client gets 504.
     first_token_timeout_s: float = Field(default=10.0, gt=0)

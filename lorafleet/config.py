@@ -21,8 +21,8 @@ class PlatformSettings(BaseSettings):
     # "dev" allows the well-known default tokens (lorafleet/profile.py); otherwise a process refuses them.
     profile: Literal["dev", "production"] = "production"
 
-    kafka_bootstrap: str = "127.0.0.1:19092"
-    kafka_controller_port: int = 19093
+    kafka_bootstrap: str = "127.0.0.1:19092"  # host:port of the brokers, comma-separated
+    kafka_controller_port: int = 19093  # the local broker's KRaft controller (`lorafleet services up`)
     # Every client authenticates with SASL/SCRAM as its own principal (schemas/principals.py). Unset, the
     # username is the service's own principal (admin for tools and tests), and in the dev profile the
     # password is that principal's well-known dev password (lorafleet/profile.py), refused elsewhere.
@@ -31,8 +31,8 @@ class PlatformSettings(BaseSettings):
     kafka_username: str | None = None
     kafka_password: SecretStr | None = None
 
-    database_url: str = "postgresql://lorafleet:lorafleet@127.0.0.1:15432/lorafleet"
-    postgres_port: int = 15432
+    database_url: str = "postgresql://lorafleet:lorafleet@127.0.0.1:15432/lorafleet"  # PostgreSQL
+    postgres_port: int = 15432  # the local cluster's port (`lorafleet services up`)
     # Time bounds on every pool (lorafleet.db.pool): a database outage becomes an error, never a hang.
     db_connect_timeout_s: float = Field(default=3.0, gt=0, description="opening one connection")
     db_acquire_timeout_s: float = Field(default=5.0, gt=0, description="waiting for a pooled connection")
@@ -53,13 +53,13 @@ class PlatformSettings(BaseSettings):
 
     # Redis holds what several processes must share live: the public gateways' rate-limit buckets.
     redis_url: str = "redis://127.0.0.1:16379/0"
-    redis_port: int = 16379
+    redis_port: int = 16379  # the local server's port (`lorafleet services up`)
 
-    s3_endpoint: str = "http://127.0.0.1:19000"
-    s3_access_key: str = "lorafleet"
-    s3_secret_key: str = "lorafleet-secret"
-    s3_region: str = "us-east-1"
-    s3_bucket: str = "lorafleet-adapters"
+    s3_endpoint: str = "http://127.0.0.1:19000"  # the S3-compatible store that holds adapter files
+    s3_access_key: str = "lorafleet"  # the object store's access key
+    s3_secret_key: str = "lorafleet-secret"  # and its secret key
+    s3_region: str = "us-east-1"  # the region the S3 client signs for
+    s3_bucket: str = "lorafleet-adapters"  # where `lorafleet adapters register` uploads adapter files
     # Adapter downloads (the replica's cache, the registry validator): a total deadline per download, a
     # read timeout per socket read (a stalled stream), and at most s3_fetch_attempts tries with jittered
     # backoff between them (lorafleet.fetch_retry).
@@ -98,8 +98,8 @@ class RelaySettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="LORAFLEET_RELAY_", extra="ignore")
 
-    batch_size: int = Field(default=500, ge=1, le=10000)
-    poll_interval_s: float = Field(default=0.2, gt=0)
+    batch_size: int = Field(default=500, ge=1, le=10000)  # outbox rows per publish batch
+    poll_interval_s: float = Field(default=0.2, gt=0)  # how long an idle relay waits before polling again
     retention_s: float = Field(default=3600.0, ge=0, description="sent rows older than this are pruned")
     # Fault injection for tests only: "crash_after_publish" exits the process after Kafka acked a batch
     # and before the rows are marked sent.

@@ -14,8 +14,8 @@ from schemas import principals
 class PlacementSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LORAFLEET_PLACEMENT_", extra="ignore")
 
-    group_id: str = "placement-worker"
-    default_owners: int = Field(default=2, ge=1)
+    group_id: str = "placement-worker"  # its Kafka consumer group
+    default_owners: int = Field(default=2, ge=1)  # owners per adapter (rendezvous) before traffic raises it
     # Output tokens/s one replica serves (BRIEF.md sizing: 32 rows / 50 ms); owners grow past it.
     replica_capacity_tokens_per_s: float = Field(default=640.0, gt=0)
     # An adapter with at least this much traffic (its latest window) may be asked into GPU slots: on as many
@@ -52,7 +52,7 @@ class PlacementSettings(BaseSettings):
     merge_check_s: float = Field(default=1.0, gt=0)
     # Only replicas whose id starts with this belong to the fleet this worker places for.
     replica_id_prefix: str = ""
-    tick_s: float = Field(default=1.0, gt=0)
+    tick_s: float = Field(default=1.0, gt=0)  # how often it replans what changed and checks membership
     metrics_port: int = Field(default=9462, ge=0, description="Prometheus /metrics; 0 disables it")
     metrics_host: str = "127.0.0.1"  # 0.0.0.0 in a container
 

@@ -18,18 +18,18 @@ class ReplicaSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="LORAFLEET_REPLICA_", extra="ignore")
 
-    replica_id: str = "replica-0"
-    host: str = "127.0.0.1"
+    replica_id: str = "replica-0"  # its name in replica.state, replica.commands and placements
+    host: str = "127.0.0.1"  # the HTTP listener (generate, load/unload, state, drain, /ready, /metrics)
     port: int = 8100
-    service_token: str = "dev-service-token"
+    service_token: str = "dev-service-token"  # the bearer token callers of its /internal routes present
 
-    model_dir: Path = DEFAULT_MODEL_DIR
+    model_dir: Path = DEFAULT_MODEL_DIR  # the base: a Llama checkpoint in Hugging Face layout
     dtype: str = "float32"  # float32 | bfloat16 | float16
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     base_model_hash: str | None = None  # computed from the checkpoint when not given
 
-    max_num_seqs: int = 32
-    max_model_len: int = 2048
+    max_num_seqs: int = 32  # KV cache rows: requests that decode at once
+    max_model_len: int = 2048  # KV cache tokens per row: a prompt plus its completion
     max_num_batched_tokens: int = 8192  # prompt tokens admitted per step (at least one prompt)
     # Which waiting request gets the next row: fair (least tokens served per tenant, see
     # replica.engine.admission_queue) or fifo; under fair, one tenant holds at most max_rows_per_tenant
@@ -39,7 +39,8 @@ class ReplicaSettings(BaseSettings):
 
     # rank bucket -> GPU slots in that bucket; an adapter goes to the smallest bucket >= its rank
     lora_slots: dict[int, int] = Field(default_factory=lambda: {8: 16, 16: 16, 32: 8, 64: 4})
-    max_lora_rank: int = 64
+    max_lora_rank: int = 64  # the largest rank it serves
+    # the linears an adapter may adapt; each gets a LoRA wrapper
     lora_target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
@@ -49,7 +50,7 @@ class ReplicaSettings(BaseSettings):
     registry_url: str | None = "http://127.0.0.1:18081"
     registry_token: str = "dev-service-token"  # the gateway's LORAFLEET_GATEWAY_SERVICE_TOKEN
     cache_dir: Path | None = None  # local-disk tier; default .data/adapter-cache/<replica_id>
-    disk_budget_bytes: int = Field(default=16 << 30, gt=0)
+    disk_budget_bytes: int = Field(default=16 << 30, gt=0)  # the local-disk tier's size
     ram_budget_bytes: int = Field(default=4 << 30, gt=0)  # validated adapters, packed for slot copies
     # Requests' cold loads (adapter on no tier here: an object-store fetch) at once, per tenant and in all;
     # past either cap a request is refused (429 too_many_cold_loads / 503 cold_loads_full, Retry-After).

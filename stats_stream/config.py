@@ -31,29 +31,29 @@ class StatsStreamSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="LORAFLEET_STATS_", extra="ignore")
 
-    app_id: str = "lorafleet-stats"
-    store: str = "memory://"
-    data_dir: Path = Path(".data/stats-stream")
-    window_s: float = Field(default=60.0, gt=0)
+    app_id: str = "lorafleet-stats"  # the Faust app: its consumer group and internal topics
+    store: str = "memory://"  # where Faust keeps its tables (the changelog topics restore them)
+    data_dir: Path = Path(".data/stats-stream")  # Faust's local folder
+    window_s: float = Field(default=60.0, gt=0)  # the tumbling window of adapter_stats and the signals
     grace_s: float = Field(default=10.0, ge=0, description="how late an event may be and still count")
     idle_close_s: float = Field(default=30.0, gt=0, description="with no events this long, close by clock")
-    tick_s: float = Field(default=1.0, gt=0)
+    tick_s: float = Field(default=1.0, gt=0)  # how often a tick looks for windows that are due to close
     session_timeout_s: float = Field(default=10.0, ge=6.0, description="Kafka group session timeout")
     metrics_port: int = Field(default=9466, ge=0, description="Prometheus /metrics; 0 disables it")
-    log_level: str = "warn"
-    fleet: str = "default"
+    log_level: str = "warn"  # Faust's log level
+    fleet: str = "default"  # the fleet its autoscale.signals name (LORAFLEET_AUTOSCALE_FLEET)
 
-    slo_ttft_s: float = 1.0
-    slo_min_requests: int = 5
-    thrash_evictions_per_min: float = 30.0
-    gpu_hour_usd: float = 2.5
-    replica_capacity_tps: float = 640.0
-    queue_per_replica: float = 5.0
-    tokens_in_flight_per_replica: float = 16384.0
-    min_replicas: int = 1
+    slo_ttft_s: float = 1.0  # per-tenant p95 TTFT target
+    slo_min_requests: int = 5  # a window with fewer requests never alerts
+    thrash_evictions_per_min: float = 30.0  # a replica evicting faster than this thrashes
+    gpu_hour_usd: float = 2.5  # the price of a GPU-hour, for the cost per million tokens
+    replica_capacity_tps: float = 640.0  # output tokens/s one replica serves
+    queue_per_replica: float = 5.0  # queued requests per replica before a scale-up (KEDA's AverageValue)
+    tokens_in_flight_per_replica: float = 16384.0  # tokens in flight per replica before a scale-up
+    min_replicas: int = 1  # the desired replica count stays within these
     max_replicas: int = 32
-    scale_down_windows: int = 5
-    max_scale_down_step: int = 1
+    scale_down_windows: int = 5  # quiet windows before a scale-down
+    max_scale_down_step: int = 1  # replicas removed per window at most
     replica_id_prefix: str = ""  # `replica-` under `make up`: another stack on the same Kafka is not ours
 
     def signals(self) -> SignalSettings:
