@@ -27,10 +27,10 @@ async def wait_http(
     raise TimeoutError(f"{url} did not answer 200 within {timeout}s")
 
 
-def stop(proc: subprocess.Popen | None, grace_s: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL if the process is still there after grace_s."""
+def stop(proc: subprocess.Popen | None, grace_s: float = 10.0, sig: signal.Signals = signal.SIGTERM) -> None:
+    """sig (SIGTERM), then SIGKILL if the process is still there after grace_s."""
     if proc is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         try:
             proc.wait(grace_s)
         except subprocess.TimeoutExpired:
