@@ -1,0 +1,137 @@
+"""POST /internal/replicas/{replica_id}/generate: one request streamed back as NDJSON events, its adapter
+held in a GPU slot until the response ends."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from replica.arrival import arrived
+from replica.engine.sampler import SamplingParams
+from replica.engine.trace import AdmissionTrace
+from replica.errors import ReplicaDrainingError
+from replica.metrics import RequestTimer
+from replica.routes.deps import Authorized, ServingReplica
+from replica.runtime import AdapterUse, Replica
+from replica.stream_events import stream_events
+from schemas.replica_api import ErrorEvent, GenerateRequest, encode_event
+
+# the request log line keeps the server's logger name: operators and the lifecycle test match on it
+log = logging.getLogger("replica.server")
+
+router = APIRouter()
+
+
+@router.post("/internal/replicas/{replica_id}/generate")
+async def generate(
+    request: Request, replica_id: str, body: GenerateRequest, _: Authorized, replica: ServingReplica
+) -> StreamingResponse:
+    trace = AdmissionTrace(arrived(request.scope), parsed=time.perf_counter())
+    if not replica.lifecycle.accepting:
+        raise ReplicaDrainingError("this replica is draining; send the request to another one")
+    messages = [m.model_dump() for m in body.messages] if body.messages is not None else None
+    prompt = replica.prompt_ids(messages, body.prompt_token_ids, trace)
+    params = _sampling_params(body, len(prompt), replica.settings.max_model_len)
+    replica.engine.engine.check_request(prompt, params)
+    timer = replica.metrics.request()
+    use = await replica.acquire(body.adapter_id, body.tenant_id)
+    if use.header_adapter_id is not None:
+        replica.metrics.hit(use.tier or "gpu")
+    request_id = body.request_id or replica.engine.next_request_id()
+    log.info(
+        "request %s adapter=%s tier=%s prompt=%d", request_id, use.header_adapter_id, use.tier, len(prompt)
+    )
+    replica.running.add(request_id)
+
+    def done() -> None:
+        replica.running.discard(request_id)
+        replica.release(use)
+
+    return LeasedStream(
+        _stream(replica, prompt, params, use, request_id, timer, trace, body.tenant_id),
+        done,
+        media_type="application/x-ndjson",
+        headers=_headers(use, request_id),
+    )
+
+
+def _sampling_params(body: GenerateRequest, prompt_tokens: int, max_model_len: int) -> SamplingParams:
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    return SamplingParams(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        max_tokens=_completion_budget(body, prompt_tokens, max_model_len),
+        stop=stop,
+        ignore_eos=body.ignore_eos,
+    )
+
+
+def _completion_budget(body: GenerateRequest, prompt_tokens: int, max_model_len: int) -> int:
+    """max_tokens; a default one (left out, or the gateway's) shrinks to what the context leaves after the
+    prompt. The caller's own is kept, and the engine refuses it when it does not fit."""
+    if body.max_tokens_is_default or "max_tokens" not in body.model_fields_set:
+        return max(1, min(body.max_tokens, max_model_len - prompt_tokens))
+    return body.max_tokens
+
+
+def _headers(use: AdapterUse, request_id: str) -> dict[str, str]:
+    headers = {"x-request-id": request_id}
+    if use.header_adapter_id is not None:
+        headers |= {"x-adapter-id": use.header_adapter_id, "x-adapter-tier": use.tier or "gpu"}
+    return headers
+
+
+class LeasedStream(StreamingResponse):
+    """A streamed response that ends its request's adapter hold however the response ends."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+async def _stream(
+    replica: Replica,
+    prompt: list[int],
+    params: SamplingParams,
+    use: AdapterUse,
+    request_id: str,
+    timer: RequestTimer,
+    trace: AdmissionTrace,
+    tenant_id: str | None,
+) -> AsyncIterator[bytes]:
+    """NDJSON lines for one request; if the client goes away, closing this generator aborts the request."""
+    if replica.lifecycle.expired:  # accepted, but the drain's deadline passed before it started
+        err = ReplicaDrainingError("the replica is shutting down; retry the request")
+        yield encode_event(ErrorEvent(error=err.to_body().error))
+        return
+    gen = replica.engine.generate(prompt, params, use.engine_adapter_id, request_id, trace, tenant_id)
+    first = True
+    async with contextlib.aclosing(gen):
+        async for out in gen:
+            if out.token_id is not None:
+                timer.token()
+                if first:
+                    trace.delivered = time.perf_counter()
+                    replica.metrics.admitted(trace)
+            first = False
+            ended = out.finished or out.error is not None
+            if ended and out.error is None:
+                timer.finished(out.finish_reason, out.prompt_tokens, out.completion_tokens)
+            for event in stream_events(out):
+                yield encode_event(event)
+            if ended:
+                return
