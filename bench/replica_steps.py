@@ -34,6 +34,7 @@ import httpx
 from httpx_sse import aconnect_sse
 
 from loadtest.client import chat_body
+from lorafleet.profile import DEV_TOKEN
 from schemas.replica_api import STREAM_EVENT, ChatMessage, DoneEvent, GenerateRequest, TokenEvent
 
 PROMPT = "Tell me a long story about a dragon who guards a library."
@@ -222,7 +223,7 @@ def main() -> None:
         default=None,
         help="ID=URL (default: the local stack's replica-0 and replica-1); the first one is timed alone",
     )
-    p.add_argument("--token", default="dev-service-token")
+    p.add_argument("--token", default=DEV_TOKEN)
     p.add_argument("--gateway", default=None, help="time the one-adapter points through this public gateway")
     p.add_argument("--model", default=None, help="with --gateway: the alias of the first --adapter")
     p.add_argument("--key", default=None, help="with --gateway: its tenant's API key")

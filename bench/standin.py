@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from bench.standin_http import Connection, Request, Stream, serve_http
 from lorafleet.config import PlatformSettings
 from lorafleet.kafka import make_producer
+from lorafleet.profile import DEV_TOKEN
 from replica.control.registration import register_until_done
 from schemas import principals
 from schemas.api import ErrorBody, ErrorDetail
@@ -195,7 +196,7 @@ def standin(
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     service_token: Annotated[
         str, typer.Option(envvar="LORAFLEET_REPLICA_SERVICE_TOKEN", help="callers' bearer token")
-    ] = "dev-service-token",
+    ] = DEV_TOKEN,
     adapter: Annotated[list[str] | None, typer.Option(help="adapter ids it reports on GPU (repeat)")] = None,
     token_rate: Annotated[float, typer.Option(help="tokens per second per stream")] = 100.0,
     ttft_ms: Annotated[float, typer.Option(help="delay before each request's first token")] = 0.0,

@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from lorafleet.adapter_rules import caps
 from lorafleet.config import PlatformSettings
+from lorafleet.profile import DEV_TOKEN
 
 DEFAULT_MODEL_DIR = Path(".data/models/smollm2-135m-instruct")
 
@@ -26,7 +27,7 @@ class GatewaySettings(BaseSettings):
     internal_url: str | None = None
     # Callers of /internal/* (pipelines, deploy tooling, replicas) present this as a bearer token.
     # The default only suits a single-machine dev stack; set a real secret anywhere else.
-    service_token: SecretStr = SecretStr("dev-service-token")
+    service_token: SecretStr = SecretStr(DEV_TOKEN)
 
     # The served base: its hash (computed from served_model_dir when unset) and its config.json for shapes.
     served_model_dir: Path = DEFAULT_MODEL_DIR
@@ -63,7 +64,7 @@ class GatewaySettings(BaseSettings):
     # Route only to replicas whose id starts with this (the placement worker's replica_id_prefix).
     replica_id_prefix: str = ""
     # The replicas' service token (their LORAFLEET_REPLICA_SERVICE_TOKEN).
-    replica_service_token: SecretStr = SecretStr("dev-service-token")
+    replica_service_token: SecretStr = SecretStr(DEV_TOKEN)
     replica_connect_timeout_s: float = Field(default=2.0, gt=0)  # opening a connection to a replica
     replica_read_timeout_s: float = Field(default=60.0, gt=0)  # one read from a replica (httpx)
     # A replica that sends no first token this long after the request went to it is given up on (and

@@ -28,6 +28,7 @@ import httpx
 
 from loadtest.client import RequestRecord, send
 from loadtest.runner import LoadTestConfig, client_for, key_for
+from lorafleet.profile import DEV_TOKEN
 from sim.workload import Request
 
 PROMPT = "Write a long, detailed story about a lighthouse keeper and the ships she guides through storms."
@@ -39,7 +40,7 @@ class BurstConfig:
     size: int = 32  # concurrent requests per burst
     max_tokens: int = 64
     repeats: int = 3
-    replica_token: str = "dev-service-token"  # the replicas' LORAFLEET_REPLICA_SERVICE_TOKEN
+    replica_token: str = DEV_TOKEN  # the replicas' LORAFLEET_REPLICA_SERVICE_TOKEN
     settle_s: float = 2.5  # after a pre-warm: the replicas' next state report reaches the router
 
 

@@ -19,6 +19,7 @@ from loadtest.burst import BurstConfig, run_bursts
 from loadtest.replica_metrics import parse_replicas, per_minute, scrape
 from loadtest.runner import LoadTestConfig, run_trace, trace_for
 from loadtest.summary import markdown, summarise
+from lorafleet.profile import DEV_TOKEN
 from ops import html_report
 from sim.workload import Request, WorkloadConfig, load, save
 
@@ -117,7 +118,7 @@ def loadtest(
             "(repeatable)."
         ),
     ] = None,
-    replica_token: Annotated[str, typer.Option(help="The replicas' service token.")] = "dev-service-token",
+    replica_token: Annotated[str, typer.Option(help="The replicas' service token.")] = DEV_TOKEN,
     report: Annotated[
         Path, typer.Option(help="Directory for summary.json, requests.jsonl, report.md and plots.")
     ] = Path(".data/loadtest/report"),

@@ -9,6 +9,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from lorafleet.config import PlatformSettings
+from lorafleet.profile import DEV_TOKEN
 
 DEFAULT_MODEL_DIR = Path(".data/models/smollm2-135m-instruct")
 
@@ -21,7 +22,7 @@ class ReplicaSettings(BaseSettings):
     replica_id: str = "replica-0"  # its name in replica.state, replica.commands and placements
     host: str = "127.0.0.1"  # the HTTP listener (generate, load/unload, state, drain, /ready, /metrics)
     port: int = 8100
-    service_token: str = "dev-service-token"  # the bearer token callers of its /internal routes present
+    service_token: str = DEV_TOKEN  # the bearer token callers of its /internal routes present
 
     model_dir: Path = DEFAULT_MODEL_DIR  # the base: a Llama checkpoint in Hugging Face layout
     dtype: str = "float32"  # float32 | bfloat16 | float16
@@ -48,7 +49,7 @@ class ReplicaSettings(BaseSettings):
     # The adapter cache: the registry (the gateway's internal API) says where a ready adapter's bytes
     # live; None serves only the local adapter directories below.
     registry_url: str | None = "http://127.0.0.1:18081"
-    registry_token: str = "dev-service-token"  # the gateway's LORAFLEET_GATEWAY_SERVICE_TOKEN
+    registry_token: str = DEV_TOKEN  # the gateway's LORAFLEET_GATEWAY_SERVICE_TOKEN
     cache_dir: Path | None = None  # local-disk tier; default .data/adapter-cache/<replica_id>
     disk_budget_bytes: int = Field(default=16 << 30, gt=0)  # the local-disk tier's size
     ram_budget_bytes: int = Field(default=4 << 30, gt=0)  # validated adapters, packed for slot copies

@@ -49,6 +49,7 @@ from loadtest.replica_metrics import parse_replicas  # noqa: E402
 from loadtest.runner import LoadTestConfig  # noqa: E402
 from loadtest.setup import adapter_id as setup_adapter_id  # noqa: E402
 from loadtest.setup import setup  # noqa: E402
+from lorafleet.profile import DEV_TOKEN  # noqa: E402
 from placement_worker.config import PlacementSettings  # noqa: E402
 from placement_worker.planner import Policy, wants_gpu  # noqa: E402
 from replica.config import ReplicaSettings  # noqa: E402
@@ -71,7 +72,7 @@ def args() -> argparse.Namespace:
     p.add_argument(
         "--replica", action="append", default=None, help="ID=URL (default: the local stack's two replicas)"
     )
-    p.add_argument("--replica-token", default="dev-service-token")
+    p.add_argument("--replica-token", default=DEV_TOKEN)
     p.add_argument("--tenant", default="loadtest")
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--adapters", type=int, default=30)

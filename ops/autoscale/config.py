@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from lorafleet.profile import DEV_TOKEN
 from ops.autoscale.decide import Limits
 from ops.autoscale.merged_decide import MergedLimits
 
@@ -28,7 +29,7 @@ class AutoscaleSettings(BaseSettings):
     drain_grace_s: float = Field(default=10.0, ge=0, description="past the drain deadline, then SIGKILL")
     signal_max_age_s: float = Field(default=180.0, gt=0, description="older signals are not acted on")
     tick_s: float = Field(default=1.0, gt=0)  # how often it looks at the newest signal and its replicas
-    replica_service_token: SecretStr = SecretStr("dev-service-token")  # the replicas' service token
+    replica_service_token: SecretStr = SecretStr(DEV_TOKEN)  # the replicas' service token
     # Merged replicas (merged.targets from the placement worker): ids <replica_id_prefix>merged-<index>,
     # ports merged_first_port + index, at most merged_max_replicas of them.
     merged_enabled: bool = True

@@ -13,6 +13,7 @@ import pytest
 
 from harness.ports import free_port
 from harness.processes import stop, wait_http
+from lorafleet.profile import DEV_TOKEN
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +72,7 @@ async def test_the_gateway_starts_on_a_real_secret_outside_the_dev_profile_and_g
         await wait_http(f"http://127.0.0.1:{port}/openapi.json", 90, proc, real)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as c:
             ok = await c.get("/internal/adapters", headers=real)
-            dev = await c.get("/internal/adapters", headers={"Authorization": "Bearer dev-service-token"})
+            dev = await c.get("/internal/adapters", headers={"Authorization": f"Bearer {DEV_TOKEN}"})
             doc = await c.get("/openapi.json", headers=real)
             bare_doc = await c.get("/openapi.json")
             pages = [(await c.get(p)).status_code for p in ("/docs", "/redoc")]
