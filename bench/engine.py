@@ -24,7 +24,7 @@ from bench._util import cuda_peak_mib, environment, median, peak_rss_mib, reset_
 from bench.hf_baselines import ALL_TARGETS, adapter_dir, load_hf_model, make_peft_adapters, timed_generate
 from bench.slots import own_in_slots
 from lorafleet.model.base_hash import base_model_hash
-from lorafleet.model.prepare import ensure_default_model
+from lorafleet.model.prepare import DEFAULT_MODEL_NAME, ensure_default_model
 from replica.adapter_cache.gpu import GpuTier
 from replica.engine.engine import LLMEngine
 from replica.engine.model_runner import ModelRunner
@@ -279,7 +279,7 @@ def calibration(
     """Decode step times and prefill throughput of our engine, for the fleet simulator's timing model."""
     mean_prompt = next(iter(ours.values()))[0].prefill_tokens / cfg.batch
     return {
-        "model": "smollm2-135m-instruct",
+        "model": DEFAULT_MODEL_NAME,
         "environment": environment(device, cfg.dtype),
         "batch": cfg.batch,
         "new_tokens": cfg.new_tokens,

@@ -30,8 +30,9 @@ def serve(
     ] = None,
 ) -> None:
     """Serve generate, adapter load/unload and state over HTTP (LORAFLEET_REPLICA_* settings; flags win)."""
+    from lorafleet.model.prepare import DEFAULT_MODEL_DIR, ensure_default_model
     from lorafleet.profile import refuse_dev_tokens
-    from replica.config import DEFAULT_MODEL_DIR, ReplicaSettings
+    from replica.config import ReplicaSettings
     from replica.main import serve as run
     from schemas import principals
 
@@ -52,8 +53,6 @@ def serve(
     settings = settings.model_copy(update={"platform": settings.platform.as_service(principals.REPLICA)})
     refuse_dev_tokens(settings.platform, "replica", tokens)
     if settings.model_dir == DEFAULT_MODEL_DIR and not (DEFAULT_MODEL_DIR / "config.json").is_file():
-        from lorafleet.model.prepare import ensure_default_model
-
         settings = settings.model_copy(update={"model_dir": ensure_default_model()})
     run(settings)
 

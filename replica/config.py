@@ -9,9 +9,8 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from lorafleet.config import PlatformSettings
+from lorafleet.model.prepare import DEFAULT_MODEL_DIR
 from lorafleet.profile import DEV_TOKEN
-
-DEFAULT_MODEL_DIR = Path(".data/models/smollm2-135m-instruct")
 
 
 class ReplicaSettings(BaseSettings):

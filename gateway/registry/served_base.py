@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from gateway.config import DEFAULT_MODEL_DIR, GatewaySettings
+from gateway.config import GatewaySettings
 from lorafleet.adapter_rules.base_spec import BaseSpec
 from lorafleet.model.base_hash import base_model_hash
-from lorafleet.model.prepare import ensure_default_model
+from lorafleet.model.prepare import DEFAULT_MODEL_DIR, ensure_default_model
 
 log = logging.getLogger(__name__)
 

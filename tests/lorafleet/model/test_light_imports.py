@@ -8,8 +8,13 @@ import sys
 HEAVY = ("torch", "transformers", "safetensors", "tqdm")
 
 
-def test_importing_the_model_tools_and_the_gateway_loads_no_heavy_package() -> None:
-    modules = ["lorafleet.model.prepare", "lorafleet.model.base_hash", "gateway.registry.served_base"]
+def test_importing_the_model_tools_and_the_settings_loads_no_heavy_package() -> None:
+    modules = [
+        "lorafleet.model.prepare",
+        "lorafleet.model.base_hash",
+        "gateway.registry.served_base",
+        "replica.config",
+    ]
     code = (
         "import importlib, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
