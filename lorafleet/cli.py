@@ -54,6 +54,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("sim.cli", "simulate_cmd"),
     "loadtest": ("loadtest.cli", "loadtest"),
     "loadtest-noisy": ("loadtest.noisy_cli", "noisy_neighbour"),
+    "config-reference": ("ops.config_reference", "config_reference"),
 }
 
 
