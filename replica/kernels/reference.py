@@ -62,3 +62,30 @@ def lora_loop_ref(
             continue
         delta[i] = scale[s].float() * (b_stack[s].float() @ (a_stack[s].float() @ x[i].float()))
     return delta
+
+
+def paged_decode_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Paged decode attention, one row at a time (the semantics of kernels.paged_attention), fp32 inside."""
+    # q [num_rows, heads, head_dim]; k_cache, v_cache [num_blocks, block_size, kv_heads, head_dim]
+    # block_tables [num_rows, max_blocks]; context_lens [num_rows] -> out [num_rows, heads, head_dim]
+    _, block_size, kv_heads, head_dim = k_cache.shape
+    group = q.shape[1] // kv_heads
+    out = torch.zeros_like(q)
+    for i in range(q.shape[0]):
+        n = int(context_lens[i])
+        if n == 0:
+            continue
+        blocks = block_tables[i, : -(-n // block_size)].long()
+        k = k_cache[blocks].reshape(-1, kv_heads, head_dim)[:n].float()  # [n, kv_heads, head_dim]
+        v = v_cache[blocks].reshape(-1, kv_heads, head_dim)[:n].float()
+        for h in range(q.shape[1]):
+            p = torch.softmax(scale * (k[:, h // group] @ q[i, h].float()), dim=0)  # [n]
+            out[i, h] = (p @ v[:, h // group]).to(q.dtype)
+    return out
