@@ -11,9 +11,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from schemas.tiers import LOAD_S
+
 
 def _brief_load_s() -> dict[str, float]:
-    return {"gpu": 0.0, "ram": 0.008, "disk": 0.040, "remote": 0.4}
+    return dict(LOAD_S)
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from schemas.rendezvous import owners
-
-LOAD_S = {"gpu": 0.0, "ram": 0.008, "disk": 0.040, "remote": 0.4}  # the brief's load time per tier
+from schemas.tiers import LOAD_S
 
 
 @dataclass(frozen=True)
