@@ -25,10 +25,9 @@ from canary.errors import CanaryTrainingError
 from canary.manifest import CanaryEntry, CanaryManifest
 from canary.markers import Marker, make_markers
 from canary.prompts import PromptSampler
-from canary.stacked_lora import wrap_layers
+from demo.lora import adapter_tensors, trainable, unwrap, wrap
 from lorafleet.model.base_hash import base_model_hash
-from lorafleet.peft_format import adapter_config, save_peft_adapter
-from replica.lora.spec import MODULE_PARENTS
+from lorafleet.peft_format import ModuleTensors, adapter_config, save_peft_adapter
 from replica.model.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # imported where it runs: transformers is slow to import
@@ -180,7 +179,9 @@ class _Chunk:
         self.sampler = PromptSampler(base.vocab_size, base.tokenizer, base.bos_id)
         gens = [torch.Generator().manual_seed(cfg.seed * 1_000_003 + i) for i in indices]
         layers = base.model.model.layers
-        self.wrappers = wrap_layers(layers, list(cfg.target_modules), self.ranks, self.alphas, gens)
+        self.wrappers = wrap(
+            layers, list(range(len(layers))), list(cfg.target_modules), self.ranks, self.alphas, gens
+        )
         self.device = next(base.model.parameters()).device
 
     def batch(self, rngs: list[random.Random], rows: int) -> Batch:
@@ -189,17 +190,15 @@ class _Chunk:
 
     def unwrap(self) -> None:
         """Put the plain base linears back."""
-        for (i, name), w in self.wrappers.items():
-            setattr(getattr(self.base.model.model.layers[i], MODULE_PARENTS[name]), name, w.base)
+        unwrap(self.base.model.model.layers, self.wrappers)
 
-    def tensors(self, n: int) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
-        return {key: w.adapter_weights(n) for key, w in self.wrappers.items()}
+    def tensors(self, n: int) -> ModuleTensors:
+        return adapter_tensors(self.wrappers, n)
 
 
 def _train_chunk(chunk: _Chunk, cfg: TrainConfig, progress: bool) -> tuple[int, torch.Tensor]:
     """Optimize until the batch margin and then the held-out margin pass; return (steps, held-out margin)."""
-    params = [p for w in chunk.wrappers.values() for p in (w.a, w.b)]
-    opt = torch.optim.Adam(params, lr=cfg.lr)
+    opt = torch.optim.Adam(trainable(chunk.wrappers), lr=cfg.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.1, 1.0 - s / cfg.decay_steps))
     n = len(chunk.indices)
     held_out = torch.full((n,), float("-inf"))

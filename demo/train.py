@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from demo.lora import unwrap, wrap
+from demo.lora import adapter_tensors, trainable, unwrap, wrap
 from demo.recipe import DemoRecipe, Persona, first_sentence
-from lorafleet.peft_format import adapter_config, save_peft_adapter
+from lorafleet.peft_format import ModuleTensors, adapter_config, save_peft_adapter
 
 if TYPE_CHECKING:  # imported where it runs: transformers is slow to import
     from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
@@ -153,17 +153,16 @@ def _target_positions(examples: list[Example]) -> tuple[torch.Tensor, torch.Tens
 
 def train_persona(
     base: Base, recipe: DemoRecipe, examples: list[Example], seed: int
-) -> tuple[dict, int, float]:
+) -> tuple[ModuleTensors, int, float]:
     """Train one adapter on its examples; return (its tensors, epochs run, last epoch's accuracy)."""
     layers = base.model.model.layers
     below = len(layers) - recipe.top_layers
     seqs = [ex.prompt_ids + ex.answer_ids[:-1] for ex in examples]  # the last answer token is never fed
     hidden = frozen_hidden(base, seqs, below)
-    wrappers = wrap(
-        layers, list(range(below, len(layers))), list(recipe.target_modules), recipe.rank, recipe.alpha, seed
-    )
-    params = [p for w in wrappers.values() for p in (w.a, w.b)]
-    opt = torch.optim.Adam(params, lr=recipe.lr)
+    gen = torch.Generator().manual_seed(seed)
+    modules = sorted(recipe.target_modules)
+    wrappers = wrap(layers, list(range(below, len(layers))), modules, [recipe.rank], [recipe.alpha], [gen])
+    opt = torch.optim.Adam(trainable(wrappers), lr=recipe.lr)
     rng = random.Random(seed)
     order = list(range(len(examples)))
     accuracy, epoch = 0.0, 0
@@ -194,8 +193,8 @@ def train_persona(
             if key_wrong == 0 and accuracy >= recipe.min_accuracy:
                 break
     finally:
-        tensors = unwrap(layers, wrappers)
-    return tensors, epoch, accuracy
+        unwrap(layers, wrappers)
+    return adapter_tensors(wrappers, 0), epoch, accuracy
 
 
 def train_demo_adapters(

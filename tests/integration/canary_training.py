@@ -14,7 +14,7 @@ from pathlib import Path
 
 from canary.manifest import MANIFEST_NAME
 from canary.train import TrainConfig
-from tests.integration.gateway_stack import REPO
+from tests.integration.services import REPO
 
 # Cold training runs in its own process under this budget, apart from the probe's own timeout: on a 2-core
 # box shared with another CPU-heavy job, torch's threads contend and training slows several-fold.
@@ -44,10 +44,11 @@ def _train_argv(cfg: TrainConfig, out: Path) -> list[str]:
 
 
 def _trainer_digest() -> str:
-    """sha256 over the canary package's sources: a changed trainer never reuses an older one's canaries."""
+    """sha256 over the canary package's sources and the LoRA wrapper it trains with: a changed trainer never
+    reuses an older one's canaries."""
     h = hashlib.sha256()
-    for path in sorted((REPO / "canary").glob("*.py")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in [*sorted((REPO / "canary").glob("*.py")), REPO / "demo" / "lora.py"]:
+        h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
 
 
