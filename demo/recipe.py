@@ -86,7 +86,7 @@ class DemoRecipe:
     min_accuracy: float = 0.97  # share of answer tokens right, teacher-forced, before training stops
     rows_per_step: int = 8
     seed: int = 0
-    trainer: int = 1  # raised whenever demo.train changes what a recipe produces
+    trainer: int = 1  # raised whenever demo.train or demo.lora changes what a recipe produces
 
     def key(self, base_hash: str) -> str:
         """16 hex digits over the recipe and the base's hash: a change to either trains a new set."""
