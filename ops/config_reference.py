@@ -1,23 +1,24 @@
 """The configuration reference in docs/configuration.md, generated from the settings classes.
 
-A field's meaning is its `description`, else its own comment (on its line or in the block right above it),
-else "see" the nearest field above it in its group (no blank line between) that has one; a field with none
-of these is an error, so no setting reaches the reference without a word on what it does.
+SETTINGS names every process's settings class, and find_settings_classes() checks it against the source, so a
+new class cannot be left out. A field's meaning is its `description`, else its own comment (on its line or in
+the block right above it), else "see" the nearest field above it in its group (no blank line between) that
+has one; a field with none of these is an error, so no setting reaches the reference without a word on it.
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
-import importlib
 import inspect
 import io
 import json
 import re
+import sys
 import tokenize
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -28,7 +29,24 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined, to_jsonable_python
 from pydantic_settings import BaseSettings
 
+from gateway.config import GatewaySettings
+from lorafleet.config import PlatformSettings, RelaySettings
 from lorafleet.profile import WELL_KNOWN_SECRETS
+from ops.autoscale.config import AutoscaleSettings
+from placement_worker.config import PlacementSettings
+from replica.config import ReplicaSettings
+from stats_stream.config import StatsStreamSettings
+
+# Every settings class, in the reference's order: the platform's (every process reads it), then by process.
+SETTINGS: tuple[type[BaseSettings], ...] = (
+    PlatformSettings,
+    RelaySettings,
+    GatewaySettings,
+    ReplicaSettings,
+    PlacementSettings,
+    StatsStreamSettings,
+    AutoscaleSettings,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "configuration.md"
@@ -41,7 +59,7 @@ SETTINGS_CLASS = re.compile(r"^\s*class \w+\([^)]*Settings\b", re.MULTILINE)
 
 
 class ReferenceError(Exception):
-    """A settings field the reference cannot describe (no description and no comment)."""
+    """A settings class missing from SETTINGS, or a field with neither description nor comment."""
 
 
 @dataclass(frozen=True)
@@ -84,8 +102,13 @@ def find_settings_classes(root: Path = ROOT) -> list[SettingsClass]:
                 found[(relative, node.name)] = SettingsClass(module, node.name, relative, node.lineno)
                 known.add(node.name)
                 grew = True
-    # the platform's settings first: every process reads them
-    return sorted(found.values(), key=lambda c: (c.module != "lorafleet.config", c.module, c.line))
+    return sorted(found.values(), key=lambda c: (c.module, c.line))
+
+
+def unlisted(table: Sequence[type[BaseSettings]] = SETTINGS, root: Path = ROOT) -> list[SettingsClass]:
+    """The settings classes in the source that the table lacks."""
+    listed = {(cls.__module__, cls.__name__) for cls in table}
+    return [c for c in find_settings_classes(root) if (c.module, c.name) not in listed]
 
 
 def _base_name(base: ast.expr) -> str:
@@ -233,9 +256,8 @@ def _definitions(cls: type[BaseSettings]) -> dict[str, _Definition]:
     return out
 
 
-def rows(found: SettingsClass, root: Path = ROOT) -> list[Row]:
+def rows(cls: type[BaseSettings], root: Path = ROOT) -> list[Row]:
     """One row per environment variable the class reads, in the order of its fields."""
-    cls = getattr(importlib.import_module(found.module), found.name)
     definitions = _definitions(cls)
     out: list[Row] = []
     described: str | None = None  # the variable of the nearest field above, in this group, with a meaning
@@ -267,32 +289,28 @@ def rows(found: SettingsClass, root: Path = ROOT) -> list[Row]:
     return out
 
 
-def _summary(found: SettingsClass, root: Path) -> str:
-    tree = ast.parse((root / found.path).read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and node.name == found.name and node.lineno == found.line:
-            doc = ast.get_docstring(node) or ast.get_docstring(tree) or ""
-            return " ".join(doc.split("\n\n")[0].split())
-    return ""
+def _summary(cls: type[BaseSettings]) -> str:
+    """The first paragraph of the class's own docstring, else of its module's."""
+    doc = cls.__dict__.get("__doc__") or sys.modules[cls.__module__].__doc__ or ""
+    return " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
 
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def render_reference(classes: list[SettingsClass] | None = None, root: Path = ROOT) -> str:
+def render_reference(classes: Sequence[type[BaseSettings]] = SETTINGS, root: Path = ROOT) -> str:
     """The generated part of docs/configuration.md, markers included."""
     lines = [BEGIN, ""]
-    for found in classes if classes is not None else find_settings_classes(root):
-        cls = getattr(importlib.import_module(found.module), found.name)
+    for cls in classes:
+        where = _portable_path(Path(inspect.getsourcefile(cls) or ""), root)
         prefix = cls.model_config.get("env_prefix", "")
-        lines += [f"### `{found.name}`", ""]
-        lines += [f"`{found.path.as_posix()}`, prefix `{prefix}`. {_summary(found, root)}".rstrip(), ""]
-        nested = [n for n, f in cls.model_fields.items() if _is_nested_settings(f.annotation)]
-        if nested:
+        lines += [f"### `{cls.__name__}`", ""]
+        lines += [f"`{where}`, prefix `{prefix}`. {_summary(cls)}".rstrip(), ""]
+        if any(_is_nested_settings(f.annotation) for f in cls.model_fields.values()):
             lines += ["It also reads the platform settings above (`PlatformSettings`).", ""]
         lines += ["| variable | default | meaning |", "|---|---|---|"]
-        lines += [f"| {r.variable} | {_cell(r.default)} | {_cell(r.meaning)} |" for r in rows(found, root)]
+        lines += [f"| {r.variable} | {_cell(r.default)} | {_cell(r.meaning)} |" for r in rows(cls, root)]
         lines.append("")
     lines.append(END)
     return "\n".join(lines) + "\n"
@@ -323,9 +341,17 @@ def config_reference(
     doc: Path = typer.Option(DOC, "--doc", help="The document whose generated part to write."),
 ) -> None:
     """Write the settings reference (every LORAFLEET_ variable) into docs/configuration.md."""
+    missing = unlisted()
+    if missing:
+        names = ", ".join(f"{c.module}.{c.name}" for c in missing)
+        typer.echo(f"settings classes missing from SETTINGS in ops/config_reference.py: {names}", err=True)
+        raise typer.Exit(1)
     current = doc.read_text()
-    classes = find_settings_classes()
-    wanted = regenerate(current, render_reference(classes))
+    try:
+        wanted = regenerate(current, render_reference())
+    except ReferenceError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(1) from err
     if check:
         if current != wanted:
             typer.echo("\n".join(changed_lines(current, wanted)), err=True)
@@ -334,4 +360,4 @@ def config_reference(
         return
     if current != wanted:
         doc.write_text(wanted)
-    typer.echo(f"{doc}: {len(classes)} settings classes")
+    typer.echo(f"{doc}: {len(SETTINGS)} settings classes")
