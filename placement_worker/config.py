@@ -16,7 +16,8 @@ class PlacementSettings(BaseSettings):
 
     group_id: str = "placement-worker"  # its Kafka consumer group
     default_owners: int = Field(default=2, ge=1)  # owners per adapter (rendezvous) before traffic raises it
-    # Output tokens/s one replica serves (BRIEF.md sizing: 32 rows / 50 ms); owners grow past it.
+    # Output tokens/s one replica serves (the sizing in docs/architecture.md: 32 rows at 50 ms a step); owners
+    # grow past it.
     replica_capacity_tokens_per_s: float = Field(default=640.0, gt=0)
     # An adapter with at least this much traffic (its latest window) may be asked into GPU slots: on as many
     # owners as its traffic needs (one per replica capacity), hottest first, within the share below. 10 tok/s
