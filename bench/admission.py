@@ -118,7 +118,7 @@ class BareForward:
         from replica.engine.model_runner import StepInput
 
         start = time.perf_counter()
-        logits = self.runner.run([StepInput(0, ids, 0)])
+        logits = self.runner.run([StepInput(ids, 0, self.runner.row_table(0))])
         int(logits.argmax(-1)[0])
         return time.perf_counter() - start
 

@@ -204,10 +204,12 @@ def bench_decode(
     runner: ModelRunner, prompt_len: int, iters: int, graph: bool
 ) -> dict[str, dict[str, float]]:
     """Decode tokens/s at batch 32 for each distinct-adapter count, eager and (on CUDA) graph-replayed."""
-    runner.run([StepInput(i, [1] * prompt_len, 0) for i in range(BATCH)])  # fill the KV cache once
+    runner.run(
+        [StepInput([1] * prompt_len, 0, runner.row_table(i)) for i in range(BATCH)]
+    )  # fill the KV cache once
     result: dict[str, dict[str, float]] = {"eager": {}, "graph": {}}
     for distinct in DISTINCT:
-        steps = [StepInput(i, [2], prompt_len, slot_for(i, distinct)) for i in range(BATCH)]
+        steps = [StepInput([2], prompt_len, runner.row_table(i), slot_for(i, distinct)) for i in range(BATCH)]
         eager = measure(lambda s=steps: time_calls(lambda: runner.run(s), iters, runner.device))
         result["eager"][str(distinct)] = BATCH / eager
         if graph:
@@ -251,7 +253,7 @@ def bench_prefill(runner: ModelRunner, seqs: int, length: int, iters: int) -> di
     """Prefill tokens/s: `seqs` prompts of `length` tokens in one packed forward, by distinct adapters."""
     result = {}
     for distinct in (0, 1, 8):
-        steps = [StepInput(i, [3] * length, 0, slot_for(i, distinct)) for i in range(seqs)]
+        steps = [StepInput([3] * length, 0, runner.row_table(i), slot_for(i, distinct)) for i in range(seqs)]
         seconds = measure(lambda s=steps: time_calls(lambda: runner.run(s), iters, runner.device, 1))
         result[str(distinct)] = seqs * length / seconds
     return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from lorafleet.config import PlatformSettings
@@ -28,9 +28,20 @@ class ReplicaSettings(BaseSettings):
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     base_model_hash: str | None = None  # computed from the checkpoint when not given
 
-    max_num_seqs: int = 32  # KV cache rows: requests that decode at once
-    max_model_len: int = 2048  # KV cache tokens per row: a prompt plus its completion
-    max_num_batched_tokens: int = 8192  # prompt tokens admitted per step (at least one prompt)
+    max_num_seqs: int = 32  # requests running at once (each holds KV blocks for its tokens)
+    max_model_len: int = 2048  # the longest sequence: a prompt plus its completion
+    # Tokens computed per step: every decoding row's one, then chunks of prompts (with chunked prefill a
+    # long prompt is split across steps, so decoding rows never wait behind it). At least max_num_seqs.
+    max_num_batched_tokens: int = Field(default=8192, ge=1)
+    # The paged KV cache (replica.kv), in blocks of this many tokens (a power of two)
+    kv_block_size: int = Field(default=16, ge=1)
+    kv_cache_bytes: int = Field(default=2 << 30, gt=0)  # the KV cache's size on the CPU
+    # on CUDA the KV cache takes this share of the GPU's memory, less what the weights and slots take
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    # full blocks are reused by requests with the same tokens before them, adapter version and cache salt
+    enable_prefix_caching: bool = True
+    # a prompt longer than the step's token budget is prefilled over several steps
+    enable_chunked_prefill: bool = True
     # Which waiting request gets the next row: fair (least tokens served per tenant, see
     # replica.engine.admission_queue) or fifo; under fair, one tenant holds at most max_rows_per_tenant
     # rows (None: three quarters of max_num_seqs, so a burst leaves rows to the others).
@@ -85,6 +96,14 @@ class ReplicaSettings(BaseSettings):
 
     # Kafka and the object store (LORAFLEET_ settings shared by every process)
     platform: PlatformSettings = Field(default_factory=PlatformSettings)
+
+    @model_validator(mode="after")
+    def _kv_fits(self) -> ReplicaSettings:
+        if self.kv_block_size & (self.kv_block_size - 1):
+            raise ValueError(f"kv_block_size must be a power of two, got {self.kv_block_size}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be at least max_num_seqs: rows decode every step")
+        return self
 
     def cache_path(self) -> Path:
         return self.cache_dir or (self.platform.data_dir / "adapter-cache" / self.replica_id)

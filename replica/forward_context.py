@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -11,23 +11,29 @@ if TYPE_CHECKING:
     from replica.lora.batch_meta import LoraBatchMeta
 
 
+class PrefillSpan(NamedTuple):
+    """One sequence computing several tokens this step (a prompt, or a chunk of one)."""
+
+    first: int  # index of its first new token in the packed batch
+    length: int  # its new tokens
+    context_len: int  # positions it attends to: what was cached before, plus its new tokens
+    blocks: torch.Tensor  # [>= ceil(context_len / block_size)] long: its block table
+
+
 @dataclass
 class Context:
     """What one forward pass over a packed batch (all sequences' new tokens concatenated) needs."""
 
-    token_rows: torch.Tensor  # [num_tokens] long: KV-cache row of each token's sequence
-    # prefill sequences, attended one by one: (kv_row, first_token, num_new_tokens, context_len)
-    prefills: list[tuple[int, int, int, int]]
-    # decode sequences (one new token each), attended together
+    slot_mapping: (
+        torch.Tensor
+    )  # [num_tokens] long: the cache slot (block * block_size + offset) of each token
+    prefills: list[PrefillSpan]  # attended one by one
+    # sequences with one new token (decoding), attended together over their own blocks
     decode_token_idx: torch.Tensor  # [num_decodes] long: index of the token in the packed batch
-    decode_rows: torch.Tensor  # [num_decodes] long: KV-cache row
-    # decode attention runs over the cache rows 0..decode_span-1 as a view (no copy of the cache);
-    # decode_mask [decode_span, 1, 1, max_decode_context_len] keeps each decoding row's own positions
-    # (rows that are not decoding keep position 0 only, so their unused output stays finite)
-    decode_mask: torch.Tensor
-    max_decode_context_len: int
+    block_tables: torch.Tensor  # [num_decodes, max_blocks] int32: each decoding row's blocks (padded)
+    context_lens: torch.Tensor  # [num_decodes] int32: positions each decoding row attends to
+    max_decode_blocks: int  # blocks the longest decoding row spans (bounds the torch path's reads)
     lora: LoraBatchMeta | None = None
-    decode_span: int = 0
 
 
 _CONTEXT: Context | None = None

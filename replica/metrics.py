@@ -53,21 +53,20 @@ class EngineLoad:
 
     running: int
     waiting: int
-    kv_usage: float  # KV positions held by running sequences / positions the cache has, 0-1
+    kv_usage: float  # KV blocks held by sequences / blocks the cache has (cached free blocks are free), 0-1
     tokens_in_flight: int
     running_adapters: tuple[str, ...]
     waiting_adapters: tuple[str, ...]
 
 
-def engine_load(running: Iterable[Sequence], waiting: Iterable[Sequence], kv_positions: int) -> EngineLoad:
+def engine_load(running: Iterable[Sequence], waiting: Iterable[Sequence], kv_usage: float) -> EngineLoad:
     """Summarise the scheduler's running and waiting sequences (copies taken by the caller)."""
     run, wait = list(running), list(waiting)
-    held = sum(s.num_tokens for s in run)
     return EngineLoad(
         running=len(run),
         waiting=len(wait),
-        kv_usage=min(1.0, held / kv_positions) if kv_positions else 0.0,
-        tokens_in_flight=held + sum(len(s.prompt_token_ids) for s in wait),
+        kv_usage=min(1.0, max(0.0, kv_usage)),
+        tokens_in_flight=sum(s.num_tokens for s in run) + sum(s.num_tokens for s in wait),
         running_adapters=tuple(sorted({s.adapter_id for s in run if s.adapter_id is not None})),
         waiting_adapters=tuple(sorted({s.adapter_id for s in wait if s.adapter_id is not None})),
     )

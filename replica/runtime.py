@@ -23,10 +23,12 @@ from replica.config import ReplicaSettings
 from replica.control.state_publisher import Load, build_state
 from replica.engine.admission_queue import make_queue
 from replica.engine.async_engine import AsyncEngine
-from replica.engine.engine import LLMEngine
+from replica.engine.engine import KvPolicy, LLMEngine
 from replica.engine.model_runner import ModelRunner
 from replica.engine.trace import AdmissionTrace
 from replica.errors import AdapterBaseMismatchError, AdapterNotServedError, InvalidRequestError
+from replica.kv.budget import blocks_in, kv_budget_bytes
+from replica.kv.paged_cache import bytes_per_block
 from replica.lifecycle import Lifecycle
 from replica.lora.merge import merge_adapter
 from replica.lora.registry import AdapterRegistry
@@ -78,7 +80,17 @@ class Replica:
         if self.merged_adapter_id is None:
             layers = apply_lora(model, settings.lora_target_modules, settings.lora_slots)
             self.gpu = GpuTier(layers, settings.lora_slots)
-        runner = ModelRunner(model, settings.max_num_seqs, settings.max_model_len)
+        runner = ModelRunner(
+            model,
+            settings.max_num_seqs,
+            settings.max_model_len,
+            kv_blocks(settings, model),
+            settings.kv_block_size,
+        )
+        namespace = self.base_model_hash
+        if self.merged_adapter_id is not None:  # its weights are the base with that adapter folded in
+            namespace = f"{namespace}+merged:{self.merged_adapter_id}"
+        kv = KvPolicy(namespace, settings.enable_prefix_caching, settings.enable_chunked_prefill)
         eos = tokenizer.stop_token_ids if tokenizer is not None else set()
         factory = (lambda: IncrementalDetokenizer(tokenizer)) if tokenizer is not None else None
         waiting = make_queue(settings.admission, settings.tenant_row_cap())
@@ -90,6 +102,7 @@ class Replica:
             factory,
             waiting,
             prefill_delay_s=settings.fault_prefill_delay_s,
+            kv=kv,
         )
         self.engine = AsyncEngine(core)
         self.metrics = ReplicaMetrics(Path(settings.model_dir).name)
@@ -248,7 +261,7 @@ class Replica:
 
     def engine_load(self) -> EngineLoad:
         """The engine's running and waiting requests, copied while the engine thread may be stepping."""
-        sched, s = self.engine.engine.scheduler, self.settings
+        sched = self.engine.engine.scheduler
         for _ in range(10):
             try:
                 running, waiting = list(sched.running), list(sched.waiting)
@@ -257,7 +270,8 @@ class Replica:
                 continue
         else:
             running, waiting = [], []
-        return engine_load(running, waiting, s.max_num_seqs * s.max_model_len)
+        blocks = self.engine.engine.blocks
+        return engine_load(running, waiting, 1.0 - blocks.num_free / blocks.num_blocks)
 
     def holds(self) -> dict[str, int]:
         """Holds still open: slot refcounts, RAM and disk pins, requests and engine rows, and slots whose
@@ -309,6 +323,15 @@ class Replica:
     def state(self) -> StateResponse:
         """The body of GET /state: the replica.state fields plus the base model and merged mode."""
         return StateResponse.of(self.replica_state(), self.base_model_hash)
+
+
+def kv_blocks(settings: ReplicaSettings, model: LlamaForCausalLM) -> int:
+    """KV blocks for the budget of the device the model sits on (weights and adapter slots already in)."""
+    device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
+    budget = kv_budget_bytes(device, settings.kv_cache_bytes, settings.gpu_memory_utilization)
+    count = blocks_in(budget, bytes_per_block(model.config, settings.kv_block_size, dtype))
+    log.info("KV cache: %d blocks of %d tokens (%d MiB)", count, settings.kv_block_size, budget >> 20)
+    return count
 
 
 def build_replica(settings: ReplicaSettings) -> Replica:

@@ -28,6 +28,10 @@ class AdmissionQueue(Protocol[T]):
 
     def push(self, tenant: str | None, item: T) -> None: ...
 
+    def push_front(self, tenant: str | None, item: T) -> None:
+        """Queue a preempted request ahead of its tenant's others: it keeps its place in line."""
+        ...
+
     def remove(self, item: T) -> None: ...
 
     def pick(self, running: Mapping[str | None, int], fits: Callable[[T], bool]) -> T | None: ...
@@ -47,6 +51,9 @@ class FifoQueue(Generic[T]):
 
     def push(self, tenant: str | None, item: T) -> None:
         self._items.append(item)
+
+    def push_front(self, tenant: str | None, item: T) -> None:
+        self._items.appendleft(item)
 
     def remove(self, item: T) -> None:
         self._items.remove(item)
@@ -79,6 +86,15 @@ class FairQueue(Generic[T]):
         self._tenant_of: dict[int, str | None] = {}  # id(item) -> its tenant
 
     def push(self, tenant: str | None, item: T) -> None:
+        self._join(tenant).append(item)
+        self._tenant_of[id(item)] = tenant
+
+    def push_front(self, tenant: str | None, item: T) -> None:
+        self._join(tenant).appendleft(item)
+        self._tenant_of[id(item)] = tenant
+
+    def _join(self, tenant: str | None) -> deque[T]:
+        """The tenant's queue; a tenant joining the backlog starts at the least counter of those waiting."""
         if not self._queues:
             self.served.clear()
         if tenant not in self._queues:
@@ -87,8 +103,7 @@ class FairQueue(Generic[T]):
                 self.served[tenant] = max(self.served.get(tenant, 0.0), floor)
             else:
                 self.served.setdefault(tenant, 0.0)
-        self._queues.setdefault(tenant, deque()).append(item)
-        self._tenant_of[id(item)] = tenant
+        return self._queues.setdefault(tenant, deque())
 
     def remove(self, item: T) -> None:
         tenant = self._tenant_of.pop(id(item))

@@ -8,14 +8,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from replica.engine.admission_queue import AdmissionQueue
-from replica.engine.kv_cache import RowAllocator
 from replica.engine.model_runner import ModelRunner, StepInput
 from replica.engine.sampler import SamplingParams, make_generator, sample
-from replica.engine.scheduler import Scheduler
+from replica.engine.scheduler import Scheduled, Scheduler
 from replica.engine.sequence import Detokenizer, Sequence, SequenceStatus
 from replica.engine.slot_pins import SlotPins
 from replica.engine.trace import AdmissionTrace
 from replica.errors import ContextLengthError, InvalidRequestError, SlotMismatchError
+from replica.kv.block_hash import CacheScope
+from replica.kv.blocks import BlockManager
 from replica.model.stop_strings import scan_stop_strings
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,17 @@ class StepOutput:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was first admitted
+
+
+@dataclass(frozen=True)
+class KvPolicy:
+    """How the engine uses its KV blocks."""
+
+    namespace: str = ""  # the served weights (base hash; a merged replica adds its adapter): the cache scope
+    prefix_caching: bool = True
+    chunked_prefill: bool = True
+    watermark: float = 0.01  # share of blocks kept free when admitting, so decoding rarely preempts
 
 
 class LLMEngine:
@@ -47,13 +59,22 @@ class LLMEngine:
         detokenizer_factory: Callable[[], Detokenizer] | None = None,
         waiting: AdmissionQueue[Sequence] | None = None,
         prefill_delay_s: float = 0.0,
+        kv: KvPolicy = KvPolicy(),
     ) -> None:
         self.runner = runner
         self.lora = lora
         self.eos_token_ids = set(eos_token_ids)
         self.detokenizer_factory = detokenizer_factory
+        self.kv = kv
+        self.blocks = BlockManager(runner.kv.num_blocks, runner.block_size, kv.prefix_caching)
         self.scheduler = Scheduler(
-            runner.max_num_seqs, max_num_batched_tokens, RowAllocator(runner.max_num_seqs), lora, waiting
+            runner.max_num_seqs,
+            max_num_batched_tokens,
+            self.blocks,
+            lora,
+            waiting,
+            chunked_prefill=kv.chunked_prefill,
+            watermark_blocks=int(kv.watermark * runner.kv.num_blocks),
         )
         self.seqs: dict[str, Sequence] = {}
         self.prefill_delay_s = prefill_delay_s  # fault injection only (ReplicaSettings.fault_prefill_delay_s)
@@ -89,12 +110,15 @@ class LLMEngine:
         adapter_id: str | None = None,
         trace: AdmissionTrace | None = None,
         tenant_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> Sequence:
-        """Queue a request; it joins the running batch at a coming step (the admission queue's choice)."""
+        """Queue a request; it joins the running batch at a coming step (the admission queue's choice).
+        Its KV blocks are shared only with requests of the same adapter version and cache_salt."""
         self.check_request(prompt_token_ids, params)
         if request_id in self.seqs:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight", param="request_id")
         seq = Sequence(request_id, list(prompt_token_ids), params, adapter_id, tenant_id, trace=trace)
+        seq.scope = CacheScope(self.kv.namespace, adapter_id, cache_salt).digest()
         seq.generator = make_generator(params)
         seq.detokenizer = self.detokenizer_factory() if self.detokenizer_factory else None
         self.seqs[request_id] = seq
@@ -113,38 +137,40 @@ class LLMEngine:
         return bool(self.scheduler.running or self.scheduler.waiting)
 
     def step(self) -> list[StepOutput]:
-        """Admit, run one forward pass over every running sequence, sample, and report what happened."""
+        """Admit, run one forward pass over every scheduled row, sample where a row reached its last token,
+        and report what happened."""
         started = time.perf_counter()
-        seqs, failed = self.scheduler.schedule()
+        plan, failed = self.scheduler.schedule()
         outputs = [self._final(s, "", error=s.error) for s in failed]
         for s in failed:
             self.seqs.pop(s.request_id, None)
-        if not seqs:
-            return outputs
-        refused = [s for s in seqs if not self._slot_holds_its_adapter(s)]
+        refused = [p.seq for p in plan if not self._slot_holds_its_adapter(p.seq)]
         for s in refused:
             outputs.append(self._refuse(s))
-        seqs = [s for s in seqs if s not in refused]
-        if not seqs:
+        plan = [p for p in plan if not any(p.seq is s for s in refused)]
+        if not plan:
             return outputs
-        steps = []
-        for s in seqs:
-            ids, start = s.next_input()
-            assert s.row is not None  # the scheduler gives every sequence it runs a KV row
-            steps.append(StepInput(s.row, ids, start, s.slot))
-        if self.prefill_delay_s and any(s.num_cached == 0 for s in seqs):
+        if self.prefill_delay_s and any(p.num_new > 1 for p in plan):
             time.sleep(self.prefill_delay_s)  # injected fault: hold the step that prefills
-        logits = self.runner.run(steps)  # [num_seqs, vocab]
-        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
-        for s, token in zip(seqs, tokens, strict=True):
-            s.num_cached = s.num_tokens
-            s.output_token_ids.append(token)
-            outputs.append(self._advance(s, token))
+        logits = self.runner.run([self._input(p) for p in plan])  # [num_completing, vocab]
+        done = [p for p in plan if p.completes]
+        tokens = sample(logits, [p.seq.params for p in done], [p.seq.generator for p in done])
+        for p in plan:
+            self.scheduler.computed(p)
+        for p, token in zip(done, tokens, strict=True):
+            p.seq.output_token_ids.append(token)
+            outputs.append(self._advance(p.seq, token))
         ended = time.perf_counter()
-        for s in seqs:
-            if s.trace is not None:  # its first step: the prefill
+        for p in done:
+            s = p.seq
+            if s.trace is not None:  # the step that ends its prefill
                 s.trace.step_start, s.trace.step_end, s.trace = started, ended, None
         return outputs
+
+    def _input(self, p: Scheduled) -> StepInput:
+        s = p.seq
+        ids = s.token_ids[s.num_cached : s.num_cached + p.num_new]
+        return StepInput(ids, s.num_cached, self.blocks.table(s.request_id), s.slot, p.completes)
 
     def _slot_holds_its_adapter(self, s: Sequence) -> bool:
         """The security boundary: a row runs only on a slot that holds the adapter it was admitted for."""
@@ -185,7 +211,14 @@ class LLMEngine:
         s.emitted = max(s.emitted, end)
         if reason is None:
             return StepOutput(
-                s.request_id, token, delta, False, None, len(s.prompt_token_ids), len(s.output_token_ids)
+                s.request_id,
+                token,
+                delta,
+                False,
+                None,
+                len(s.prompt_token_ids),
+                len(s.output_token_ids),
+                cached_tokens=s.cached_tokens,
             )
         self.scheduler.finish(s, reason)
         self.seqs.pop(s.request_id, None)
@@ -203,6 +236,7 @@ class LLMEngine:
             len(s.prompt_token_ids),
             len(s.output_token_ids),
             error,
+            s.cached_tokens,
         )
 
     def queue_depth(self) -> int:

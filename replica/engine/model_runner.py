@@ -6,79 +6,110 @@ from dataclasses import dataclass
 
 import torch
 
-from replica.engine.kv_cache import KVCache
-from replica.forward_context import Context, set_context
+from replica.forward_context import Context, PrefillSpan, set_context
+from replica.kv.paged_cache import PagedKVCache
 from replica.lora.batch_meta import build_batch_meta
 from replica.lora.slots import SlotRef
 from replica.model.llama import LlamaForCausalLM
 
+DEFAULT_BLOCK_SIZE = 16
+
 
 @dataclass(frozen=True)
 class StepInput:
-    """One sequence's share of a step: its KV row, new tokens, first new position and LoRA slot."""
+    """One sequence's share of a step: new tokens, the position of the first, its blocks and LoRA slot."""
 
-    row: int
     token_ids: list[int]
     start_pos: int
+    block_table: list[int]  # its blocks in position order, covering start_pos + len(token_ids) positions
     slot: SlotRef | None = None  # None: base only
+    wants_logits: bool = True  # False for a prompt chunk that does not reach its last token
 
 
 class ModelRunner:
-    """Owns the model and its KV cache; run() is one forward over prefill and decode rows together."""
+    """Owns the model and its paged KV cache; run() is one forward over prefill and decode rows together."""
 
-    def __init__(self, model: LlamaForCausalLM, max_num_seqs: int, max_model_len: int) -> None:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        max_num_seqs: int,
+        max_model_len: int,
+        num_blocks: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+    ) -> None:
         self.model = model
         w = model.lm_head.weight
         self.device, self.dtype = w.device, w.dtype
-        self.kv = KVCache(model, max_num_seqs, max_model_len, self.dtype, self.device)
-        self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
+        self.max_num_seqs, self.max_model_len, self.block_size = max_num_seqs, max_model_len, block_size
+        self.blocks_per_seq = -(-max_model_len // block_size)
+        if num_blocks is None:  # callers without a budget: room for every row at full length
+            num_blocks = max_num_seqs * self.blocks_per_seq
+        if num_blocks < self.blocks_per_seq:
+            raise ValueError(
+                f"a KV cache of {num_blocks} blocks of {block_size} tokens cannot hold one sequence of "
+                f"max_model_len {max_model_len}: raise the KV budget or lower max_model_len"
+            )
+        self.kv = PagedKVCache(model, num_blocks, block_size, self.dtype, self.device)
+
+    def row_table(self, row: int) -> list[int]:
+        """A fixed block table for callers that drive the runner without a block manager (tests,
+        benchmarks): row i owns the i-th run of blocks_per_seq blocks."""
+        first = row * self.blocks_per_seq
+        if first + self.blocks_per_seq > self.kv.num_blocks:
+            raise ValueError(f"row {row} is past the cache's {self.kv.num_blocks} blocks")
+        return list(range(first, first + self.blocks_per_seq))
+
+    def _slots(self, s: StepInput) -> list[int]:
+        bs = self.block_size
+        return [
+            s.block_table[p // bs] * bs + p % bs for p in range(s.start_pos, s.start_pos + len(s.token_ids))
+        ]
 
     def _context(self, steps: list[StepInput]) -> Context:
         dev = self.device
-        token_rows: list[int] = []
-        prefills: list[tuple[int, int, int, int]] = []
+        slot_mapping: list[int] = []
+        prefills: list[PrefillSpan] = []
         dec_idx: list[int] = []
-        dec_rows: list[int] = []
+        dec_tables: list[list[int]] = []
         dec_lens: list[int] = []
         offset = 0
         for s in steps:
             n = len(s.token_ids)
-            token_rows.extend([s.row] * n)
+            context_len = s.start_pos + n
+            slot_mapping.extend(self._slots(s))
+            used = s.block_table[: -(-context_len // self.block_size)]
             if n == 1:
                 dec_idx.append(offset)
-                dec_rows.append(s.row)
-                dec_lens.append(s.start_pos + 1)
+                dec_tables.append(used)
+                dec_lens.append(context_len)
             else:
-                prefills.append((s.row, offset, n, s.start_pos + n))
+                blocks = torch.tensor(used, dtype=torch.long, device=dev)
+                prefills.append(PrefillSpan(offset, n, context_len, blocks))
             offset += n
-        span = max(dec_rows, default=-1) + 1
+        width = max((len(t) for t in dec_tables), default=0)
+        tables = [t + [0] * (width - len(t)) for t in dec_tables]  # padding is never read
         segmented = offset > len(steps)  # some row prefills: the Triton path launches per segment
         lora = build_batch_meta([(s.slot, len(s.token_ids)) for s in steps], dev, segmented)
         return Context(
-            token_rows=torch.tensor(token_rows, dtype=torch.long, device=dev),
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.long, device=dev),
             prefills=prefills,
             decode_token_idx=torch.tensor(dec_idx, dtype=torch.long, device=dev),
-            decode_rows=torch.tensor(dec_rows, dtype=torch.long, device=dev),
-            decode_span=span,
-            decode_mask=self._decode_mask(dec_rows, dec_lens, span),
-            max_decode_context_len=max(dec_lens, default=0),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev).reshape(len(tables), width),
+            context_lens=torch.tensor(dec_lens, dtype=torch.int32, device=dev),
+            max_decode_blocks=width,
             lora=lora,
         )
 
-    def _decode_mask(self, rows: list[int], lens: list[int], span: int) -> torch.Tensor:
-        """[span, 1, 1, width] bool: row r sees its first lens positions; rows not decoding see position 0."""
-        width = max(lens, default=0)
-        row_len = torch.ones(span, dtype=torch.long)
-        row_len[torch.tensor(rows, dtype=torch.long)] = torch.tensor(lens, dtype=torch.long)
-        keep = torch.arange(width)[None, :] < row_len[:, None]  # [span, width]
-        return keep[:, None, None, :].to(self.device)
-
     @torch.inference_mode()
     def run(self, steps: list[StepInput], all_logits: bool = False) -> torch.Tensor:
-        """Return fp32 logits: [num_seqs, vocab] for each sequence's last token, or [num_tokens, vocab]."""
+        """Return fp32 logits: [num_wanting, vocab] for the last token of each step that wants logits, in
+        order, or [num_tokens, vocab] with all_logits."""
         for s in steps:
-            if s.start_pos + len(s.token_ids) > self.max_model_len:
-                raise ValueError(f"row {s.row} would pass max_model_len {self.max_model_len}")
+            end = s.start_pos + len(s.token_ids)
+            if end > self.max_model_len or -(-end // self.block_size) > len(s.block_table):
+                raise ValueError(
+                    f"{end} positions pass max_model_len or the step's {len(s.block_table)} blocks"
+                )
         ids = torch.tensor([t for s in steps for t in s.token_ids], dtype=torch.long, device=self.device)
         positions = torch.tensor(
             [s.start_pos + i for s in steps for i in range(len(s.token_ids))],
@@ -91,9 +122,9 @@ class ModelRunner:
         finally:
             set_context(None)
         if not all_logits:
-            last = torch.tensor(
-                [i - 1 for i in torch.tensor([len(s.token_ids) for s in steps]).cumsum(0).tolist()],
-                device=self.device,
-            )
-            hidden = hidden[last]  # [num_seqs, hidden]
+            ends = torch.tensor([len(s.token_ids) for s in steps]).cumsum(0) - 1
+            wanted = [int(e) for e, s in zip(ends, steps, strict=True) if s.wants_logits]
+            hidden = hidden[
+                torch.tensor(wanted, dtype=torch.long, device=self.device)
+            ]  # [num_wanting, hidden]
         return self.model.compute_logits(hidden)

@@ -1,4 +1,4 @@
-"""A request as the engine sees it: tokens, sampling state, its KV row and its adapter slot."""
+"""A request as the engine sees it: tokens, sampling state, its KV blocks and its adapter slot."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)
 class Sequence:
-    """One generation request in flight."""
+    """One generation request in flight (compared by identity)."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -38,9 +38,13 @@ class Sequence:
     tenant_id: str | None = None  # whose fair share it counts against; None = no tenant
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
-    row: int | None = None  # KV-cache row while running
-    slot: SlotRef | None = None  # GPU slot pinned for adapter_id while running
-    num_cached: int = 0  # tokens whose K/V are in the cache
+    slot: SlotRef | None = None  # GPU slot pinned for adapter_id from admission to the end (preemption too)
+    num_cached: int = 0  # tokens whose K/V are in its blocks (0 again after a preemption)
+    scope: bytes = b""  # CacheScope digest: whose blocks it may share (base, adapter version, salt)
+    block_keys: list[bytes] = field(default_factory=list)  # keys of its full blocks' tokens so far
+    cached_tokens: int = 0  # prompt tokens its first admission found in the prefix cache
+    admitted: bool = False  # admitted once already (a preempted sequence waits again)
+    preemptions: int = 0
     charged: int = 0  # tokens already charged to its tenant's fair share
     generator: torch.Generator | None = None
     detokenizer: Detokenizer | None = None
@@ -54,7 +58,11 @@ class Sequence:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    def next_input(self) -> tuple[list[int], int]:
-        """Tokens to feed this step and the position of the first one."""
-        all_ids = self.prompt_token_ids + self.output_token_ids
-        return all_ids[self.num_cached :], self.num_cached
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_uncomputed(self) -> int:
+        """Tokens whose K/V are not in its blocks yet: 1 while it decodes, more while it prefills."""
+        return self.num_tokens - self.num_cached

@@ -17,6 +17,7 @@ from torch import nn
 
 from replica.errors import UnsupportedModelError
 from replica.forward_context import Context, get_context
+from replica.kernels import paged_ops
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ class RMSNorm(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    """Grouped-query attention over the KV cache rows named by the step's Context."""
+    """Grouped-query attention over the KV cache blocks named by the step's Context."""
 
     def __init__(self, config: LlamaConfig) -> None:
         super().__init__()
@@ -164,7 +165,7 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
         self.scale = self.head_dim**-0.5
-        # bound by the model runner: [max_num_seqs, kv_heads, max_model_len, head_dim] each
+        # bound by the model runner: [num_blocks, block_size, kv_heads, head_dim] each
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
@@ -197,36 +198,33 @@ class LlamaAttention(nn.Module):
     def _cached(
         self, ctx: Context, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        """Write this step's k/v into the cache, then attend each sequence to its own row."""
-        kc, vc = self.k_cache, self.v_cache  # [rows, kv_heads, max_len, head_dim]
+        """Write this step's k/v into their cache slots, then attend each sequence to its own blocks."""
+        kc, vc = self.k_cache, self.v_cache  # [num_blocks, block_size, kv_heads, head_dim]
         assert kc is not None and vc is not None  # forward() takes this path only with the cache bound
-        kc[ctx.token_rows, :, positions] = k
-        vc[ctx.token_rows, :, positions] = v
+        paged_ops.write_kv(kc, vc, ctx.slot_mapping, k, v)
         out = torch.empty_like(q)  # [num_tokens, heads, head_dim]
-        for row, start, length, ctx_len in ctx.prefills:
-            qs = q[start : start + length].transpose(0, 1)  # [heads, length, head_dim]
-            ks, vs = kc[row, :, :ctx_len], vc[row, :, :ctx_len]  # [kv_heads, ctx_len, head_dim]
+        for first, length, ctx_len, blocks in ctx.prefills:
+            qs = q[first : first + length].transpose(0, 1)  # [heads, length, head_dim]
+            ks = paged_ops.gather_context(kc, blocks, ctx_len).transpose(0, 1)  # [kv_heads, ctx_len, hd]
+            vs = paged_ops.gather_context(vc, blocks, ctx_len).transpose(0, 1)
             mask = None
-            if ctx_len != length:  # new tokens sit at the end of the row: causal with an offset
+            if ctx_len != length:  # new tokens sit at the end of the context: causal with an offset
                 qpos = torch.arange(ctx_len - length, ctx_len, device=q.device)[:, None]
                 mask = torch.arange(ctx_len, device=q.device)[None, :] <= qpos  # [length, ctx_len]
             o = F.scaled_dot_product_attention(
                 qs, ks, vs, attn_mask=mask, is_causal=mask is None, scale=self.scale, enable_gqa=True
             )
-            out[start : start + length] = o.transpose(0, 1)
+            out[first : first + length] = o.transpose(0, 1)
         if ctx.decode_token_idx.numel():
-            span, width = ctx.decode_span, ctx.max_decode_context_len
-            qd = q.new_zeros(span, self.num_heads, 1, self.head_dim)  # [span, heads, 1, head_dim]
-            qd[ctx.decode_rows] = q[ctx.decode_token_idx].unsqueeze(2)
-            o = F.scaled_dot_product_attention(
-                qd,
-                kc[:span, :, :width],
-                vc[:span, :, :width],
-                attn_mask=ctx.decode_mask,
-                scale=self.scale,
-                enable_gqa=True,
-            )  # [span, heads, 1, head_dim]
-            out[ctx.decode_token_idx] = o[ctx.decode_rows].squeeze(2)
+            out[ctx.decode_token_idx] = paged_ops.paged_decode(
+                q[ctx.decode_token_idx],
+                kc,
+                vc,
+                ctx.block_tables,
+                ctx.context_lens,
+                ctx.max_decode_blocks,
+                self.scale,
+            )  # [num_decodes, heads, head_dim]
         return out
 
 

@@ -108,9 +108,10 @@ def test_engine_load_lists_running_and_waiting_adapters_and_kv_usage() -> None:
     run = [Sequence("a", [1, 2, 3], params, "x"), Sequence("b", [1] * 5, params, None)]
     run[0].output_token_ids = [7, 8]
     wait = [Sequence("c", [1] * 4, params, "y"), Sequence("d", [1], params, "x")]
-    load = engine_load(run, wait, kv_positions=20)
+    load = engine_load(run, wait, kv_usage=0.5)
     assert (load.running, load.waiting) == (2, 2)
-    assert load.kv_usage == pytest.approx(10 / 20)
+    assert load.kv_usage == pytest.approx(0.5)
+    assert engine_load(run, wait, kv_usage=1.2).kv_usage == 1.0
     assert load.tokens_in_flight == 10 + 5
     assert load.running_adapters == ("x",) and load.waiting_adapters == ("x", "y")
 

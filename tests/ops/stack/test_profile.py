@@ -6,26 +6,26 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from lorafleet.model.prepare import ensure_default_model
 from ops.stack.profile import LOCAL_REPLICA_ENV
 from replica.config import ReplicaSettings
-from replica.engine.kv_cache import KVCache
-from replica.model.llama import LlamaForCausalLM
-from replica.model.loader import read_config, resolve_dtype
 
 REPO = Path(__file__).resolve().parents[3]
 GIB = 1 << 30
 
 
 def _kv_bytes(settings: ReplicaSettings) -> int:
-    """The replica's KV allocation for these settings, computed as the engine sizes it (no tensors)."""
-    with torch.device("meta"):
-        model = LlamaForCausalLM(read_config(ensure_default_model()))
-    dtype = resolve_dtype(settings.dtype)
-    return KVCache.bytes_needed(model, settings.max_num_seqs, settings.max_model_len, dtype)
+    """The replica's KV allocation on the CPU: its byte budget, in whole blocks (as the engine sizes it)."""
+    from replica.kv.budget import blocks_in
+    from replica.kv.paged_cache import bytes_per_block
+    from replica.model.loader import read_config, resolve_dtype
+
+    per_block = bytes_per_block(
+        read_config(ensure_default_model()), settings.kv_block_size, resolve_dtype(settings.dtype)
+    )
+    return blocks_in(settings.kv_cache_bytes, per_block) * per_block
 
 
 def test_the_local_profile_kv_cache_is_an_eighth_of_production(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -33,7 +33,7 @@ def test_the_local_profile_kv_cache_is_an_eighth_of_production(monkeypatch: pyte
     for key, value in LOCAL_REPLICA_ENV.items():
         monkeypatch.setenv(key, value)
     local = ReplicaSettings()
-    assert _kv_bytes(production) > 2.5 * GIB  # 32 x 2,048 in fp32
+    assert _kv_bytes(production) > 1.5 * GIB
     assert _kv_bytes(local) <= 0.4 * GIB
     assert sum(local.lora_slots.values()) < sum(production.lora_slots.values())
     assert max(local.lora_slots) == production.max_lora_rank  # every registrable rank still has a slot

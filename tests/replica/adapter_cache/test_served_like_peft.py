@@ -95,7 +95,7 @@ async def test_rslora_and_patterns_served_from_the_cache_match_peft(
         ids = [torch.randint(0, 320, (9 + 4 * i,), generator=gen).tolist() for i in range(len(names))]
         runner = ModelRunner(model, max_num_seqs=8, max_model_len=128)
         steps = [
-            StepInput(row=i, token_ids=ids[i], start_pos=0, slot=leases[n].ref if n else None)
+            StepInput(ids[i], 0, runner.row_table(i), slot=leases[n].ref if n else None)
             for i, n in enumerate(names)
         ]
         ours = runner.run(steps, all_logits=True)  # [num_tokens, vocab], one packed batch

@@ -61,16 +61,16 @@ async def test_request_joins_running_batch_at_next_step(
     assert tokens(outs["x"]) == solo_a and tokens(outs["y"]) == solo_b
 
 
-async def test_cancel_frees_row_and_adapter_pin(
+async def test_cancel_frees_blocks_and_adapter_pin(
     tiny_model_dir: Path, adapters: dict[str, Path], tmp_path: Path
 ) -> None:
     served = make_engine(tiny_model_dir, adapters, {8: 1, 16: 1}, tmp_path, max_num_seqs=2)
     engine, gpu = served.engine, served.cache.gpu
     await served.add("x", PROMPT, greedy(50), "ad1")
     engine.step()
-    assert engine.scheduler.rows.num_free == 1 and gpu.ref_count("ad1") == 2  # the request's lease, its row
+    assert engine.blocks.table("x") and gpu.ref_count("ad1") == 2  # the request's lease, its row's pin
     assert engine.abort("x")
-    assert engine.scheduler.rows.num_free == 2 and gpu.ref_count("ad1") == 1  # the row's pin is freed at once
+    assert engine.blocks.num_free == engine.blocks.num_blocks and gpu.ref_count("ad1") == 1  # freed at once
     assert not engine.has_work()
     served.release("x")
     await served.cache.own("ad2", "gpu")  # a is idle now, so its only rank-8 slot may be taken
@@ -191,7 +191,8 @@ async def test_a_request_whose_adapter_is_in_no_slot_fails_alone(
     await served.add("y", PROMPT, greedy(3))
     outs = served.run_all()
     assert outs["x"][-1].finished and outs["x"][-1].finish_reason == "error" and "ad1" in outs["x"][-1].error
-    assert len(tokens(outs["y"])) == 3 and served.engine.scheduler.rows.num_free == 8
+    blocks = served.engine.blocks
+    assert len(tokens(outs["y"])) == 3 and blocks.num_free == blocks.num_blocks and not blocks.tables
 
 
 async def test_step_refuses_a_row_whose_slot_holds_another_adapter(

@@ -11,10 +11,10 @@ from __future__ import annotations
 import statistics
 
 from replica.engine.admission_queue import make_queue
-from replica.engine.kv_cache import RowAllocator
 from replica.engine.sampler import SamplingParams
 from replica.engine.scheduler import Scheduler
 from replica.engine.sequence import Sequence
+from replica.kv.blocks import BlockManager
 
 ROWS = 8
 OUTPUT = 16
@@ -27,7 +27,7 @@ def _p95(values: list[int]) -> float:
 
 
 def _quiet_waits(policy: str, burst: bool, cap: int = 6) -> list[int]:
-    sched = Scheduler(ROWS, 10_000, RowAllocator(ROWS), None, make_queue(policy, cap))
+    sched = Scheduler(ROWS, 10_000, BlockManager(64, 16), None, make_queue(policy, cap))
     arrived: dict[str, int] = {}
     waits: list[int] = []
     n = 0
@@ -46,15 +46,16 @@ def _quiet_waits(policy: str, burst: bool, cap: int = 6) -> list[int]:
             if burst and step in BURST:
                 for _ in range(9):
                     arrive("noisy", step)
-        running, failed = sched.schedule()
+        plan, failed = sched.schedule()
         assert not failed
-        for seq in running:
+        for p in plan:
+            seq = p.seq
             if seq.request_id in arrived:  # admitted this step
                 start = arrived.pop(seq.request_id)
                 if seq.tenant_id == "quiet":
                     waits.append(step - start)
+            sched.computed(p)
             seq.output_token_ids.append(0)
-            seq.num_cached = seq.num_tokens
             if len(seq.output_token_ids) >= OUTPUT:
                 sched.finish(seq, "length")
     assert not arrived, "some request was never admitted"
@@ -75,11 +76,11 @@ def test_a_burst_does_not_move_the_other_tenants_wait_under_fair_admission() -> 
 
 
 def test_the_cap_keeps_rows_for_others_even_when_the_burst_came_first() -> None:
-    sched = Scheduler(ROWS, 10_000, RowAllocator(ROWS), None, make_queue("fair", 6))
+    sched = Scheduler(ROWS, 10_000, BlockManager(64, 16), None, make_queue("fair", 6))
     for i in range(30):
         sched.add(Sequence(f"noisy-{i}", [1] * 8, SamplingParams(max_tokens=OUTPUT), None, "noisy"))
-    running, _ = sched.schedule()
-    assert [s.tenant_id for s in running] == ["noisy"] * 6
+    plan, _ = sched.schedule()
+    assert [p.seq.tenant_id for p in plan] == ["noisy"] * 6
     sched.add(Sequence("quiet-0", [1] * 8, SamplingParams(max_tokens=OUTPUT), None, "quiet"))
-    running, _ = sched.schedule()
-    assert "quiet-0" in [s.request_id for s in running]
+    plan, _ = sched.schedule()
+    assert "quiet-0" in [p.seq.request_id for p in plan]

@@ -36,9 +36,11 @@ def run_steps(runner: ModelRunner) -> list[torch.Tensor]:
     """A prefill of four prompts on mixed slots, then two decode steps; returns each step's logits."""
     slots = [SlotRef(8, 1), None, SlotRef(16, 0), SlotRef(8, 3)]
     prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
-    logits = [runner.run([StepInput(i, p, 0, slots[i]) for i, p in enumerate(prompts)])]
+    logits = [runner.run([StepInput(p, 0, runner.row_table(i), slots[i]) for i, p in enumerate(prompts)])]
     for step in range(2):
-        decode = [StepInput(i, [20 + i], len(p) + step, slots[i]) for i, p in enumerate(prompts)]
+        decode = [
+            StepInput([20 + i], len(p) + step, runner.row_table(i), slots[i]) for i, p in enumerate(prompts)
+        ]
         logits.append(runner.run(decode))
     return logits
 

@@ -41,7 +41,7 @@ async def _check_parity(base_dir: Path, tmp_path: Path, ids: list[list[int]], at
     # one packed batch: every adapter plus a base-only row, prompts of different lengths
     names: list[str | None] = [r.name for r in RECIPES] + [None]
     steps = [
-        StepInput(row=i, token_ids=ids[i], start_pos=0, slot=gpu.acquire(n) if n else None)
+        StepInput(ids[i], 0, runner.row_table(i), slot=gpu.acquire(n) if n else None)
         for i, n in enumerate(names)
     ]
     ours = runner.run(steps, all_logits=True)  # [num_tokens, vocab]
