@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,6 +77,23 @@ async def _database(spec: StackSpec, platform: PlatformSettings) -> AsyncIterato
     async with throwaway_database(platform.database_url, spec.database) as url:
         await migrate(url)
         yield
+
+
+@contextlib.asynccontextmanager
+async def launched(
+    specs: Iterable[ProcessSpec], env: Mapping[str, str], work: Path
+) -> AsyncIterator[list[Running]]:
+    """Processes beside a stack: started with env (then their own), ready in turn, stopped afterwards."""
+    processes: list[Running] = []
+    try:
+        for spec in specs:
+            processes.append(Running(spec, process_env(env, spec), work / spec.log_name()).start())
+        for process in processes:
+            await wait_ready(process)
+        yield processes
+    finally:
+        for process in reversed(processes):
+            await asyncio.to_thread(process.stop)
 
 
 async def _write_seed(url: str, seed: Seed) -> dict[str, str]:

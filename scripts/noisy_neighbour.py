@@ -1,9 +1,9 @@
 """The noisy-neighbour scenario on a stack of its own, once per admission policy, printing one JSON object.
 
-Starts the integration suite's gateway stack (tests/integration/gateway_stack.py: a migrated database,
-tenants acme and globex, the public gateway) with a single replica, runs loadtest.noisy against it with
-acme bursting and globex quiet, and does it again after restarting the stack with the other policy. Uses
-the local services (PostgreSQL, Kafka) at their default addresses.
+Starts the gateway stack (harness/stacks/gateway.py: a migrated database, tenants acme and globex, the
+public gateway) with a single replica, runs loadtest.noisy against it with acme bursting and globex quiet,
+and does it again after restarting the stack with the other policy. Uses the local services (PostgreSQL,
+Kafka) at their default addresses.
 
     .venv/bin/python scripts/noisy_neighbour.py --policies fifo,fair
 """
@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.adapters import make_peft_adapters
+from harness.stacks.gateway import ADAPTERS, gateway_stack
 from loadtest.noisy import NoisyConfig, run_noisy, summarise
 from lorafleet.config import PlatformSettings
 from lorafleet.model.base_hash import base_model_hash
 from lorafleet.model.prepare import ensure_default_model
-from tests.integration.gateway_stack import ADAPTERS, gateway_stack
 
 
 async def one_policy(policy: str, args: argparse.Namespace, root: Path, base_hash: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.gateway_stack import GatewayStack, gateway_stack, random_adapters
+from harness.stacks.gateway import GatewayStack, gateway_stack, random_adapters
 from tests.integration.waiting import wait_until
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -57,7 +57,7 @@ async def fault_stack(
 ) -> AsyncIterator[GatewayStack]:
     """A gateway and two replicas (ids <name>…a, b) with settings; yields once both are live, and on the way
     out waits up to returned_s until every reservation is returned."""
-    root, base_hash = await random_adapters(tmp_path_factory)
+    root, base_hash = await random_adapters(tmp_path_factory.mktemp("adapters"))
     prefix = f"{name}{uuid.uuid4().hex[:6]}-"
     work = tmp_path_factory.mktemp(name)
     ids = (f"{prefix}a", f"{prefix}b")

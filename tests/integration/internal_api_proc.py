@@ -4,38 +4,33 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.ports import free_port
-from harness.processes import stop, wait_http
-from tests.integration.gateway_stack import REPO, GatewayStack
+from harness.spec import HttpReady, ProcessSpec, app_args
+from harness.stack import launched
+from harness.stacks.gateway import GatewayStack
 
 
 @dataclass
 class InternalApi:
     url: str
     log: Path
-    proc: subprocess.Popen
+    proc: subprocess.Popen | None
 
 
 @contextlib.asynccontextmanager
 async def internal_api(stack: GatewayStack, service_token: str, work: Path) -> AsyncIterator[InternalApi]:
-    port, log = free_port(), work / "internal.log"
-    env = stack.env | {
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {
         "LORAFLEET_GATEWAY_INTERNAL_PORT": str(port),
         "LORAFLEET_GATEWAY_SERVICE_TOKEN": service_token,
         "LORAFLEET_GATEWAY_SERVED_BASE_MODEL_HASH": stack.env["LORAFLEET_REPLICA_BASE_MODEL_HASH"],
     }
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "lorafleet.cli", "gateway"], env=env, cwd=REPO, stdout=out, stderr=out
-        )
-    api = InternalApi(f"http://127.0.0.1:{port}", log, proc)
-    try:
-        await wait_http(f"{api.url}/openapi.json", 60, proc, {"Authorization": f"Bearer {service_token}"})
-        yield api
-    finally:
-        stop(proc)
+    ready = HttpReady(f"{url}/openapi.json", 60, {"Authorization": f"Bearer {service_token}"})
+    spec = ProcessSpec("gateway", app_args("gateway"), port, env, (ready,), log="internal")
+    async with launched([spec], stack.env, work) as (api,):
+        yield InternalApi(url, api.log, api.proc)

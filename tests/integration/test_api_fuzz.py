@@ -22,7 +22,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from tests.integration.gateway_stack import GatewayStack, gateway_stack, random_adapters
+from harness.stacks.gateway import GatewayStack, gateway_stack, random_adapters
 from tests.integration.internal_api_proc import InternalApi, internal_api
 from tests.integration.openai_errors import openai_error
 from tests.integration.services import ServiceAddresses
@@ -50,7 +50,7 @@ def fuzz_settings(max_examples: int) -> settings:
 async def stack(
     services: ServiceAddresses, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[GatewayStack]:
-    root, base_hash = await random_adapters(tmp_path_factory)
+    root, base_hash = await random_adapters(tmp_path_factory.mktemp("adapters"))
     # No replica is killed here: a long staleness keeps a loaded machine's late replica.state from
     # emptying the router's view, so a 503 would be the gateway's own.
     extra = {"LORAFLEET_GATEWAY_REPLICA_STALE_S": "30"}

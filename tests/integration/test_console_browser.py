@@ -19,8 +19,8 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 from demo.cli import prepare_adapters
 from demo.recipe import PERSONAS
 from gateway.config import GatewayConfig
+from harness.stacks.gateway import ADAPTERS, ADMIN_TOKEN, GatewayStack, gateway_stack
 from lorafleet.model.prepare import ensure_default_model
-from tests.integration.gateway_stack import ADAPTERS, ADMIN_TOKEN, GatewayStack, gateway_stack
 from tests.integration.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

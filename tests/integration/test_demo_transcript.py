@@ -13,8 +13,8 @@ from demo.cli import prepare_adapters
 from demo.recipe import PERSONAS
 from demo.transcript import TRANSCRIPT_PROMPT, transcript
 from gateway.config import GatewayConfig
+from harness.stacks.gateway import ADAPTERS, ALIASES, GatewayStack, gateway_stack
 from lorafleet.model.base_hash import base_model_hash
-from tests.integration.gateway_stack import ADAPTERS, ALIASES, GatewayStack, gateway_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

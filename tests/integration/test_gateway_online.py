@@ -19,19 +19,18 @@ from httpx_sse import EventSource
 from gateway.public.routing.rollout import unit_hash
 from gateway.registry import aliases
 from harness.processes import wait_http
+from harness.stacks.gateway import (
+    TENANT_LIMITS,
+    GatewayStack,
+    gateway_stack,
+    random_adapters,
+)
 from lorafleet.config import RelaySettings
 from lorafleet.kafka import make_producer
 from relay.publisher import Relay
 from schemas.api import CanaryTarget
 from schemas.events import AliasChanged, RequestCompleted, parse_event
 from schemas.topics import REQUESTS_COMPLETED
-from tests.integration.gateway_stack import (
-    TENANT_LIMITS,
-    GatewayStack,
-    gateway_stack,
-    random_adapters,
-    start_replica,
-)
 from tests.integration.kafka_helpers import collect
 from tests.integration.waiting import wait_until
 
@@ -42,7 +41,7 @@ CHAT = {"model": "acme/support:prod", "messages": [{"role": "user", "content": "
 
 @pytest.fixture(scope="module")
 async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GatewayStack]:
-    root, base_hash = await random_adapters(tmp_path_factory)
+    root, base_hash = await random_adapters(tmp_path_factory.mktemp("adapters"))
     async with gateway_stack(services.settings(), root, base_hash, tmp_path_factory.mktemp("gw")) as s:
         await wait_until(lambda: _live_replicas_are(s, set(s.replicas)), "both replicas to become live", 60)
         yield s
@@ -376,7 +375,7 @@ async def test_killing_the_owner_mid_stream_ends_with_an_error_event_and_next_go
     served = await _completed(stack, {lost, *later})
     assert (served[lost].replica_id, served[lost].error_code) == (victim, "replica_lost")
     assert [served[rid].replica_id for rid in later] == [survivor, survivor]
-    start_replica(stack.replicas[victim], stack.env)
+    stack.replicas[victim].start()
     await wait_http(f"{stack.replicas[victim].url}/health", 120, stack.replicas[victim].proc)
 
 

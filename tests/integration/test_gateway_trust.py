@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from harness.ports import free_port
+from harness.stacks.gateway import ADAPTERS, GatewayStack, gateway_stack, random_adapters
 from lorafleet.kafka import make_producer
 from schemas.events import AliasChanged, ReplicaState
-from tests.integration.gateway_stack import ADAPTERS, GatewayStack, gateway_stack, random_adapters
 from tests.integration.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -29,7 +29,7 @@ SERVICE_TOKEN = "trust-test-service-token"
 
 @pytest.fixture(scope="module")
 async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GatewayStack]:
-    root, base_hash = await random_adapters(tmp_path_factory)
+    root, base_hash = await random_adapters(tmp_path_factory.mktemp("adapters"))
     work = tmp_path_factory.mktemp("gw")
     env = {
         "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": PREFIX,

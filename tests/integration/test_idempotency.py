@@ -18,7 +18,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.gateway_stack import GatewayStack, gateway_stack, random_adapters
+from harness.stacks.gateway import GatewayStack, gateway_stack, random_adapters
 from tests.integration.openai_errors import openai_error
 from tests.integration.waiting import wait_until
 
@@ -33,7 +33,7 @@ CHAT = {
 
 @pytest.fixture(scope="module")
 async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[GatewayStack]:
-    root, base_hash = await random_adapters(tmp_path_factory)
+    root, base_hash = await random_adapters(tmp_path_factory.mktemp("adapters"))
     settings = {
         "LORAFLEET_REPLICA_FAULT_PREFILL_DELAY_S": "3",
         "LORAFLEET_GATEWAY_FIRST_TOKEN_TIMEOUT_S": "30",

@@ -15,12 +15,12 @@ from matplotlib.image import imread
 
 from harness.adapters import make_peft_adapters
 from harness.seed import ReadyAdapter, insert_alias, insert_ready_adapters
+from harness.stacks.gateway import ADAPTERS, TOKEN, GatewayStack, gateway_stack
 from loadtest.burst import BurstConfig
 from loadtest.cli import run_loadtest
 from loadtest.runner import LoadTestConfig
 from lorafleet.model.prepare import ensure_default_model
 from sim.workload import WorkloadConfig
-from tests.integration.gateway_stack import ADAPTERS, TOKEN, GatewayStack, gateway_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

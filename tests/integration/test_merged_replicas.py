@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from harness.adapters import make_peft_adapters
+from harness.stacks.gateway import TOKEN
 from lorafleet.model.prepare import ensure_default_model
-from tests.integration.gateway_stack import TOKEN
 from tests.integration.merged_stack import ALIAS, MergedStack, merged_stack
 from tests.integration.waiting import wait_until
 

@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from harness.adapters import make_peft_adapters
+from harness.stacks.gateway import ADAPTERS, ADMIN_TOKEN, TOKEN, GatewayStack, gateway_stack
 from lorafleet.model.prepare import ensure_default_model
-from tests.integration.gateway_stack import ADAPTERS, ADMIN_TOKEN, TOKEN, GatewayStack, gateway_stack
 from tests.integration.internal_api_proc import InternalApi, internal_api
 from tests.integration.openai_errors import openai_error
 from tests.integration.services import ServiceAddresses

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from httpx_sse import EventSource
 
+from harness.stacks.gateway import GatewayStack
 from tests.integration.gateway_probes import (
     auth,
     fault_stack,
@@ -26,7 +27,6 @@ from tests.integration.gateway_probes import (
     live_is,
     reservations_returned,
 )
-from tests.integration.gateway_stack import GatewayStack
 from tests.integration.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

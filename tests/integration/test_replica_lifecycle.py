@@ -15,11 +15,12 @@ import httpx
 import pytest
 from httpx_sse import EventSource
 
+from harness.stacks.gateway import TOKEN, random_adapters
 from placement_worker import store
 from schemas.events import ReplicaState, RequestCompleted
 from schemas.topics import REPLICA_STATE, REQUESTS_COMPLETED
-from tests.integration.gateway_stack import REPO, TOKEN, random_adapters
 from tests.integration.lifecycle_stack import ADAPTER_IDS, LEAN_ALIAS, LifecycleStack, Tap, lifecycle_stack
+from tests.integration.services import REPO
 from tests.integration.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -29,7 +30,7 @@ STORY = [{"role": "user", "content": "Tell me a long story about a dragon."}]
 
 @pytest.fixture(scope="module")
 async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LifecycleStack]:
-    root, base_hash = await random_adapters(tmp_path_factory, list(ADAPTER_IDS))
+    root, base_hash = await random_adapters(tmp_path_factory.mktemp("adapters"), list(ADAPTER_IDS))
     async with lifecycle_stack(services.settings(), root, base_hash, tmp_path_factory.mktemp("lc")) as s:
         yield s
 
@@ -88,7 +89,7 @@ def _ok(events: list[tuple[str | None, str]]) -> bool:
 async def test_a_joining_replica_warms_its_adapters_before_it_is_routed_to(stack: LifecycleStack) -> None:
     first = stack.start("a")
     await wait_until(lambda: _ready(first.url), "the first replica to be ready", 120)
-    await wait_until(lambda: _live(stack, {first.replica_id}), "the gateway to route to it", 30)
+    await wait_until(lambda: _live(stack, {first.name}), "the gateway to route to it", 30)
 
     async with Tap(
         stack.env["LORAFLEET_KAFKA_BOOTSTRAP"], REPLICA_STATE.name, REQUESTS_COMPLETED.name
@@ -148,14 +149,14 @@ async def test_a_joining_replica_warms_its_adapters_before_it_is_routed_to(stack
             }
 
         await wait_until(lambda: _true(len(completed()) == len(before)), "the completion records", 60)
-        assert {e.replica_id for e in completed().values()} == {first.replica_id}
-        states = [e for e in tap.events if isinstance(e, ReplicaState) and e.replica_id == joiner.replica_id]
+        assert {e.replica_id for e in completed().values()} == {first.name}
+        states = [e for e in tap.events if isinstance(e, ReplicaState) and e.replica_id == joiner.name]
 
     statuses = [s.status for s in states]
     turned_at = statuses.index("ready")
     assert turned_at > 0 and set(statuses[:turned_at]) == {"warming"}, statuses
     turned = states[turned_at]
-    owned = {a for a, owners in placed.items() if joiner.replica_id in owners}
+    owned = {a for a, owners in placed.items() if joiner.name in owners}
     assert owned == set(ADAPTER_IDS)  # two owners per adapter, two replicas
     assert turned.owned_adapters == turned.warm_adapters == len(owned)
     assert owned <= set(turned.gpu_adapters) | set(turned.ram_adapters)
@@ -164,7 +165,7 @@ async def test_a_joining_replica_warms_its_adapters_before_it_is_routed_to(stack
     served = [i for i, line in enumerate(lines) if "replica.server: request " in line]
     became = next(i for i, line in enumerate(lines) if "replica is ready" in line)
     assert all(i > became for i in served), "the replica served a request before it was ready"
-    await wait_until(lambda: _live(stack, {first.replica_id, joiner.replica_id}), "both routed to", 30)
+    await wait_until(lambda: _live(stack, {first.name, joiner.name}), "both routed to", 30)
 
 
 async def _true(value: bool) -> bool:
@@ -194,7 +195,7 @@ async def test_scale_down_drains_a_replica_with_zero_failed_requests(stack: Life
     assert len(alive) == 2, "the previous test leaves two ready replicas"
     streams = [asyncio.create_task(_stream(stack, "acme", "acme/support:prod", 12)) for _ in range(4)]
     victim = stack.replicas[await _busy(stack)]
-    (keeper,) = alive - {victim.replica_id}
+    (keeper,) = alive - {victim.name}
     env = {**stack.env, "LORAFLEET_REPLICA_SERVICE_TOKEN": TOKEN}
     # a deadline far past what the streams need even on a loaded CPU: this drain is one that ends in time
     drain = ["replica", "drain", "--url", victim.url, "--deadline-s", "120", "--wait"]
@@ -208,7 +209,7 @@ async def test_scale_down_drains_a_replica_with_zero_failed_requests(stack: Life
     deadline = time.monotonic() + 150
     while victim.proc.poll() is None and time.monotonic() < deadline:
         placed = await stack.placements()
-        if victim.proc.poll() is None and not any(victim.replica_id in o for o in placed.values()):
+        if victim.proc.poll() is None and not any(victim.name in o for o in placed.values()):
             moved_while_alive = moved_while_alive or all(keeper in placed.get(a, set()) for a in ADAPTER_IDS)
         await asyncio.sleep(0.05)
     out, err = await asyncio.wait_for(cli.communicate(), 60)

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from httpx_sse import EventSource
 
+from harness.stacks.gateway import GatewayStack
 from schemas.events import RequestCompleted, parse_event
 from schemas.topics import REQUESTS_COMPLETED
 from tests.integration.gateway_probes import (
@@ -27,7 +28,6 @@ from tests.integration.gateway_probes import (
     gateway_metrics,
     reservations_returned,
 )
-from tests.integration.gateway_stack import GatewayStack
 from tests.integration.kafka_helpers import collect, read_to_end
 from tests.integration.waiting import wait_until
 
