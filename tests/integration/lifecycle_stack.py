@@ -7,55 +7,65 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
 import httpx
 from aiokafka.structs import TopicPartition
 
-from gateway.tenants import create_key, create_tenant
-from harness.databases import create_database, drop_database
 from harness.ports import free_port
-from harness.processes import stop, wait_http
-from harness.seed import ReadyAdapter, insert_alias, insert_ready_adapters
-from lorafleet.config import PlatformSettings, RelaySettings
-from lorafleet.kafka import make_producer
-from lorafleet.retry import run_with_retry
-from placement_worker.config import PlacementConfig, PlacementSettings
-from placement_worker.main import run_worker
-from relay.publisher import Relay
+from harness.running import Running
+from harness.seed import Alias, ReadyAdapter, Seed, Tenant
+from harness.spec import ProcessSpec, StackSpec, replica_args
+from harness.stack import RunningStack, private_stack
+from harness.stacks.gateway import ADAPTERS, GATEWAY, TOKEN, gateway_seed, public_gateway, replica_env
+from harness.workers import outbox_relay, placement_worker
+from lorafleet.config import PlatformSettings
+from placement_worker.config import PlacementSettings
 from schemas.events import Event, parse_event
 from schemas.topics import ALL_TOPICS
-from tests.integration.gateway_stack import ADAPTERS, REPO, TOKEN, ReplicaProc, _seed, start_replica
 from tests.integration.kafka_helpers import consumer_at, decodable
 
-LEAN = ("lean", 50, 1_000)  # a tenant whose tokens/min admit two long requests, not a third
+LEAN = Tenant("lean", 50, 1_000)  # a tenant whose tokens/min admit two long requests, not a third
 LEAN_ADAPTER, LEAN_ALIAS = "lean-app-v1", "lean/app:prod"
 ADAPTER_IDS = (*ADAPTERS, LEAN_ADAPTER)  # every ready adapter: the replicas' folders must hold them all
 
 
 @dataclass
 class LifecycleStack:
-    url: str
-    pool: asyncpg.Pool
-    keys: dict[str, str]
-    env: dict[str, str]
-    work: Path
-    prefix: str
-    replicas: dict[str, ReplicaProc] = field(default_factory=dict)
+    stack: RunningStack
 
-    def start(self, name: str) -> ReplicaProc:
-        rid = f"{self.prefix}{name}"
-        r = self.replicas[rid] = ReplicaProc(rid, free_port(), self.work / f"{rid}.log")
-        start_replica(r, self.env)
-        return r
+    @property
+    def url(self) -> str:
+        return self.stack.procs[GATEWAY].url
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        assert self.stack.pool is not None
+        return self.stack.pool
+
+    @property
+    def keys(self) -> dict[str, str]:
+        return self.stack.keys
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.stack.env
+
+    @property
+    def replicas(self) -> dict[str, Running]:
+        return {name: p for name, p in self.stack.procs.items() if name != GATEWAY}
+
+    def start(self, name: str) -> Running:
+        """Replica <prefix><name> started (SIGINT stops it at once; SIGTERM would drain it)."""
+        rid, port = f"{self.stack.spec.prefix}{name}", free_port()
+        return self.stack.add(
+            ProcessSpec(rid, replica_args(rid, port), port, stop_signal=signal.SIGINT)
+        ).start()
 
     async def placements(self) -> dict[str, set[str]]:
         """adapter_id -> its owners."""
@@ -72,40 +82,14 @@ class LifecycleStack:
             return set((await c.get(f"{self.url}/ready")).json()["replicas"])
 
 
-@contextlib.asynccontextmanager
-async def lifecycle_stack(
-    platform: PlatformSettings, adapter_root: Path, base_hash: str, work: Path
-) -> AsyncIterator[LifecycleStack]:
-    name = f"lc_{uuid.uuid4().hex[:10]}"
-    database_url = await create_database(platform.database_url, name)
-    keys = await _seed(database_url, {}, base_hash)
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
-    tenant, requests_per_s, tokens_per_min = LEAN
-    await create_tenant(pool, tenant, requests_per_s, tokens_per_min)
-    keys[tenant] = (await create_key(pool, tenant)).secret
-    await insert_ready_adapters(pool, [ReadyAdapter(LEAN_ADAPTER, tenant, base_hash)])
-    await insert_alias(pool, LEAN_ALIAS, tenant, LEAN_ADAPTER)
+def lifecycle_spec(adapter_root: Path, base_hash: str) -> StackSpec:
+    """gateway_stack's seed and a lean tenant, the relay and the placement worker, the public gateway."""
     prefix = f"lc{uuid.uuid4().hex[:6]}-"
-    port = free_port()
-    env = {
-        **os.environ,
-        "LORAFLEET_KAFKA_BOOTSTRAP": platform.kafka_bootstrap,
-        "LORAFLEET_DATABASE_URL": database_url,
-        "LORAFLEET_REPLICA_SERVICE_TOKEN": TOKEN,
-        "LORAFLEET_REPLICA_ADAPTER_ROOT": str(adapter_root),
-        "LORAFLEET_REPLICA_MAX_NUM_SEQS": "8",
-        "LORAFLEET_REPLICA_BASE_MODEL_HASH": base_hash,
-        "LORAFLEET_REPLICA_STATE_INTERVAL_S": "0.5",
-        "LORAFLEET_REPLICA_WARMING_TIMEOUT_S": "60",
-        "LORAFLEET_REPLICA_LIFECYCLE_POLL_S": "0.1",
-        "LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN": TOKEN,
-        "LORAFLEET_GATEWAY_REPLICA_STALE_S": "1.5",
-        "LORAFLEET_GATEWAY_KEY_CACHE_TTL_S": "0.5",
-        "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": prefix,
-        "LORAFLEET_GATEWAY_PUBLIC_PORT": str(port),
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-    }
+    lean = Seed(
+        (LEAN,),
+        (ReadyAdapter(LEAN_ADAPTER, LEAN.tenant_id, base_hash),),
+        (Alias(LEAN_ALIAS, LEAN.tenant_id, LEAN_ADAPTER),),
+    )
     placement = PlacementSettings(
         group_id=f"placement-{prefix}",
         replica_id_prefix=prefix,
@@ -113,47 +97,30 @@ async def lifecycle_stack(
         tick_s=0.2,
         metrics_port=0,
     )
-    config = PlacementConfig(platform.model_copy(update={"database_url": database_url}), placement)
-    stop_event, worker_ready = asyncio.Event(), asyncio.Event()
-    producer = make_producer(platform)
-    await producer.start()
-    relay = asyncio.create_task(
-        Relay(pool, producer, RelaySettings(poll_interval_s=0.05, metrics_port=0)).run(stop_event)
+    return StackSpec(
+        processes=(public_gateway(ready=(("/health", 60),)),),
+        database=f"lc_{uuid.uuid4().hex[:10]}",
+        seed=gateway_seed(base_hash) + lean,
+        prefix=prefix,
+        replica_token=TOKEN,
+        fast_state=True,
+        env={
+            **replica_env(adapter_root, base_hash),
+            "LORAFLEET_REPLICA_WARMING_TIMEOUT_S": "60",
+            "LORAFLEET_REPLICA_LIFECYCLE_POLL_S": "0.1",
+            "LORAFLEET_GATEWAY_KEY_CACHE_TTL_S": "0.5",
+        },
+        pool_size=4,
+        workers=(outbox_relay, lambda platform, _pool: placement_worker(platform, placement)),
     )
-    # as `lorafleet placement-worker` runs it: a failed statement restarts the worker instead of ending it
-    worker = asyncio.create_task(
-        run_with_retry(
-            "placement-worker",
-            lambda stop: run_worker(config, stop, ready=worker_ready, from_end=True),
-            stop_event,
-            config.platform,
-        )
-    )
-    stack = LifecycleStack(f"http://127.0.0.1:{port}", pool, keys, env, work, prefix)
-    with open(work / "gateway.log", "ab") as log:
-        gw = subprocess.Popen(
-            [sys.executable, "-m", "lorafleet.cli", "public-gateway"],
-            env=env,
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        await asyncio.wait_for(worker_ready.wait(), 60)
-        await wait_http(f"{stack.url}/health", 60, gw)
-        yield stack
-    finally:
-        stop(gw)
-        for r in stack.replicas.values():  # SIGINT: stop at once (SIGTERM would drain each in turn)
-            if r.proc is not None and r.proc.poll() is None:
-                r.proc.send_signal(signal.SIGINT)
-        for r in stack.replicas.values():
-            stop(r.proc)
-        stop_event.set()
-        await asyncio.gather(relay, worker, return_exceptions=True)
-        await producer.stop()
-        await pool.close()
-        await drop_database(platform.database_url, name)
+
+
+@contextlib.asynccontextmanager
+async def lifecycle_stack(
+    platform: PlatformSettings, adapter_root: Path, base_hash: str, work: Path
+) -> AsyncIterator[LifecycleStack]:
+    async with private_stack(lifecycle_spec(adapter_root, base_hash), platform, work) as stack:
+        yield LifecycleStack(stack)
 
 
 class Tap:
