@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from replica.adapter_cache.cache import AdapterCache, Lease
-from replica.engine.engine import LLMEngine, StepOutput
+from replica.engine.engine import KvPolicy, LLMEngine, StepOutput
 from replica.engine.model_runner import ModelRunner
 from replica.engine.sampler import SamplingParams
 from tests.replica.cache_util import local_cache
@@ -80,11 +80,14 @@ def make_engine(
     capacities: dict[int, int],
     cache_dir: Path,
     max_num_seqs: int = 8,
+    max_num_batched_tokens: int = 8192,
+    kv: KvPolicy = KvPolicy(),
+    num_blocks: int | None = None,
 ) -> Served:
     """The engine and the adapter cache of a replica serving these adapter folders; no adapter loaded yet."""
     model, gpu, spec = build_lora_model(base_dir, capacities)
-    runner = ModelRunner(model, max_num_seqs=max_num_seqs, max_model_len=128)
-    engine = LLMEngine(runner, gpu, {EOS}, detokenizer_factory=CharDetokenizer)
+    runner = ModelRunner(model, max_num_seqs=max_num_seqs, max_model_len=128, num_blocks=num_blocks)
+    engine = LLMEngine(runner, gpu, {EOS}, max_num_batched_tokens, detokenizer_factory=CharDetokenizer, kv=kv)
     return Served(engine, local_cache(spec, gpu, adapters, cache_dir))
 
 

@@ -52,3 +52,40 @@ async def test_tokens_identical_alone_and_in_mixed_batch(
     assert sum(on_base[f"probe{i}"] != alone[f"r{i}"] for i in range(32)) >= 24
     gpu = served.cache.gpu
     assert len(gpu.table) == 32 and all(e.ref_count == 0 for e in gpu.table.entries())  # every pin released
+
+
+async def test_tokens_identical_alone_and_in_a_chunked_batch_that_hits_the_prefix_cache(
+    tiny_model_dir: Path, many_adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    # a step computes at most 48 tokens: the 32 prompts of 20-50 tokens arrive over many steps, in chunks
+    served = make_engine(
+        tiny_model_dir,
+        many_adapters,
+        {8: 11, 16: 11, 32: 11},
+        tmp_path,
+        max_num_seqs=40,
+        max_num_batched_tokens=48,
+    )
+    gen = torch.Generator().manual_seed(12)
+    system = torch.randint(1, 320, (18,), generator=gen).tolist()  # one system prompt, over a block
+    requests: dict[str, tuple[list[int], str | None]] = {}
+    for i in range(32):
+        tail = torch.randint(1, 320, (2 + i % 30,), generator=gen).tolist()
+        requests[f"r{i}"] = (system + tail, f"ad{i}")
+    for i in range(4):
+        requests[f"base{i}"] = (system + torch.randint(1, 320, (6 + i,), generator=gen).tolist(), None)
+
+    alone: dict[str, list[int]] = {}
+    for rid, (prompt, adapter) in requests.items():
+        await served.add(rid, prompt, greedy(12), adapter)
+        alone[rid] = tokens(served.run_all()[rid])
+    hits = served.engine.scheduler.counters.hits
+    for rid, (prompt, adapter) in requests.items():
+        await served.add(rid, prompt, greedy(12), adapter)
+    outs = served.run_all()
+    assert {rid: tokens(o) for rid, o in outs.items()} == alone
+    assert served.engine.scheduler.counters.hits > hits  # each adapter's own earlier run was hit
+    assert all(o[-1].cached_tokens >= 16 for o in outs.values())
+    blocks = served.engine.blocks
+    blocks.check()
+    assert blocks.num_free == blocks.num_blocks and all(b.ref_count == 0 for b in blocks.blocks)
