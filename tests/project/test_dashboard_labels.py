@@ -32,7 +32,7 @@ def _labels_by_name() -> dict[str, set[str]]:
     registries: list[CollectorRegistry] = [
         REGISTRY,
         replica.registry,
-        gateway.registry.adapters,
+        gateway.registry,
         gateway.tenant_registry,
     ]
     out: dict[str, set[str]] = {}

@@ -46,7 +46,7 @@ def _process_exposed() -> set[str]:
     replica.watch_engine(4, lambda: EngineLoad(0, 0, 0.0, 0, (), ()))
     out: set[str] = set()
     gateway = GatewayMetrics()
-    for registry in (replica.registry, gateway.registry.adapters, gateway.tenant_registry):
+    for registry in (replica.registry, gateway.registry, gateway.tenant_registry):
         for family in registry.collect():
             out |= {family.name + suffix for suffix in ("", "_total", "_bucket", "_count", "_sum")}
     return out
