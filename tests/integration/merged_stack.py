@@ -14,52 +14,62 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
-import httpx
 
-from gateway.tenants import create_key, create_tenant
-from harness.databases import create_database, drop_database
+from harness.env import QUIET_ENV, platform_env
 from harness.ports import free_port
-from harness.processes import stop, wait_http
-from harness.seed import ReadyAdapter, insert_alias, insert_ready_adapters
+from harness.seed import Alias, ReadyAdapter, Seed, Tenant
+from harness.spec import HttpReady, ProcessSpec, StackSpec, app_args, replica_args
+from harness.stack import RunningStack, private_stack
+from harness.stacks.gateway import TOKEN, public_gateway
+from harness.workers import outbox_relay, placement_worker
 from lorafleet.client.upload import artifact_prefix, upload_peft_dir
-from lorafleet.config import PlatformSettings, RelaySettings
-from lorafleet.db.migrate import migrate
-from lorafleet.kafka import make_producer
-from lorafleet.retry import run_with_retry
+from lorafleet.config import PlatformSettings
 from lorafleet.s3 import async_client
 from ops.autoscale import merged_local
 from ops.autoscale.config import AutoscaleSettings
-from placement_worker.config import PlacementConfig, PlacementSettings
-from placement_worker.main import run_worker
-from relay.publisher import Relay
-from tests.integration.gateway_stack import REPO, TOKEN, ReplicaProc, start_replica
+from placement_worker.config import PlacementSettings
 
 TENANT = "acme"
 ALIAS = "acme/heavy:prod"
 WINDOW_S = 3.0
 MERGE_TOKENS_PER_S = 3.0  # CPU replicas on a shared machine: a few tokens/s is "a full replica" here
 DEMOTE_TOKENS_PER_S = 2.0  # the demotion's trickle of 2-token requests every 2 s stays under it
+ADAPTER_ROOT = "LORAFLEET_REPLICA_ADAPTER_ROOT"  # the unmerged replicas' folders; merged ones have none
 
 
 @dataclass
 class MergedStack:
-    url: str
-    internal_url: str
-    pool: asyncpg.Pool
-    key: str
+    stack: RunningStack
     versions: tuple[str, str]
-    prefix: str
     actuator: AutoscaleSettings
     platform: PlatformSettings  # the actuator's (its run folder holds the merged replicas' pid files)
+
+    @property
+    def url(self) -> str:
+        return self.stack.procs["public-gateway"].url
+
+    @property
+    def internal_url(self) -> str:
+        return self.stack.procs["gateway"].url
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        assert self.stack.pool is not None
+        return self.stack.pool
+
+    @property
+    def key(self) -> str:
+        return self.stack.keys[TENANT]
+
+    @property
+    def prefix(self) -> str:
+        return self.stack.spec.prefix
 
     async def targets(self) -> list[tuple[str, int, str]]:
         """(adapter, desired, reason) of every merged.target the placement worker wrote, in order."""
@@ -95,107 +105,33 @@ def _environ(changes: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-async def _seed(
-    platform: PlatformSettings, dirs: dict[str, Path], base_hash: str
-) -> tuple[asyncpg.Pool, str]:
-    await migrate(platform.database_url)
-    pool = await asyncpg.create_pool(platform.database_url, min_size=1, max_size=6)
-    await create_tenant(pool, TENANT, 100, 10_000_000)
-    key = (await create_key(pool, TENANT)).secret
+async def _upload(platform: PlatformSettings, dirs: dict[str, Path], base_hash: str) -> list[ReadyAdapter]:
+    """Each folder uploaded as the next version of the tenant's adapter, with its real checksum."""
+    adapters = []
     async with async_client(platform) as s3:
         for version, (adapter_id, folder) in enumerate(dirs.items(), start=1):
             prefix = artifact_prefix(TENANT, adapter_id)
             checksum = await upload_peft_dir(s3, folder, platform.s3_bucket, prefix)
             uri = f"s3://{platform.s3_bucket}/{prefix}"
-            await insert_ready_adapters(
-                pool, [ReadyAdapter(adapter_id, TENANT, base_hash, version, checksum, weights_uri=uri)]
-            )
-    await insert_alias(pool, ALIAS, TENANT, next(iter(dirs)))
-    return pool, key
+            adapters.append(ReadyAdapter(adapter_id, TENANT, base_hash, version, checksum, weights_uri=uri))
+    return adapters
 
 
-async def _wait_registry(url: str, adapter_id: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    """Until the internal gateway answers for the adapter (the merged replica's registry)."""
-    deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}) as c:
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, "the internal gateway exited"
-            with contextlib.suppress(httpx.HTTPError):
-                if (await c.get(f"{url}/internal/adapters/{adapter_id}", timeout=2)).status_code == 200:
-                    return
-            await asyncio.sleep(0.3)
-    raise TimeoutError(f"{url} did not answer for {adapter_id} within {timeout}s")
-
-
-def _process(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "lorafleet.cli", *args],
-            env=env,
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-
-
-@contextlib.asynccontextmanager
-async def merged_stack(
-    platform: PlatformSettings, adapter_root: Path, versions: tuple[str, str], base_hash: str, work: Path
-) -> AsyncIterator[MergedStack]:
-    name = f"mg_{uuid.uuid4().hex[:10]}"
-    admin_url = platform.database_url
-    database_url = await create_database(admin_url, name)
-    platform = platform.model_copy(update={"database_url": database_url})
-    pool, key = await _seed(platform, {v: adapter_root / v for v in versions}, base_hash)
+def merged_spec(adapters: list[ReadyAdapter], adapter_root: Path, base_hash: str, work: Path) -> StackSpec:
+    """Two unmerged replicas, the internal and public gateways, the stats stream with short windows; the
+    relay and the placement worker (with low promotion thresholds) in this process."""
     prefix = f"mg{uuid.uuid4().hex[:6]}-"
-    public_port, internal_port = free_port(), free_port()
+    internal_port = free_port()
     internal_url = f"http://127.0.0.1:{internal_port}"
-    common = {
-        "LORAFLEET_KAFKA_BOOTSTRAP": platform.kafka_bootstrap,
-        "LORAFLEET_DATABASE_URL": database_url,
-        "LORAFLEET_S3_ENDPOINT": platform.s3_endpoint,
-        "LORAFLEET_S3_ACCESS_KEY": platform.s3_access_key,
-        "LORAFLEET_S3_SECRET_KEY": platform.s3_secret_key,
-        "LORAFLEET_REPLICA_SERVICE_TOKEN": TOKEN,
-        "LORAFLEET_REPLICA_REGISTRY_URL": internal_url,
-        "LORAFLEET_REPLICA_REGISTRY_TOKEN": TOKEN,
-        "LORAFLEET_REPLICA_MAX_NUM_SEQS": "8",
-        "LORAFLEET_REPLICA_BASE_MODEL_HASH": base_hash,
-        "LORAFLEET_REPLICA_STATE_INTERVAL_S": "0.5",
-        "LORAFLEET_REPLICA_DRAIN_DEADLINE_S": "60",
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-    }
-    env = {
-        **os.environ,
-        **common,
-        "LORAFLEET_REPLICA_ADAPTER_ROOT": str(adapter_root),  # the unmerged replicas only
-        "LORAFLEET_GATEWAY_SERVICE_TOKEN": TOKEN,
-        "LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN": TOKEN,
-        "LORAFLEET_GATEWAY_REPLICA_STALE_S": "1.5",
-        "LORAFLEET_GATEWAY_KEY_CACHE_TTL_S": "0.5",
-        "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": prefix,
-        "LORAFLEET_GATEWAY_PUBLIC_PORT": str(public_port),
-        "LORAFLEET_GATEWAY_INTERNAL_PORT": str(internal_port),
-        "LORAFLEET_STATS_APP_ID": f"lorafleet-stats-{prefix}",
-        "LORAFLEET_STATS_FLEET": prefix,
-        "LORAFLEET_STATS_DATA_DIR": str(work / "faust"),
-        "LORAFLEET_STATS_WINDOW_S": str(WINDOW_S),
-        "LORAFLEET_STATS_GRACE_S": "0.5",
-        "LORAFLEET_STATS_IDLE_CLOSE_S": "2",
-        "LORAFLEET_STATS_TICK_S": "0.3",
-        "LORAFLEET_STATS_SESSION_TIMEOUT_S": "6",
-        "LORAFLEET_STATS_METRICS_PORT": "0",
-        "LORAFLEET_STATS_REPLICA_ID_PREFIX": prefix,
-    }
-    procs = [
-        _process(["gateway"], env, work / "gateway.log"),
-        _process(["public-gateway"], env, work / "public-gateway.log"),
-        _process(["stats-stream"], env, work / "stats-stream.log"),
-    ]
-    replicas = [ReplicaProc(f"{prefix}{i}", free_port(), work / f"{prefix}{i}.log") for i in range(2)]
-    for r in replicas:
-        start_replica(r, env)
+    replicas = []
+    for i in range(2):
+        rid, port = f"{prefix}{i}", free_port()
+        health = HttpReady(f"http://127.0.0.1:{port}/health", 180)
+        replicas.append(ProcessSpec(rid, replica_args(rid, port), port, ready=(health,)))
+    registry = HttpReady(  # the merged replica's registry answers for the adapter
+        f"{internal_url}/internal/adapters/{adapters[0].adapter_id}", 60, {"Authorization": f"Bearer {TOKEN}"}
+    )
+    internal = ProcessSpec("gateway", app_args("gateway"), internal_port, ready=(registry,))
     placement = PlacementSettings(
         group_id=f"placement-{prefix}",
         replica_id_prefix=prefix,
@@ -210,8 +146,78 @@ async def merged_stack(
         demote_windows=4,
         merge_check_s=0.5,
     )
+    return StackSpec(
+        processes=(
+            *replicas,
+            internal,
+            public_gateway(ready=(("/ready", 60),)),
+            ProcessSpec("stats-stream", app_args("stats-stream")),
+        ),
+        database=f"mg_{uuid.uuid4().hex[:10]}",
+        seed=Seed(
+            (Tenant(TENANT, 100, 10_000_000),),
+            tuple(adapters),
+            (Alias(ALIAS, TENANT, adapters[0].adapter_id),),
+        ),
+        prefix=prefix,
+        replica_token=TOKEN,
+        fast_state=True,
+        env={
+            "LORAFLEET_REPLICA_REGISTRY_URL": internal_url,
+            "LORAFLEET_REPLICA_REGISTRY_TOKEN": TOKEN,
+            "LORAFLEET_REPLICA_MAX_NUM_SEQS": "8",
+            "LORAFLEET_REPLICA_BASE_MODEL_HASH": base_hash,
+            "LORAFLEET_REPLICA_DRAIN_DEADLINE_S": "60",
+            ADAPTER_ROOT: str(adapter_root),
+            "LORAFLEET_GATEWAY_SERVICE_TOKEN": TOKEN,
+            "LORAFLEET_GATEWAY_KEY_CACHE_TTL_S": "0.5",
+            "LORAFLEET_GATEWAY_INTERNAL_PORT": str(internal_port),
+            "LORAFLEET_STATS_APP_ID": f"lorafleet-stats-{prefix}",
+            "LORAFLEET_STATS_FLEET": prefix,
+            "LORAFLEET_STATS_DATA_DIR": str(work / "faust"),
+            "LORAFLEET_STATS_WINDOW_S": str(WINDOW_S),
+            "LORAFLEET_STATS_GRACE_S": "0.5",
+            "LORAFLEET_STATS_IDLE_CLOSE_S": "2",
+            "LORAFLEET_STATS_TICK_S": "0.3",
+            "LORAFLEET_STATS_SESSION_TIMEOUT_S": "6",
+            "LORAFLEET_STATS_METRICS_PORT": "0",
+        },
+        pool_size=6,
+        workers=(outbox_relay, lambda platform, _pool: placement_worker(platform, placement)),
+    )
+
+
+def merged_replica_env(stack: RunningStack) -> dict[str, str]:
+    """What a merged replica needs: the platform, the replica settings less the adapter folders."""
+    replica = {k: v for k, v in stack.env.items() if k.startswith("LORAFLEET_REPLICA_") and k != ADAPTER_ROOT}
+    return {**platform_env(stack.platform), **replica, **QUIET_ENV}
+
+
+@contextlib.asynccontextmanager
+async def actuator_running(
+    stack: RunningStack, settings: AutoscaleSettings, platform: PlatformSettings
+) -> AsyncIterator[None]:
+    """The merged-replica actuator in this process; its merged replicas stopped afterwards."""
+    with _environ(merged_replica_env(stack)):
+        task = asyncio.create_task(merged_local.run(platform, settings))
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            records = merged_local.merged_records(platform, settings)
+            for record in records.live():
+                records.process(record.index).stop(timeout=10)
+
+
+@contextlib.asynccontextmanager
+async def merged_stack(
+    platform: PlatformSettings, adapter_root: Path, versions: tuple[str, str], base_hash: str, work: Path
+) -> AsyncIterator[MergedStack]:
+    adapters = await _upload(platform, {v: adapter_root / v for v in versions}, base_hash)
+    spec = merged_spec(adapters, adapter_root, base_hash, work)
     actuator = AutoscaleSettings(
-        replica_id_prefix=prefix,
+        replica_id_prefix=spec.prefix,
         merged_first_port=free_port(),
         merged_max_replicas=2,
         tick_s=0.3,
@@ -219,55 +225,7 @@ async def merged_stack(
         drain_deadline_s=60,
         replica_service_token=TOKEN,  # type: ignore[arg-type]  # pydantic turns it into a SecretStr
     )
-    actuator_platform = platform.model_copy(update={"data_dir": work / "actuator"})
-    stop_event, worker_ready = asyncio.Event(), asyncio.Event()
-    producer = make_producer(platform)
-    await producer.start()
-    tasks = [
-        asyncio.create_task(
-            Relay(pool, producer, RelaySettings(poll_interval_s=0.05, metrics_port=0)).run(stop_event)
-        ),
-        asyncio.create_task(  # as `lorafleet placement-worker` runs it: restarted after a failure
-            run_with_retry(
-                "placement-worker",
-                lambda stop: run_worker(
-                    PlacementConfig(platform, placement), stop, ready=worker_ready, from_end=True
-                ),
-                stop_event,
-                platform,
-            )
-        ),
-    ]
-    stack = MergedStack(
-        f"http://127.0.0.1:{public_port}",
-        internal_url,
-        pool,
-        key,
-        versions,
-        prefix,
-        actuator,
-        actuator_platform,
-    )
-    try:
-        with _environ(common):
-            tasks.append(asyncio.create_task(merged_local.run(actuator_platform, actuator)))
-            await asyncio.wait_for(worker_ready.wait(), 60)
-            for r in replicas:
-                await wait_http(f"{r.url}/health", 180, r.proc)
-            await _wait_registry(internal_url, versions[0], procs[0])
-            await wait_http(f"{stack.url}/ready", 60, procs[1])
-            yield stack
-    finally:
-        stop_event.set()
-        tasks[-1].cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        records = merged_local.merged_records(actuator_platform, actuator)
-        for record in records.live():
-            records.process(record.index).stop(timeout=10)
-        for p in procs:
-            stop(p)
-        for r in replicas:
-            stop(r.proc)
-        await producer.stop()
-        await pool.close()
-        await drop_database(admin_url, name)
+    async with private_stack(spec, platform, work) as stack:
+        actuator_platform = stack.platform.model_copy(update={"data_dir": work / "actuator"})
+        async with actuator_running(stack, actuator, actuator_platform):
+            yield MergedStack(stack, versions, actuator, actuator_platform)
