@@ -14,15 +14,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from lorafleet.dead_letters import dead_letter_counter
 from replica.adapter_cache.tier import CacheEvent
 
 if TYPE_CHECKING:  # only annotations: reading the metrics module must not import torch
+    from replica.engine.scheduler import CacheCounters
     from replica.engine.sequence import Sequence
     from replica.engine.trace import AdmissionTrace
+    from replica.kv.blocks import BlockManager
 
 # vLLM's TTFT buckets, extended for a CPU replica
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0)
@@ -57,15 +59,29 @@ class EngineLoad:
     tokens_in_flight: int
     running_adapters: tuple[str, ...]
     waiting_adapters: tuple[str, ...]
+    kv_blocks: int = 0
+    block_size: int = 0
+    prefix_caching: bool = False
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache since start
+    prefix_cache_hits: int = 0  # and found there
+    preemptions: int = 0
 
 
-def engine_load(running: Iterable[Sequence], waiting: Iterable[Sequence], kv_usage: float) -> EngineLoad:
-    """Summarise the scheduler's running and waiting sequences (copies taken by the caller)."""
+def engine_load(
+    running: Iterable[Sequence], waiting: Iterable[Sequence], blocks: BlockManager, counters: CacheCounters
+) -> EngineLoad:
+    """Summarise the scheduler's running and waiting sequences (copies taken by the caller) and its blocks."""
     run, wait = list(running), list(waiting)
     return EngineLoad(
         running=len(run),
         waiting=len(wait),
-        kv_usage=min(1.0, max(0.0, kv_usage)),
+        kv_usage=1.0 - blocks.num_free / blocks.num_blocks,
+        kv_blocks=blocks.num_blocks,
+        block_size=blocks.block_size,
+        prefix_caching=blocks.prefix_caching,
+        prefix_cache_queries=counters.queries,
+        prefix_cache_hits=counters.hits,
+        preemptions=counters.preemptions,
         tokens_in_flight=sum(s.num_tokens for s in run) + sum(s.num_tokens for s in wait),
         running_adapters=tuple(sorted({s.adapter_id for s in run if s.adapter_id is not None})),
         waiting_adapters=tuple(sorted({s.adapter_id for s in wait if s.adapter_id is not None})),
@@ -100,6 +116,29 @@ class EngineGauges(Collector):
             g = GaugeMetricFamily(name, doc, labels=["model_name"])
             g.add_metric(m, value)
             yield g
+        for name, doc, total in (
+            (
+                "vllm:prefix_cache_queries",
+                "Prompt tokens looked up in the prefix cache.",
+                load.prefix_cache_queries,
+            ),
+            ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", load.prefix_cache_hits),
+            (
+                "vllm:num_preemptions",
+                "Requests preempted to free KV blocks (recomputed later).",
+                load.preemptions,
+            ),
+        ):
+            c = CounterMetricFamily(name, doc, labels=["model_name"])
+            c.add_metric(m, total)
+            yield c
+        config = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "The KV cache's configuration in labels; the value is 1.",
+            labels=["block_size", "num_gpu_blocks", "enable_prefix_caching"],
+        )
+        config.add_metric([str(load.block_size), str(load.kv_blocks), str(load.prefix_caching)], 1)
+        yield config
         info = GaugeMetricFamily(
             "vllm:lora_requests_info",
             "Running and waiting LoRA adapters (comma-separated); the value is the update time.",

@@ -270,8 +270,8 @@ class Replica:
                 continue
         else:
             running, waiting = [], []
-        blocks = self.engine.engine.blocks
-        return engine_load(running, waiting, 1.0 - blocks.num_free / blocks.num_blocks)
+        core = self.engine.engine
+        return engine_load(running, waiting, core.blocks, core.scheduler.counters)
 
     def holds(self) -> dict[str, int]:
         """Holds still open: slot refcounts, RAM and disk pins, requests and engine rows, and slots whose
@@ -291,7 +291,9 @@ class Replica:
 
     def load(self) -> Load:
         core = self.engine.engine
-        return Load(core.queue_depth(), core.tokens_in_flight())
+        blocks, counters = core.blocks, core.scheduler.counters
+        usage = 1.0 - blocks.num_free / blocks.num_blocks
+        return Load(core.queue_depth(), core.tokens_in_flight(), usage, counters.queries, counters.hits)
 
     def replica_state(self) -> ReplicaState:
         """This replica's replica.state event (tiers, load); a merged replica reports its one adapter."""
@@ -318,6 +320,9 @@ class Replica:
             merged_adapter_id=self.merged_adapter_id,
             queue_depth=load.queue_depth,
             tokens_in_flight=load.tokens_in_flight,
+            kv_usage=load.kv_usage,
+            prefix_cache_queries=load.prefix_cache_queries,
+            prefix_cache_hits=load.prefix_cache_hits,
         )
 
     def state(self) -> StateResponse:

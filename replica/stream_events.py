@@ -6,7 +6,7 @@ from typing import cast
 
 from replica.engine.engine import StepOutput
 from schemas.api import ErrorDetail
-from schemas.openai import FinishReason, Usage
+from schemas.openai import FinishReason, PromptTokensDetails, Usage
 from schemas.replica_api import DoneEvent, ErrorEvent, TokenEvent
 
 # A failed output's finish_reason -> the error line's code (an engine failure is generation_failed).
@@ -27,6 +27,7 @@ def stream_events(out: StepOutput) -> tuple[TokenEvent | DoneEvent | ErrorEvent,
         prompt_tokens=out.prompt_tokens,
         completion_tokens=out.completion_tokens,
         total_tokens=out.prompt_tokens + out.completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=out.cached_tokens),
     )
     if out.token_id is not None and out.finish_reason == "length":
         last = TokenEvent(token_id=out.token_id, text=out.text)

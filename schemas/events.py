@@ -130,6 +130,11 @@ class ReplicaStateBody(BaseModel):
     warm_adapters: NonNegativeInt = 0
     # a merged replica: this one adapter is folded into its base weights, and it serves nothing else
     merged_adapter_id: AdapterId | None = None
+    # the paged KV cache: the share of its blocks held by requests, and the prompt tokens its prefix cache
+    # was asked for and held, since the replica started
+    kv_usage: NonNegativeFloat = Field(default=0.0, le=1.0)
+    prefix_cache_queries: NonNegativeInt = 0
+    prefix_cache_hits: NonNegativeInt = 0
 
 
 class ReplicaState(Event, ReplicaStateBody):

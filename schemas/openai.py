@@ -61,6 +61,9 @@ class ChatCompletionRequest(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
+    # An extension (vLLM's): KV blocks are reused only between requests with the same salt, so one
+    # tenant's end users cannot learn each other's prompts from the time to first token.
+    cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
 
     def completion_limit(self, default: int) -> int:
         """max_completion_tokens, else max_tokens, else the gateway's default."""
@@ -70,10 +73,17 @@ class ChatCompletionRequest(BaseModel):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
 
+class PromptTokensDetails(BaseModel):
+    """OpenAI's usage.prompt_tokens_details: cached_tokens came from the replica's prefix cache."""
+
+    cached_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
 class AssistantMessage(BaseModel):

@@ -65,6 +65,8 @@ class GenerateRequest(BaseModel):
     max_tokens_is_default: bool = False
     stop: str | list[str] | None = None
     ignore_eos: bool = False
+    # KV blocks are shared only between requests of the same adapter version and the same salt
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
 
 
 class TokenEvent(BaseModel):

@@ -24,6 +24,9 @@ class Load:
 
     queue_depth: int
     tokens_in_flight: int
+    kv_usage: float = 0.0  # share of KV blocks held
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache since start
+    prefix_cache_hits: int = 0  # and found there
 
 
 def build_state(
@@ -51,6 +54,9 @@ def build_state(
         loads_per_min=tiers.loads_per_min,
         owned_adapters=owned_adapters,
         warm_adapters=warm_adapters,
+        kv_usage=load.kv_usage,
+        prefix_cache_queries=load.prefix_cache_queries,
+        prefix_cache_hits=load.prefix_cache_hits,
     )
 
 

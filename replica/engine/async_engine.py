@@ -60,6 +60,7 @@ class AsyncEngine:
         request_id: str | None = None,
         trace: AdmissionTrace | None = None,
         tenant_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncGenerator[StepOutput, None]:
         """Stream this request's outputs; leaving the iteration early cancels the request."""
         self.engine.check_request(prompt_token_ids, params)  # bad input fails here, before any event
@@ -68,7 +69,8 @@ class AsyncEngine:
         self._streams[request_id] = (asyncio.get_running_loop(), stream)
         if trace is not None:
             trace.queued = time.perf_counter()
-        self._commands.put(("add", (request_id, prompt_token_ids, params, adapter_id, trace, tenant_id)))
+        args = (request_id, prompt_token_ids, params, adapter_id, trace, tenant_id, cache_salt)
+        self._commands.put(("add", args))
         self._wake.set()
         finished = False
         try:

@@ -55,7 +55,7 @@ async def generate(
         replica.release(use)
 
     return LeasedStream(
-        _stream(replica, prompt, params, use, request_id, timer, trace, body.tenant_id),
+        _stream(replica, prompt, params, use, request_id, timer, trace, body),
         done,
         media_type="application/x-ndjson",
         headers=_headers(use, request_id),
@@ -111,14 +111,16 @@ async def _stream(
     request_id: str,
     timer: RequestTimer,
     trace: AdmissionTrace,
-    tenant_id: str | None,
+    body: GenerateRequest,
 ) -> AsyncIterator[bytes]:
     """NDJSON lines for one request; if the client goes away, closing this generator aborts the request."""
     if replica.lifecycle.expired:  # accepted, but the drain's deadline passed before it started
         err = ReplicaDrainingError("the replica is shutting down; retry the request")
         yield encode_event(ErrorEvent(error=err.to_body().error))
         return
-    gen = replica.engine.generate(prompt, params, use.engine_adapter_id, request_id, trace, tenant_id)
+    gen = replica.engine.generate(
+        prompt, params, use.engine_adapter_id, request_id, trace, body.tenant_id, body.cache_salt
+    )
     first = True
     async with contextlib.aclosing(gen):
         async for out in gen:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,7 +14,9 @@ from lorafleet.model.base_hash import base_model_hash
 from replica.adapter_cache.tier import CacheEvent
 from replica.config import ReplicaSettings
 from replica.engine.sampler import SamplingParams
+from replica.engine.scheduler import CacheCounters
 from replica.engine.sequence import Sequence
+from replica.kv.blocks import BlockManager
 from replica.metrics import ReplicaMetrics, engine_load
 from replica.runtime import Replica, build_replica
 from replica.server import create_app
@@ -108,10 +111,12 @@ def test_engine_load_lists_running_and_waiting_adapters_and_kv_usage() -> None:
     run = [Sequence("a", [1, 2, 3], params, "x"), Sequence("b", [1] * 5, params, None)]
     run[0].output_token_ids = [7, 8]
     wait = [Sequence("c", [1] * 4, params, "y"), Sequence("d", [1], params, "x")]
-    load = engine_load(run, wait, kv_usage=0.5)
+    blocks = BlockManager(8, 4)
+    assert blocks.allocate("a", 5) and blocks.allocate("b", 5)  # four of eight blocks held
+    load = engine_load(run, wait, blocks, CacheCounters(queries=40, hits=16, preemptions=1))
     assert (load.running, load.waiting) == (2, 2)
-    assert load.kv_usage == pytest.approx(0.5)
-    assert engine_load(run, wait, kv_usage=1.2).kv_usage == 1.0
+    assert load.kv_usage == pytest.approx(0.5) and (load.kv_blocks, load.block_size) == (8, 4)
+    assert (load.prefix_cache_queries, load.prefix_cache_hits, load.preemptions) == (40, 16, 1)
     assert load.tokens_in_flight == 10 + 5
     assert load.running_adapters == ("x",) and load.waiting_adapters == ("x", "y")
 
@@ -146,3 +151,30 @@ async def test_holds_gauge_shows_a_pinned_slot_and_returns_to_zero_on_release(
     finally:
         replica.release(use)
     assert _value((await _scrape(client))[holds], holds, kind="slot_refs") == 0
+
+
+async def _generate(client: httpx.AsyncClient, prompt: list[int], **extra: object) -> dict:
+    body = {"prompt_token_ids": prompt, "max_tokens": 2, "ignore_eos": True, "adapter_id": "tiny-a", **extra}
+    resp = await client.post(f"{BASE}/generate", json=body, headers=AUTH)
+    assert resp.status_code == 200, resp.text
+    return json.loads(resp.text.splitlines()[-1])
+
+
+async def test_prefix_cache_hits_reach_the_usage_the_metrics_and_the_state(
+    client: httpx.AsyncClient, replica: Replica
+) -> None:
+    prompt = [(5 * i) % 200 + 7 for i in range(40)]  # two full blocks of 16 and 8 tokens
+    before = await _scrape(client)
+    first = await _generate(client, prompt)
+    again = await _generate(client, prompt)
+    salted = await _generate(client, prompt, cache_salt="end-user-1")
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}
+    assert salted["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    after = await _scrape(client)
+    gained = lambda name: _value(after[name], name + "_total") - _value(before.get(name, []), name + "_total")  # noqa: E731
+    assert gained("vllm:prefix_cache_queries") == 120 and gained("vllm:prefix_cache_hits") == 32
+    (config,) = after["vllm:cache_config_info"]
+    assert config.labels["block_size"] == "16" and int(config.labels["num_gpu_blocks"]) > 0
+    state = replica.replica_state()
+    assert state.prefix_cache_hits >= 32 and state.prefix_cache_queries >= 120 and state.kv_usage == 0.0

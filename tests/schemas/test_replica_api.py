@@ -48,7 +48,15 @@ def test_lines_keep_the_field_names_order_and_raw_utf8_replicas_have_always_writ
     assert list(json.loads(token).items()) == [("type", "token"), ("token_id", 42), ("text", "Hé")]
     assert "Hé".encode() in token  # not \u-escaped
     assert list(json.loads(done)) == ["type", "finish_reason", "text", "usage"]
-    assert json.loads(done)["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    assert json.loads(done)["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 3,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    # a replica from before the prefix cache writes no details: its line still parses, with none cached
+    old = b'{"type":"done","finish_reason":"stop","text":"","usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}'
+    assert STREAM_EVENT.validate_json(old).usage.prompt_tokens_details.cached_tokens == 0  # type: ignore[union-attr]
     assert json.loads(error) == {
         "type": "error",
         "error": {

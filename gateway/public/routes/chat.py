@@ -80,7 +80,9 @@ def replica_body(
         ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text())
         for m in body.messages
     ]
-    sampling = body.model_dump(include={"temperature", "top_p", "seed", "stop"}, exclude_none=True)
+    sampling = body.model_dump(
+        include={"temperature", "top_p", "seed", "stop", "cache_salt"}, exclude_none=True
+    )
     return GenerateRequest(
         messages=messages,
         adapter_id=adapter_id,
