@@ -43,7 +43,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import torch
 
 from replica.adapter_cache.cold_loads import ColdLoadGate
-from replica.adapter_cache.disk import DiskTier
+from replica.adapter_cache.disk import DiskTier, entry_digests
 from replica.adapter_cache.errors import (
     AdapterCacheError,
     AdapterNotRegisteredError,
@@ -156,7 +156,7 @@ class AdapterCache:
         by_digest: dict[str, list[str]] = {}
         for r in self.records.values():
             by_digest.setdefault(r.digest, []).append(r.adapter_id)
-        on_disk = {name.split("_", 1)[0] for name in self.disk.names()}
+        on_disk = {entry_digests(name).weights for name in self.disk.names()}
         disk_ids = sorted(i for d in on_disk for i in by_digest.get(d, []))
         return CacheState(
             self.gpu.adapter_ids(),
@@ -271,8 +271,7 @@ class AdapterCache:
         """Re-hash one disk entry (round robin) and drop it if it no longer matches; return its name."""
         dropped = await asyncio.to_thread(self.disk.scrub_next)
         if dropped is not None:
-            for other in self._ids_with_digest(dropped.split("_", 1)[0]):
-                self._emit("evict", other, "disk", None)
+            self._disk_evicted(dropped)
         return dropped
 
     # promotion
@@ -423,12 +422,12 @@ class AdapterCache:
         write = self._begin_streamed(record.adapter_id, layout_known) if slot else None
         start = time.perf_counter()
         try:
-            weights_digest, config_digest = self.disk.digests(name)
+            digests = entry_digests(name)
             host, nbytes, seen, layout = read_entry(
                 self.disk.path(name),
                 verified,
-                weights_digest,
-                config_digest,
+                digests.weights,
+                digests.config,
                 record.adapter_id,
                 record.base_model_hash,
                 self.spec,
@@ -497,8 +496,7 @@ class AdapterCache:
             self.disk.write, weights, fetched.config, fetched.weights_digest, fetched.config_digest, layout
         )
         for victim in evicted:
-            for other in self._ids_with_digest(victim.split("_", 1)[0]):
-                self._emit("evict", other, "disk", None)
+            self._disk_evicted(victim)
         for adapter_id in self._ids_with_digest(fetched.weights_digest):
             self._emit("load", adapter_id, source, "disk", time.perf_counter() - start, fetched.nbytes)
         return name
@@ -544,6 +542,10 @@ class AdapterCache:
         """Metadata checks (promote.check_fits), then the slot write; returns the idle adapter evicted."""
         check_fits(host, self.spec, self.gpu.row_layout(host.rank))
         return self.gpu.load(host)[1]
+
+    def _disk_evicted(self, name: str) -> None:
+        for adapter_id in self._ids_with_digest(entry_digests(name).weights):
+            self._emit("evict", adapter_id, "disk", None)
 
     def _ids_with_digest(self, digest: str) -> list[str]:
         return [r.adapter_id for r in self.records.values() if r.digest == digest]

@@ -26,7 +26,7 @@ import threading
 import uuid
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from replica.adapter_cache.identity import FileIdentity, Identities, settled_identity
 from replica.adapter_cache.lru import ByteLru
@@ -51,11 +51,39 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+class EntryDigests(NamedTuple):
+    """What a disk entry's name says: the sha256 its weights file and its config file must hash to."""
+
+    weights: str
+    config: str
+
+
+# An entry's name is built, matched and parsed here and nowhere else.
+
+
 def entry_name(weights_digest: str, config_digest: str) -> str:
     name = f"{weights_digest}_{config_digest}"
     if not ENTRY_RE.fullmatch(name):
         raise ValueError("digests must be 64 lowercase hex characters")
     return name
+
+
+def holds_weights(name: str, weights_digest: str) -> bool:
+    """The entry's weights file hashes to weights_digest (a prefix test: it runs for every entry a find
+    passes over)."""
+    return name.startswith(weights_digest + "_")
+
+
+def is_entry_name(name: str) -> bool:
+    return ENTRY_RE.fullmatch(name) is not None
+
+
+def entry_digests(name: str) -> EntryDigests:
+    """ValueError when name is not an entry's name."""
+    m = ENTRY_RE.fullmatch(name)
+    if m is None:
+        raise ValueError("not a disk-tier entry name")
+    return EntryDigests(m["weights"], m["config"])
 
 
 class DiskTier:
@@ -71,7 +99,7 @@ class DiskTier:
         self._verified: dict[str, Verified] = {}
         self._scrub_order: deque[str] = deque()
         for path in sorted(self.root.iterdir(), key=lambda p: p.stat().st_mtime):
-            if ENTRY_RE.fullmatch(path.name) and path.is_dir() and not path.is_symlink():
+            if _is_entry(path):
                 try:
                     self.lru.add(path.name, _dir_bytes(path))  # unverified: hashed on first use
                 except Exception:  # noqa: BLE001 - over budget after a config change: drop it
@@ -81,27 +109,19 @@ class DiskTier:
         """An entry holding these weights, if any (touched as recently used)."""
         with self.lock:
             for name in self.lru.keys():
-                if name.startswith(weights_digest + "_"):
+                if holds_weights(name, weights_digest):
                     self.lru.touch(name)
                     return name
         return None
 
     def path(self, name: str) -> Path:
-        if not ENTRY_RE.fullmatch(name):
-            raise ValueError("not a disk-tier entry name")
+        entry_digests(name)  # a name is never a path piece unless it is an entry's
         return self.root / name
 
     def verified(self, name: str) -> Verified | None:
         """(identities, layout) recorded at verification; None while the entry is unverified."""
         with self.lock:
             return self._verified.get(name)
-
-    def digests(self, name: str) -> tuple[str, str]:
-        """(weights sha256, config sha256) that an entry's files must hash to: its name."""
-        m = ENTRY_RE.fullmatch(name)
-        if m is None:
-            raise ValueError("not a disk-tier entry name")
-        return m["weights"], m["config"]
 
     # writing verified bytes
 
@@ -205,11 +225,10 @@ class DiskTier:
         if name is None:
             return None
         try:
-            weights_digest, config_digest = self.digests(name)
-            path = self.path(name)
+            digests, path = entry_digests(name), self.path(name)
             ok = (
-                sha256_file(path / WEIGHTS_NAME) == weights_digest
-                and sha256_file(path / CONFIG_NAME) == config_digest
+                sha256_file(path / WEIGHTS_NAME) == digests.weights
+                and sha256_file(path / CONFIG_NAME) == digests.config
             )
         except OSError:
             ok = False
@@ -236,6 +255,10 @@ def _write(path: Path, data: memoryview | bytes) -> FileIdentity:
         while done < len(view):
             done += f.write(view[done:])
         return FileIdentity.of(os.fstat(f.fileno()))
+
+
+def _is_entry(path: Path) -> bool:
+    return is_entry_name(path.name) and path.is_dir() and not path.is_symlink()
 
 
 def _dir_bytes(path: Path) -> int:
