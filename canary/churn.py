@@ -30,9 +30,9 @@ from canary.manifest import CanaryManifest
 from canary.markers import Marker, markers_in_tokens
 from canary.prompts import PromptSampler
 from canary.tiny_base import TINY_CONFIG
+from replica.adapter_cache.gpu import Loaded
 from replica.adapter_cache.host import HostAdapter
 from replica.config import ReplicaSettings
-from replica.lora.slots import SlotRef
 from replica.runtime import Replica
 from replica.server import create_app
 from schemas.replica_api import GenerateRequest
@@ -119,7 +119,7 @@ def watch_slot_writes(replica: Replica) -> SlotWrites:
     writes = SlotWrites()
     real = gpu.load
 
-    def load(host: HostAdapter) -> tuple[SlotRef, str | None]:
+    def load(host: HostAdapter) -> Loaded:
         decoding = len(running) > 0
         result = real(host)
         with writes.lock:

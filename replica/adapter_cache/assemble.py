@@ -34,6 +34,7 @@ def adapter_cache(
     cache_dir: Path,
     disk_budget_bytes: int,
     ram_budget_bytes: int,
+    *,
     s3: Any | None = None,
     registry: RecordSource | None = None,
     on_event: Callable[[CacheEvent], None] = lambda _e: None,

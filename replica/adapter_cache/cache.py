@@ -38,7 +38,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 import torch
 
@@ -95,6 +95,35 @@ class CacheState:
     loads_per_min: float
 
 
+class Slotted(NamedTuple):
+    evicted: str | None  # the idle adapter evicted for the slot
+    seconds: float  # the slot write's time
+
+
+class Validated(NamedTuple):
+    host: HostAdapter
+    layout: Layout
+    slotted: Slotted | None  # None: no slot asked, or none free now
+
+
+class ReadBack(NamedTuple):
+    host: HostAdapter
+    nbytes: int  # bytes read from disk
+    slotted: Slotted | None
+
+
+class PendingWrite(NamedTuple):
+    """Verified bytes whose disk copy is not started yet, and their layout."""
+
+    fetched: Fetched
+    layout: Layout
+
+
+class Failure(NamedTuple):
+    until: float  # clock time from which it no longer counts
+    error: AdapterCacheError
+
+
 class AdapterCache:
     """The replica's adapter cache; all methods are called from the server's event loop."""
 
@@ -106,6 +135,7 @@ class AdapterCache:
         disk: DiskTier,
         host: HostTier,
         gpu: GpuTier,
+        *,
         on_event: Callable[[CacheEvent], None] = lambda _e: None,
         slot_wait_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
@@ -131,14 +161,13 @@ class AdapterCache:
         self.gpu_evictions = RateWindow(clock=clock)
         self.gpu_loads = RateWindow(clock=clock)
         self._flights: dict[tuple[str, str], asyncio.Future[Any]] = {}
-        # digest -> verified bytes (and their layout) whose disk copy is not started yet
-        self._unwritten: dict[str, tuple[Fetched, Layout]] = {}
+        self._unwritten: dict[str, PendingWrite] = {}  # by weights digest
         self._writes: dict[str, asyncio.Future[None]] = {}  # digest -> its background disk write
         self._pin_host = gpu.device.type == "cuda"
         self.cold_loads = ColdLoadGate(cold_loads_per_tenant, cold_loads_total)
         self.failure_ttl_s = failure_ttl_s
         self.clock = clock
-        self._failed: dict[str, tuple[float, AdapterCacheError]] = {}  # adapter_id -> (until, its error)
+        self._failed: dict[str, Failure] = {}  # adapter_id -> its last load failure, while it counts
 
     # where adapters are
 
@@ -201,9 +230,9 @@ class AdapterCache:
 
     def _remember_failure(self, adapter_id: str, exc: AdapterCacheError) -> None:
         now = self.clock()
-        for expired in [a for a, (until, _) in self._failed.items() if until <= now]:
+        for expired in [a for a, f in self._failed.items() if f.until <= now]:
             del self._failed[expired]  # one entry per failing adapter at most, and only while it counts
-        self._failed[adapter_id] = (now + self.failure_ttl_s, exc)
+        self._failed[adapter_id] = Failure(now + self.failure_ttl_s, exc)
         if exc.status == 503:
             exc.retry_after_s = self.failure_ttl_s
 
@@ -211,8 +240,8 @@ class AdapterCache:
         failed = self._failed.get(adapter_id)
         if failed is None:
             return
-        until, exc = failed
-        left = until - self.clock()
+        exc = failed.error
+        left = failed.until - self.clock()
         if left <= 0 or self.gpu.contains(adapter_id) or adapter_id in self.host:
             del self._failed[adapter_id]  # expired, or loaded since (an owner's load): this request goes on
             return
@@ -328,22 +357,20 @@ class AdapterCache:
     async def _fetch(self, record: AdapterRecord) -> Fetched:
         return await self._once("fetch", record.digest, lambda: self.store.fetch(record, self._pin_host))
 
-    def _validate(
-        self, fetched: Fetched, record: AdapterRecord, slot: bool = False
-    ) -> tuple[HostAdapter, Layout, tuple[str | None, float] | None]:
+    def _validate(self, fetched: Fetched, record: AdapterRecord, slot: bool = False) -> Validated:
         """Worker thread: the checks a RAM entry carries, on bytes just fetched (then the slot, if asked)."""
-        host, layout = validate_and_pack(
+        packed = validate_and_pack(
             fetched.weights,
             fetched.config,
-            record.adapter_id,
-            record.base_model_hash,
-            self.spec,
-            self.gpu.dtype,
-            self._pin_host,
-            fetched.weights_digest,
-            self.gpu.row_layout,
+            adapter_id=record.adapter_id,
+            base_model_hash=record.base_model_hash,
+            digest=fetched.weights_digest,
+            spec=self.spec,
+            dtype=self.gpu.dtype,
+            pin=self._pin_host,
+            row_for=self.gpu.row_layout,
         )
-        return host, layout, self._into_slot(host, slot)
+        return Validated(packed.host, packed.layout, self._into_slot(packed.host, slot))
 
     async def _to_disk(self, record: AdapterRecord) -> str:
         """Object store -> disk only (an owner warming its disk): verified and validated, not kept in RAM."""
@@ -353,44 +380,41 @@ class AdapterCache:
             return name
         start = time.perf_counter()
         fetched = await self._fetch(record)
-        _host, layout, _ = await asyncio.to_thread(self._validate, fetched, record)
-        return await self._write(fetched, layout, "remote", start)
+        validated = await asyncio.to_thread(self._validate, fetched, record)
+        return await self._write(fetched, validated.layout, "remote", start)
 
     async def _to_ram(self, record: AdapterRecord, slot: bool = False) -> None:
         """Disk (or, failing that, the object store) -> RAM; with `slot`, also into a GPU slot, in the same
         worker-thread call (one hop fewer on a request's critical path)."""
-        host: HostAdapter | None = None
-        slotted: tuple[str | None, float] | None = None
+        read: ReadBack | None = None
         source: Tier = "disk"
-        start, nbytes = time.perf_counter(), 0
+        start = time.perf_counter()
         name = self.disk.find(record.digest)
         if name is not None:
             try:
-                host, nbytes, slotted = await asyncio.to_thread(self._read_disk, name, record, slot)
+                read = await asyncio.to_thread(self._read_disk, name, record, slot)
             except ChecksumMismatchError as exc:
                 log.warning(
                     "adapter %s: local copy is corrupt (%s), fetching it again", record.adapter_id, exc
                 )
-        if host is None:
+        if read is None:
             source, start = "remote", time.perf_counter()
             fetched = await self._fetch(record)
-            validated, layout, slotted = await asyncio.to_thread(self._validate, fetched, record, slot)
-            host, nbytes = validated, fetched.nbytes
+            validated = await asyncio.to_thread(self._validate, fetched, record, slot)
+            read = ReadBack(validated.host, fetched.nbytes, validated.slotted)
             if self.disk.find(record.digest) is None:
-                self._unwritten[record.digest] = (fetched, layout)
-        ram_s = time.perf_counter() - start - (slotted[1] if slotted is not None else 0.0)
+                self._unwritten[record.digest] = PendingWrite(fetched, validated.layout)
+        host, slotted = read.host, read.slotted
+        ram_s = time.perf_counter() - start - (slotted.seconds if slotted is not None else 0.0)
         for victim in self.host.put(host):
             self._emit("evict", victim, "ram", None)
-        self._emit("load", record.adapter_id, source, "ram", ram_s, nbytes)
+        self._emit("load", record.adapter_id, source, "ram", ram_s, read.nbytes)
         if slotted is not None:
-            self._slotted(host, *slotted)
+            self._slotted(host, slotted)
 
-    def _into_slot(self, host: HostAdapter, slot: bool) -> tuple[str | None, float] | None:
-        """Worker thread, after a RAM entry was made: metadata checks and the copy into a slot.
-
-        Returns (idle adapter evicted, seconds), or None when not asked or no slot is free now (the
-        caller's GPU step tries again and waits for one).
-        """
+    def _into_slot(self, host: HostAdapter, slot: bool) -> Slotted | None:
+        """Worker thread, after a RAM entry was made: metadata checks and the copy into a slot. None when
+        not asked or no slot is free now (the caller's GPU step tries again and waits for one)."""
         if not slot:
             return None
         start = time.perf_counter()
@@ -398,18 +422,16 @@ class AdapterCache:
             evicted = self._load_checked(host)
         except NoFreeSlotError:
             return None
-        return evicted, time.perf_counter() - start
+        return Slotted(evicted, time.perf_counter() - start)
 
-    def _slotted(self, host: HostAdapter, evicted: str | None, seconds: float) -> None:
-        if evicted is not None:
+    def _slotted(self, host: HostAdapter, slotted: Slotted) -> None:
+        if slotted.evicted is not None:
             self.gpu_evictions.mark()
-            self._emit("evict", evicted, "gpu", "ram" if evicted in self.host else None)
+            self._emit("evict", slotted.evicted, "gpu", "ram" if slotted.evicted in self.host else None)
         self.gpu_loads.mark()
-        self._emit("load", host.adapter_id, "ram", "gpu", seconds, host.nbytes)
+        self._emit("load", host.adapter_id, "ram", "gpu", slotted.seconds, host.nbytes)
 
-    def _read_disk(
-        self, name: str, record: AdapterRecord, slot: bool
-    ) -> tuple[HostAdapter, int, tuple[str | None, float] | None]:
+    def _read_disk(self, name: str, record: AdapterRecord, slot: bool) -> ReadBack:
         """Worker thread: one read of the disk entry, proven by its identities (or hashed if unverified).
 
         With `slot`, a verified entry whose file is its RAM entry's buffer (a view layout) is written into a
@@ -418,27 +440,27 @@ class AdapterCache:
         if not self.disk.pin(name):
             raise ChecksumMismatchError("the local copy was evicted before it was read")
         verified = self.disk.verified(name)
-        layout_known = verified[1] if verified is not None else None
+        layout_known: Layout | None = verified.layout if verified is not None else None
         write = self._begin_streamed(record.adapter_id, layout_known) if slot else None
         start = time.perf_counter()
         try:
             digests = entry_digests(name)
-            host, nbytes, seen, layout = read_entry(
+            read = read_entry(
                 self.disk.path(name),
                 verified,
-                digests.weights,
-                digests.config,
-                record.adapter_id,
-                record.base_model_hash,
-                self.spec,
-                self.gpu.dtype,
-                self._pin_host,
-                self.gpu.row_layout,
-                self._sink(write, layout_known.start) if write is not None and layout_known else None,
+                weights_digest=digests.weights,
+                config_digest=digests.config,
+                adapter_id=record.adapter_id,
+                base_model_hash=record.base_model_hash,
+                spec=self.spec,
+                dtype=self.gpu.dtype,
+                pin=self._pin_host,
+                row_for=self.gpu.row_layout,
+                sink=self._sink(write, layout_known.start) if write is not None and layout_known else None,
             )
             if write is not None:
-                check_fits(host, self.spec, self.gpu.row_layout(host.rank))
-                self.gpu.finish(write, host)
+                check_fits(read.host, self.spec, self.gpu.row_layout(read.host.rank))
+                self.gpu.finish(write, read.host)
         except ChecksumMismatchError:
             self.disk.drop_corrupt(name)
             raise
@@ -447,10 +469,12 @@ class AdapterCache:
                 self.gpu.abort(write)  # a no-op once finished
             self.disk.unpin(name)
         if verified is None:
-            self.disk.settle(name, seen, layout)  # hashed just now: from here on its identities prove it
+            self.disk.settle(
+                name, read.seen, read.layout
+            )  # hashed just now: its identities prove it from here on
         if write is not None:
-            return host, nbytes, (write.evicted, time.perf_counter() - start)
-        return host, nbytes, self._into_slot(host, slot)
+            return ReadBack(read.host, read.nbytes, Slotted(write.evicted, time.perf_counter() - start))
+        return ReadBack(read.host, read.nbytes, self._into_slot(read.host, slot))
 
     def _begin_streamed(self, adapter_id: str, layout: Layout | None) -> SlotWrite | None:
         """Reserve a slot for a streamed disk read, or None (not a view layout, resident, or no free slot)."""
@@ -473,10 +497,10 @@ class AdapterCache:
 
     def _start_writes(self) -> None:
         for digest in list(self._unwritten):
-            fetched, layout = self._unwritten.pop(digest)
+            pending = self._unwritten.pop(digest)
             if digest in self._writes:
                 continue
-            task = asyncio.ensure_future(self._background_write(fetched, layout))
+            task = asyncio.ensure_future(self._background_write(pending))
             self._writes[digest] = task
             task.add_done_callback(partial(self._forget_write, digest))
 
@@ -484,22 +508,22 @@ class AdapterCache:
         if self._writes.get(digest) is task:  # a later write of the same digest may have replaced it
             del self._writes[digest]
 
-    async def _background_write(self, fetched: Fetched, layout: Layout) -> None:
+    async def _background_write(self, pending: PendingWrite) -> None:
         try:
-            await self._write(fetched, layout, "ram", time.perf_counter())
+            await self._write(pending.fetched, pending.layout, "ram", time.perf_counter())
         except Exception:  # noqa: BLE001 - the RAM entry serves; the disk copy is fetched again when needed
-            log.exception("could not write adapter %s to the disk tier", fetched.weights_digest[:16])
+            log.exception("could not write adapter %s to the disk tier", pending.fetched.weights_digest[:16])
 
     async def _write(self, fetched: Fetched, layout: Layout, source: Tier, start: float) -> str:
         weights = fetched.weights.numpy().data.cast("B")  # ndarray.data: the array as a memoryview
-        name, evicted = await asyncio.to_thread(
+        written = await asyncio.to_thread(
             self.disk.write, weights, fetched.config, fetched.weights_digest, fetched.config_digest, layout
         )
-        for victim in evicted:
+        for victim in written.evicted:
             self._disk_evicted(victim)
         for adapter_id in self._ids_with_digest(fetched.weights_digest):
             self._emit("load", adapter_id, source, "disk", time.perf_counter() - start, fetched.nbytes)
-        return name
+        return written.name
 
     def _ram_to_gpu_now(self, adapter_id: str) -> bool:
         """RAM -> slot on the loop, start to end without an await, when the write is short: no other
@@ -515,7 +539,7 @@ class AdapterCache:
             evicted = self._load_checked(item)
         finally:
             self.host.unpin(adapter_id)
-        self._slotted(item, evicted, time.perf_counter() - start)
+        self._slotted(item, Slotted(evicted, time.perf_counter() - start))
         return True
 
     async def _ram_to_gpu(self, adapter_id: str) -> None:
@@ -536,12 +560,12 @@ class AdapterCache:
                 evicted = await asyncio.to_thread(self._load_checked, item)
         finally:
             self.host.unpin(adapter_id)
-        self._slotted(item, evicted, time.perf_counter() - start)
+        self._slotted(item, Slotted(evicted, time.perf_counter() - start))
 
     def _load_checked(self, host: HostAdapter) -> str | None:
         """Metadata checks (promote.check_fits), then the slot write; returns the idle adapter evicted."""
         check_fits(host, self.spec, self.gpu.row_layout(host.rank))
-        return self.gpu.load(host)[1]
+        return self.gpu.load(host).evicted
 
     def _disk_evicted(self, name: str) -> None:
         for adapter_id in self._ids_with_digest(entry_digests(name).weights):

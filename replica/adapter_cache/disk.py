@@ -39,7 +39,18 @@ PARTIAL = ".partial"
 PROBE = ".ctime-probe"
 CHUNK = 4 << 20
 
-Verified = tuple[Identities, Any]  # (the files' identities, the layout validation learned)
+
+class Verified(NamedTuple):
+    """What the index keeps of a verified entry: its files' identities and the layout validation learned
+    (opaque to this tier)."""
+
+    identities: Identities
+    layout: Any
+
+
+class Written(NamedTuple):
+    name: str  # the entry now holding the bytes
+    evicted: list[str]  # entries dropped to make room
 
 
 def sha256_file(path: Path) -> str:
@@ -119,7 +130,7 @@ class DiskTier:
         return self.root / name
 
     def verified(self, name: str) -> Verified | None:
-        """(identities, layout) recorded at verification; None while the entry is unverified."""
+        """What was recorded at verification; None while the entry is unverified."""
         with self.lock:
             return self._verified.get(name)
 
@@ -127,31 +138,31 @@ class DiskTier:
 
     def write(
         self, weights: memoryview, config: bytes, weights_digest: str, config_digest: str, layout: Any
-    ) -> tuple[str, list[str]]:
-        """Store bytes verified and validated in memory; return (entry name, entries evicted). Blocking."""
+    ) -> Written:
+        """Store bytes verified and validated in memory. Blocking."""
         staging = self.root / PARTIAL / uuid.uuid4().hex
         staging.mkdir()
         try:
-            written = (_write(staging / WEIGHTS_NAME, weights), _write(staging / CONFIG_NAME, config))
-            name, evicted, placed = self._commit(staging, weights_digest, config_digest)
+            identities = Identities(
+                _write(staging / WEIGHTS_NAME, weights), _write(staging / CONFIG_NAME, config)
+            )
+            written, placed = self._commit(staging, weights_digest, config_digest)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         if placed:
-            self.settle(name, written, layout)
-        return name, evicted
+            self.settle(written.name, identities, layout)
+        return written
 
     def settle(self, name: str, expected: Identities, layout: Any) -> bool:
         """Mark an entry verified once its files' ctimes have settled and they are still `expected`."""
         path, probe = self.path(name), self.root / PARTIAL / PROBE
         try:
-            ids = (
-                settled_identity(path / WEIGHTS_NAME, probe, expected[0]),
-                settled_identity(path / CONFIG_NAME, probe, expected[1]),
-            )
+            weights = settled_identity(path / WEIGHTS_NAME, probe, expected.weights)
+            config = settled_identity(path / CONFIG_NAME, probe, expected.config)
         except OSError:
             return False
-        if ids[0] is None or ids[1] is None:
+        if weights is None or config is None:
             log.warning(
                 "disk-tier entry %s stays unverified (its files changed or did not settle)", name[:16]
             )
@@ -159,30 +170,32 @@ class DiskTier:
         with self.lock:
             if name not in self.lru:
                 return False
-            self._verified[name] = ((ids[0], ids[1]), layout)
+            self._verified[name] = Verified(Identities(weights, config), layout)
         return True
 
     def current(self, name: str) -> Identities:
         """The files' identities as they are now (OSError when a file is missing)."""
         path = self.path(name)
-        return FileIdentity.of((path / WEIGHTS_NAME).stat()), FileIdentity.of((path / CONFIG_NAME).stat())
+        return Identities(
+            FileIdentity.of((path / WEIGHTS_NAME).stat()), FileIdentity.of((path / CONFIG_NAME).stat())
+        )
 
-    def _commit(self, staging: Path, weights_digest: str, config_digest: str) -> tuple[str, list[str], bool]:
-        """Rename staging into place: (name, evicted, False when the entry was already there)."""
+    def _commit(self, staging: Path, weights_digest: str, config_digest: str) -> tuple[Written, bool]:
+        """Rename staging into place; False when the entry was already there."""
         name = entry_name(weights_digest, config_digest)
         size = _dir_bytes(staging)
         with self.lock:
             if name in self.lru:
                 shutil.rmtree(staging, ignore_errors=True)
                 self.lru.touch(name)
-                return name, [], False
+                return Written(name, []), False
             evicted = self.lru.add(name, size)
             for victim in evicted:
                 self._verified.pop(victim, None)
                 shutil.rmtree(self.root / victim, ignore_errors=True)
             shutil.rmtree(self.root / name, ignore_errors=True)
             staging.rename(self.root / name)
-        return name, evicted, True
+        return Written(name, evicted), True
 
     # readers hold a pin so the entry is not evicted under them
 

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -59,6 +60,11 @@ def arenas_of(layers: dict[ModuleKey, LoraLinear]) -> dict[int, SlotArena]:
         if len(arena.layout.modules) != len(layers):
             raise ValueError(f"the rank-{bucket} arena holds modules that are not among the layers")
     return arenas
+
+
+class Loaded(NamedTuple):
+    ref: SlotRef  # the slot that holds the adapter
+    evicted: str | None  # the idle adapter evicted for it
 
 
 class GpuTier:
@@ -132,13 +138,13 @@ class GpuTier:
         with self.lock:
             return sorted(self._ready)
 
-    def load(self, host: HostAdapter) -> tuple[SlotRef, str | None]:
-        """Write host's weights into a slot; return (slot, idle adapter evicted for it). Blocking."""
+    def load(self, host: HostAdapter) -> Loaded:
+        """Write host's weights into a slot. Blocking."""
         with self.lock:
             if host.adapter_id in self._ready:
                 entry = self.table.lookup(host.adapter_id)
                 assert entry is not None  # a ready adapter holds its slot-table entry
-                return entry.ref, None
+                return Loaded(entry.ref, None)
         write = self.begin(host.adapter_id, host.rank, host.bucket, host.targets)
         try:
             self.copy_span(write, host.flat, 0, host.flat.numel())
@@ -146,7 +152,7 @@ class GpuTier:
         except BaseException:
             self.abort(write)
             raise
-        return write.ref, write.evicted
+        return Loaded(write.ref, write.evicted)
 
     def begin(self, adapter_id: str, rank: int, bucket: int, targets: tuple[ModuleKey, ...]) -> SlotWrite:
         """Reserve a slot for an adapter of these modules (pinned, not ready) and zero what it will not

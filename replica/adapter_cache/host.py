@@ -75,7 +75,14 @@ def pack(weights: AdapterWeights, digest: str, dtype: torch.dtype, pin: bool, ro
     flat = torch.zeros(numel, dtype=dtype, pin_memory=pin)  # [numel]
     scales = torch.empty(len(targets), dtype=torch.float32, pin_memory=pin)  # [num_targets]
     host = HostAdapter(
-        weights.adapter_id, digest, weights.rank, row.rank, targets, flat, scales, weights.base_model_hash
+        adapter_id=weights.adapter_id,
+        digest=digest,
+        rank=weights.rank,
+        bucket=row.rank,
+        targets=targets,
+        flat=flat,
+        scales=scales,
+        base_model_hash=weights.base_model_hash,
     )
     for i, (key, (a, b)) in enumerate(zip(targets, host.views(row), strict=True)):
         lora = weights.modules[key]

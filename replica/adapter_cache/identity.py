@@ -17,6 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 SETTLE_WAIT_S = 3.0  # longer than the coarsest ctime granularity in use (1 s on some filesystems)
 
@@ -34,7 +35,11 @@ class FileIdentity:
         return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-Identities = tuple[FileIdentity, FileIdentity]  # (adapter_model.safetensors, adapter_config.json)
+class Identities(NamedTuple):
+    """An entry's two files: adapter_model.safetensors and adapter_config.json."""
+
+    weights: FileIdentity
+    config: FileIdentity
 
 
 def stamp(probe: Path) -> int:

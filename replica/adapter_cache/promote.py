@@ -33,6 +33,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -41,6 +42,7 @@ from lorafleet.adapter_rules.artifact import check_artifact, check_base
 from lorafleet.adapter_rules.errors import AdapterRejected
 from lorafleet.adapter_rules.finite import check_finite
 from lorafleet.adapter_rules.safetensors_header import TensorEntry
+from replica.adapter_cache.disk import Verified
 from replica.adapter_cache.errors import ChecksumMismatchError
 from replica.adapter_cache.host import HostAdapter, row_targets
 from replica.adapter_cache.identity import FileIdentity, Identities
@@ -57,9 +59,27 @@ from replica.lora.row_layout import ModuleKey, RowLayout
 from replica.lora.spec import AdapterSpec
 from replica.lora.weights import CONFIG_NAME, TORCH_DTYPES, WEIGHTS_NAME, weights_path
 
-Place = tuple[str, str, int, int, int, int, int, int]
-# (tensor name, file dtype, byte begin, byte end, offset in the packed buffer, rows, cols, row stride):
-# the tensor lands in flat[offset : offset + rows * stride].view(rows, stride)[:, :cols]
+
+class Place(NamedTuple):
+    """Where one tensor of the file lands in the packed buffer:
+    flat[offset : offset + rows * stride].view(rows, stride)[:, :cols]."""
+
+    name: str
+    file_dtype: str
+    begin: int  # its bytes in the file
+    end: int
+    offset: int  # elements into the packed buffer
+    rows: int
+    cols: int
+    stride: int
+
+
+class Run(NamedTuple):
+    """File bytes [begin, end) copied as one span to the packed buffer from element `offset`."""
+
+    begin: int
+    end: int
+    offset: int
 
 
 @dataclass(frozen=True)
@@ -71,7 +91,7 @@ class Layout:
     numel: int  # elements of the packed buffer
     view: bool  # the data section is the packed buffer (slot dtype, aligned, bucket rank, row order)
     padded: bool  # some module's rank is below the bucket's: the buffer starts zeroed
-    runs: tuple[tuple[int, int, int], ...]  # (byte begin, byte end, offset): same-dtype contiguous spans
+    runs: tuple[Run, ...]  # same-dtype contiguous spans
     others: tuple[Place, ...]  # tensors copied one by one (padded B, or converting dtype)
     tensors: tuple[TensorEntry, ...]  # every tensor of the file, in the rules' check order
     targets: tuple[ModuleKey, ...]
@@ -81,24 +101,44 @@ class Layout:
     declared_base: str | None  # adapter_config.json's base_model_hash
 
 
+class Packed(NamedTuple):
+    host: HostAdapter  # the validated RAM entry
+    layout: Layout
+
+
+class ReadEntry(NamedTuple):
+    host: HostAdapter
+    nbytes: int  # bytes read: the two files
+    seen: Identities  # the files' identities as read
+    layout: Layout
+
+
 def validate_and_pack(
     buf: torch.Tensor,
     config: bytes,
+    *,
     adapter_id: str,
     base_model_hash: str | None,
+    digest: str,
     spec: AdapterSpec,
     dtype: torch.dtype,
     pin: bool,
-    digest: str,
     row_for: Callable[[int], RowLayout],
-) -> tuple[HostAdapter, Layout]:
-    """buf [file bytes] uint8 -> (validated RAM entry, the file's layout); an AdapterError subclass if not.
+) -> Packed:
+    """buf [file bytes] uint8 -> the validated RAM entry and the file's layout; an AdapterError subclass if
+    not.
 
     row_for(rank) gives the slot-row layout of the bucket that holds the rank (GpuTier.row_layout).
     """
     try:
         checked = check_artifact(
-            config, buf.numpy().data, spec, spec.max_rank, spec.base_model_hash, base_model_hash, False
+            config,
+            buf.numpy().data,
+            spec,
+            max_rank=spec.max_rank,
+            served_base_hash=spec.base_model_hash,
+            registered_base_hash=base_model_hash,
+            check_values=False,
         )
     except AdapterRejected as exc:
         raise adapter_error(exc) from exc
@@ -115,34 +155,45 @@ def validate_and_pack(
         m = plan.modules[key]
         a, b = m.a, m.b
         fan_out, fan_in = b.shape[0], a.shape[1]
-        places.append((a.name, a.dtype, a.begin, a.end, offset, m.rank, fan_in, fan_in))
+        places.append(Place(a.name, a.dtype, a.begin, a.end, offset, m.rank, fan_in, fan_in))
         offset += row.rank * fan_in
-        places.append((b.name, b.dtype, b.begin, b.end, offset, fan_out, m.rank, row.rank))
+        places.append(Place(b.name, b.dtype, b.begin, b.end, offset, fan_out, m.rank, row.rank))
         offset += fan_out * row.rank
         scales.append(m.scale)
     layout = _layout(
         buf,
-        checked.header.data_start,
         places,
-        offset,
         dtype,
-        targets,
-        plan.rank,
-        row.rank,
-        any(m.rank < row.rank for m in plan.modules.values()),
-        scales,
-        tuple(checked.tensors()),
-        checked.config.base_model_hash,
+        start=checked.header.data_start,
+        numel=offset,
+        targets=targets,
+        rank=plan.rank,
+        bucket=row.rank,
+        padded=any(m.rank < row.rank for m in plan.modules.values()),
+        scales=scales,
+        tensors=tuple(checked.tensors()),
+        declared=checked.config.base_model_hash,
     )
-    return pack(buf, layout, adapter_id, base_model_hash, spec, dtype, pin, digest), layout
+    host = pack(
+        buf,
+        layout,
+        adapter_id=adapter_id,
+        base_model_hash=base_model_hash,
+        digest=digest,
+        spec=spec,
+        dtype=dtype,
+        pin=pin,
+    )
+    return Packed(host, layout)
 
 
 def _layout(
     buf: torch.Tensor,
-    start: int,
     places: list[Place],
-    numel: int,
     dtype: torch.dtype,
+    *,
+    start: int,
+    numel: int,
     targets: tuple[ModuleKey, ...],
     rank: int,
     bucket: int,
@@ -153,17 +204,16 @@ def _layout(
 ) -> Layout:
     """Merge the placements into copy runs where source bytes and destination are both contiguous."""
     item = dtype.itemsize
-    runs: list[tuple[int, int, int]] = []
+    runs: list[Run] = []
     others: list[Place] = []
-    for place in sorted(places, key=lambda p: p[2]):  # file order
-        _name, file_dtype, begin, end, offset, _rows, cols, stride = place
-        if TORCH_DTYPES[file_dtype] != dtype or cols != stride or begin % item:
+    for place in sorted(places, key=lambda p: p.begin):  # file order
+        if TORCH_DTYPES[place.file_dtype] != dtype or place.cols != place.stride or place.begin % item:
             others.append(place)
-        elif runs and runs[-1][1] == begin and runs[-1][2] + (runs[-1][1] - runs[-1][0]) // item == offset:
-            runs[-1] = (runs[-1][0], end, runs[-1][2])
+        elif runs and runs[-1].end == place.begin and _run_ends_at(runs[-1], item) == place.offset:
+            runs[-1] = runs[-1]._replace(end=place.end)
         else:
-            runs.append((begin, end, offset))
-    view = not others and len(runs) == 1 and runs[0][0] == start and runs[0][2] == 0
+            runs.append(Run(place.begin, place.end, place.offset))
+    view = not others and len(runs) == 1 and runs[0].begin == start and runs[0].offset == 0
     return Layout(
         header=bytes(buf[:start].numpy()),
         start=start,
@@ -181,15 +231,21 @@ def _layout(
     )
 
 
+def _run_ends_at(run: Run, item: int) -> int:
+    """The packed-buffer element just past the run."""
+    return run.offset + (run.end - run.begin) // item
+
+
 def pack(
     buf: torch.Tensor,
     layout: Layout,
+    *,
     adapter_id: str,
     base_model_hash: str | None,
+    digest: str,
     spec: AdapterSpec,
     dtype: torch.dtype,
     pin: bool,
-    digest: str,
     finite: bool | None = None,
 ) -> HostAdapter:
     """buf [file bytes] with a known layout -> RAM entry: base hash, the NaN/Inf check, the packed buffer.
@@ -204,11 +260,11 @@ def pack(
         make = torch.zeros if layout.padded else torch.empty
         flat = make(layout.numel, dtype=dtype, pin_memory=pin)  # [numel]
         item = dtype.itemsize
-        for begin, end, offset in layout.runs:
-            flat[offset : offset + (end - begin) // item].copy_(buf[begin:end].view(dtype))
-        for _name, file_dtype, begin, end, offset, rows, cols, stride in layout.others:
-            src = _typed(buf, begin, end, TORCH_DTYPES[file_dtype]).view(rows, cols)
-            flat[offset : offset + rows * stride].view(rows, stride)[:, :cols].copy_(src)
+        for run in layout.runs:
+            flat[run.offset : _run_ends_at(run, item)].copy_(buf[run.begin : run.end].view(dtype))
+        for p in layout.others:
+            src = _typed(buf, p.begin, p.end, TORCH_DTYPES[p.file_dtype]).view(p.rows, p.cols)
+            flat[p.offset : p.offset + p.rows * p.stride].view(p.rows, p.stride)[:, : p.cols].copy_(src)
     # One pass: a sum is NaN or Inf when any element is (or when finite values overflow: then the exact
     # per-tensor check finds nothing and the adapter passes).
     if finite is None:
@@ -219,7 +275,14 @@ def pack(
     if pin:
         scales = scales.pin_memory()
     return HostAdapter(
-        adapter_id, digest, layout.rank, layout.bucket, layout.targets, flat, scales, spec.base_model_hash
+        adapter_id=adapter_id,
+        digest=digest,
+        rank=layout.rank,
+        bucket=layout.bucket,
+        targets=layout.targets,
+        flat=flat,
+        scales=scales,
+        base_model_hash=spec.base_model_hash,
     )
 
 
@@ -246,7 +309,8 @@ def _raise_non_finite(buf: torch.Tensor, layout: Layout) -> None:
 
 def read_entry(
     path: Path,
-    verified: tuple[Identities, Layout] | None,
+    verified: Verified | None,
+    *,
     weights_digest: str,
     config_digest: str,
     adapter_id: str,
@@ -256,11 +320,11 @@ def read_entry(
     pin: bool,
     row_for: Callable[[int], RowLayout],
     sink: Callable[[torch.Tensor, int, int], None] | None = None,
-) -> tuple[HostAdapter, int, Identities, Layout]:
-    """Read one disk entry, prove it (verified) or hash it, and pack it.
+) -> ReadEntry:
+    """Read one disk entry, prove it (verified: its Layout) or hash it, and pack it.
 
-    Returns (RAM entry, bytes read, the files' identities as read, the layout): the caller records the
-    last two when the entry was unverified. sink(buf, lo, hi), for a verified entry only, is called as
+    The caller records the identities seen and the layout when the entry was unverified. sink(buf, lo, hi),
+    for a verified entry only, is called as
     each chunk buf[lo:hi] of the data section lands (a slot write that follows the read, chunk by chunk,
     while the chunk is in cache); the bytes are proven only when read_entry returns.
     """
@@ -269,11 +333,11 @@ def read_entry(
         wpath = path / WEIGHTS_NAME if verified is not None else weights_path(path)
         with open(wpath, "rb", buffering=0) as f:
             before = FileIdentity.of(os.fstat(f.fileno()))
-            if verified is not None and before != verified[0][0]:
+            if verified is not None and before != verified.identities.weights:
                 raise ChecksumMismatchError(f"local copy of {adapter_id!r} changed after it was verified")
             buf, view = new_buffer(before.size, pin)  # [file bytes]
             if sink is not None and verified is not None:
-                got = _read_in_chunks(f, view, buf, verified[1].start, sink)
+                got = _read_in_chunks(f, view, buf, verified.layout.start, sink)
             else:
                 got = f.readinto(view)
             after = FileIdentity.of(os.fstat(f.fileno()))
@@ -282,30 +346,48 @@ def read_entry(
             config = f.read(caps.MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ChecksumMismatchError(f"local copy of {adapter_id!r} could not be read: {exc}") from exc
-    seen = (after, config_id)
+    seen = Identities(after, config_id)
     nbytes = before.size + len(config)
     if got != before.size or after != before:
         raise ChecksumMismatchError(f"local copy of {adapter_id!r} changed while it was read")
     if verified is not None:
-        ids, layout = verified
-        if config_id != ids[1] or bytes(buf[: layout.start].numpy()) != layout.header:
+        layout: Layout = verified.layout
+        if config_id != verified.identities.config or bytes(buf[: layout.start].numpy()) != layout.header:
             raise ChecksumMismatchError(f"local copy of {adapter_id!r} is not the one verified")
         try:
             # proven to be the bytes that passed validation, NaN/Inf check included: not checked again
-            host = pack(buf, layout, adapter_id, base_model_hash, spec, dtype, pin, weights_digest, True)
+            host = pack(
+                buf,
+                layout,
+                adapter_id=adapter_id,
+                base_model_hash=base_model_hash,
+                digest=weights_digest,
+                spec=spec,
+                dtype=dtype,
+                pin=pin,
+                finite=True,
+            )
         except AdapterError as exc:  # the bytes proved to be the verified ones: a failure means corruption
             raise ChecksumMismatchError(f"local copy of {adapter_id!r} fails validation: {exc}") from exc
-        return host, nbytes, seen, layout
+        return ReadEntry(host, nbytes, seen, layout)
     hashing = _HASHER.submit(lambda: hashlib.sha256(view).hexdigest())
     try:
-        host, layout = validate_and_pack(
-            buf, config, adapter_id, base_model_hash, spec, dtype, pin, weights_digest, row_for
+        packed = validate_and_pack(
+            buf,
+            config,
+            adapter_id=adapter_id,
+            base_model_hash=base_model_hash,
+            digest=weights_digest,
+            spec=spec,
+            dtype=dtype,
+            pin=pin,
+            row_for=row_for,
         )
     except BaseException:
         _check_digests(hashing.result(), weights_digest, config, config_digest)
         raise
     _check_digests(hashing.result(), weights_digest, config, config_digest)
-    return host, nbytes, seen, layout
+    return ReadEntry(packed.host, nbytes, seen, packed.layout)
 
 
 READ_CHUNK_BYTES = 1 << 20  # a host-to-device copy per MiB: large enough to run at full speed

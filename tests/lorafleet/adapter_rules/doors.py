@@ -137,13 +137,13 @@ def replica_verdicts(art: Artifact, folder: Path) -> dict[str, str]:
         return validate_and_pack(
             fetched.weights,
             fetched.config,
-            "a",
-            SERVED,
-            REPLICA_SPEC,
-            torch.float32,
-            False,
-            digest,
-            GPU.row_layout,
+            adapter_id="a",
+            base_model_hash=SERVED,
+            digest=digest,
+            spec=REPLICA_SPEC,
+            dtype=torch.float32,
+            pin=False,
+            row_for=GPU.row_layout,
         )
 
     runs = {
@@ -151,14 +151,14 @@ def replica_verdicts(art: Artifact, folder: Path) -> dict[str, str]:
         "disk": lambda: read_entry(
             folder,
             None,
-            digest,
-            config_digest,
-            "a",
-            SERVED,
-            REPLICA_SPEC,
-            torch.float32,
-            False,
-            GPU.row_layout,
+            weights_digest=digest,
+            config_digest=config_digest,
+            adapter_id="a",
+            base_model_hash=SERVED,
+            spec=REPLICA_SPEC,
+            dtype=torch.float32,
+            pin=False,
+            row_for=GPU.row_layout,
         ),
         "local_folder": lambda: read_adapter(folder, "a", REPLICA_SPEC, SERVED),
     }

@@ -14,11 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from replica.adapter_cache.disk import Verified
 from replica.adapter_cache.errors import ChecksumMismatchError
 from replica.adapter_cache.gpu import GpuTier
 from replica.adapter_cache.host import HostAdapter, pack
-from replica.adapter_cache.identity import FileIdentity
-from replica.adapter_cache.promote import Layout, check_fits, read_entry, validate_and_pack
+from replica.adapter_cache.identity import FileIdentity, Identities
+from replica.adapter_cache.promote import Layout, Packed, check_fits, read_entry, validate_and_pack
 from replica.errors import (
     AdapterBaseMismatchError,
     AdapterConfigError,
@@ -43,29 +44,41 @@ def _sha(path: Path) -> str:
 
 def _read(folder: Path, dtype: torch.dtype = torch.float32, digest: str | None = None, identities=None):
     """An unverified disk entry (hashed on this read), or a verified one when identities are given."""
-    verified = None if identities is None else (identities, _layout(folder))
-    host, nbytes, _seen, _layout_read = read_entry(
+    verified = None if identities is None else Verified(identities, _layout(folder))
+    read = read_entry(
         folder,
         verified,
-        digest or _sha(folder / WEIGHTS),
-        _sha(folder / "adapter_config.json"),
-        "a",
-        BASE_HASH,
-        SPEC,
-        dtype,
-        False,
-        row_for,
+        weights_digest=digest or _sha(folder / WEIGHTS),
+        config_digest=_sha(folder / "adapter_config.json"),
+        adapter_id="a",
+        base_model_hash=BASE_HASH,
+        spec=SPEC,
+        dtype=dtype,
+        pin=False,
+        row_for=row_for,
     )
-    return host, nbytes
+    return read.host, read.nbytes
 
 
 def _downloaded(folder: Path, dtype: torch.dtype = torch.float32) -> HostAdapter:
     """The same bytes as they arrive from the object store: one buffer, then validate_and_pack."""
     buf = torch.frombuffer(bytearray((folder / WEIGHTS).read_bytes()), dtype=torch.uint8)
     config = (folder / "adapter_config.json").read_bytes()
+    return _validate(buf, config, dtype, _sha(folder / WEIGHTS)).host
+
+
+def _validate(buf: torch.Tensor, config: bytes, dtype: torch.dtype, digest: str) -> Packed:
     return validate_and_pack(
-        buf, config, "a", BASE_HASH, SPEC, dtype, False, _sha(folder / WEIGHTS), row_for
-    )[0]
+        buf,
+        config,
+        adapter_id="a",
+        base_model_hash=BASE_HASH,
+        digest=digest,
+        spec=SPEC,
+        dtype=dtype,
+        pin=False,
+        row_for=row_for,
+    )
 
 
 _LAYOUTS: dict[Path, Layout] = {}
@@ -76,15 +89,13 @@ def _layout(folder: Path) -> Layout:
     if folder not in _LAYOUTS:
         buf = torch.frombuffer(bytearray((folder / WEIGHTS).read_bytes()), dtype=torch.uint8)
         config = (folder / "adapter_config.json").read_bytes()
-        _LAYOUTS[folder] = validate_and_pack(
-            buf, config, "a", BASE_HASH, SPEC, torch.float32, False, "d", row_for
-        )[1]
+        _LAYOUTS[folder] = _validate(buf, config, torch.float32, "d").layout
     return _LAYOUTS[folder]
 
 
-def _identities(folder: Path) -> tuple[FileIdentity, FileIdentity]:
-    return FileIdentity.of((folder / WEIGHTS).stat()), FileIdentity.of(
-        (folder / "adapter_config.json").stat()
+def _identities(folder: Path) -> Identities:
+    return Identities(
+        FileIdentity.of((folder / WEIGHTS).stat()), FileIdentity.of((folder / "adapter_config.json").stat())
     )
 
 
@@ -166,8 +177,18 @@ def test_each_bad_file_gets_the_same_error_as_read_adapter(case: str, tmp_path: 
 def test_the_wrong_base_hash_is_refused(tmp_path: Path) -> None:
     write_peft(tmp_path, seed=1)
     with pytest.raises(AdapterBaseMismatchError):
-        read_entry(tmp_path, None, _sha(tmp_path / WEIGHTS), _sha(tmp_path / "adapter_config.json"), "a",
-                   "sha256:" + "c" * 64, SPEC, torch.float32, False, row_for)  # fmt: skip
+        read_entry(
+            tmp_path,
+            None,
+            weights_digest=_sha(tmp_path / WEIGHTS),
+            config_digest=_sha(tmp_path / "adapter_config.json"),
+            adapter_id="a",
+            base_model_hash="sha256:" + "c" * 64,
+            spec=SPEC,
+            dtype=torch.float32,
+            pin=False,
+            row_for=row_for,
+        )
 
 
 def test_a_digest_mismatch_wins_over_a_validation_error(tmp_path: Path) -> None:
@@ -195,7 +216,7 @@ def test_a_verified_entry_is_proven_by_its_identities_and_any_change_is_corrupti
     _read(tmp_path, identities=_identities(tmp_path))  # what a scrubber would have to catch
     (tmp_path / "adapter_config.json").write_text('{"r": 4, "lora_alpha": 8}')
     with pytest.raises(ChecksumMismatchError):
-        _read(tmp_path, identities=(_identities(tmp_path)[0], ids[1]))
+        _read(tmp_path, identities=Identities(_identities(tmp_path).weights, ids.config))
 
 
 def test_a_verified_entry_whose_header_went_bad_is_corruption_not_a_bad_adapter(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from replica.adapter_cache import identity, object_store, promote
 from replica.adapter_cache.cache import AdapterCache
-from replica.adapter_cache.disk import DiskTier
+from replica.adapter_cache.disk import DiskTier, Verified
 from replica.adapter_cache.scrubber import scrub_forever
 from tests.replica.adapter_cache.helpers import make_env, slot_holds
 
@@ -80,8 +80,9 @@ async def test_the_scrubber_catches_corruption_that_left_the_identities_as_they_
     _flip(tmp_path / "disk" / name / "adapter_model.safetensors")
     # Silent media corruption: the bytes change, the metadata does not. The filesystem cannot do that, so
     # the index is told the new identities (what a promotion would then see as "unchanged").
-    _ids, layout = env.cache.disk.verified(name)  # type: ignore[misc]
-    env.cache.disk._verified[name] = (env.cache.disk.current(name), layout)
+    verified = env.cache.disk.verified(name)
+    assert verified is not None
+    env.cache.disk._verified[name] = Verified(env.cache.disk.current(name), verified.layout)
     assert await env.cache.scrub_once() == name
     assert env.cache.disk.names() == [] and env.evictions("disk")[-1].adapter_id == "acme-1"
     lease = await env.cache.acquire("acme-1")
