@@ -164,3 +164,43 @@ def _dominant_command() -> None:
 
 
 _dominant_command()
+
+
+@app.command("kv-prefix")
+def kv_prefix(
+    system_tokens: int = typer.Option(1000, help="tokens of each adapter's system prompt"),
+    rounds: int = typer.Option(5, help="rounds over 4 adapters, cache off then on (medians reported)"),
+    out: Path | None = typer.Option(None, help="also write the JSON here"),
+) -> None:
+    """TTFT with a seen system prompt, prefix cache on vs off, on the replica's engine (SmolLM2, CPU)."""
+    from bench.kv import prefix_ttft
+
+    emit(prefix_ttft(system_tokens, rounds), out)
+
+
+@app.command("kv-capacity")
+def kv_capacity(
+    trace: Path = typer.Option(..., help="CSV with ContextTokens and GeneratedTokens (e.g. the Azure trace)"),
+    budget_tokens: str = typer.Option(
+        "64000", help="KV budgets in tokens (the brief's 7B: 64,000 = 33.6 GB)"
+    ),
+    max_model_len: str = typer.Option("2048,4096,8192", help="contiguous rows' length, comma-separated"),
+    out: Path | None = typer.Option(None, help="also write the JSON here"),
+) -> None:
+    """Sequences of a trace's lengths that fit one KV budget: paged blocks vs contiguous rows."""
+    from bench.kv import capacity
+
+    runs = [capacity(trace, b, m) for b in _ints(budget_tokens) for m in _ints(max_model_len)]
+    emit({"benchmark": "kv-capacity", "trace": trace.name, "runs": runs}, out)
+
+
+@app.command("kv-stall")
+def kv_stall(
+    chunks: str = typer.Option("128,256,512,1024", help="per-step token budgets to try"),
+    long_prompt: int = typer.Option(2000, help="tokens of the prompt that arrives"),
+    out: Path | None = typer.Option(None, help="also write the JSON here"),
+) -> None:
+    """Longest token gap of decoding streams while a long prompt arrives, chunked vs unchunked."""
+    from bench.kv import stall
+
+    emit(stall(_ints(chunks), long_prompt), out)

@@ -37,6 +37,7 @@ class BlockManager:
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # head: next evicted
         self.cached: dict[bytes, int] = {}  # key -> the block holding it
         self.tables: dict[str, list[int]] = {}  # sequence id -> its blocks, in position order
+        self.evictions = 0  # cached blocks given to new content since start
 
     @property
     def num_blocks(self) -> int:
@@ -93,6 +94,7 @@ class BlockManager:
             if block.key is not None:  # evicted: its key now names nothing
                 del self.cached[block.key]
                 block.key = None
+                self.evictions += 1
             block.ref_count = 1
             table.append(block_id)
         return True
