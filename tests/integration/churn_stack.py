@@ -13,7 +13,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import asyncpg
@@ -26,12 +26,12 @@ from canary.gateway_churn import ChurnTenant
 from canary.manifest import CanaryManifest
 from canary.probe_setup import ProbeTarget, tenant_for
 from gateway.registry import aliases
-from gateway.tenants import create_key, create_tenant
-from harness.seed import ReadyAdapter, insert_alias, insert_ready_adapters
-from lorafleet.config import PlatformSettings, RelaySettings
-from lorafleet.kafka import make_producer
-from relay.publisher import Relay
-from tests.integration.gateway_stack import GatewayStack, ReplicaProc, gateway_stack
+from harness.running import Running
+from harness.seed import Alias, ReadyAdapter, Seed, Tenant
+from harness.stack import private_stack
+from harness.stacks.gateway import GatewayStack, gateway_spec, replica_ids_of
+from harness.workers import outbox_relay
+from lorafleet.config import PlatformSettings
 from tests.integration.redis_server import redis_server
 
 ALIAS_NAME = "marker:churn"
@@ -48,7 +48,7 @@ class ChurnStack:
     tenants: list[ChurnTenant]
     killed: dict[str, dict[str, float]] = field(default_factory=dict)  # victim -> its last metrics
 
-    def survivors(self) -> list[ReplicaProc]:
+    def survivors(self) -> list[Running]:
         return [r for rid, r in self.gw.replicas.items() if rid not in self.killed]
 
     async def flip(self) -> dict[str, float]:
@@ -69,7 +69,7 @@ class ChurnStack:
                 if m.get("vllm:num_requests_running", 0) > 0 and r.proc is not None:
                     os.kill(r.proc.pid, signal.SIGKILL)
                     killed_at = time.monotonic()
-                    self.killed[r.replica_id] = m
+                    self.killed[r.name] = m
                     r.proc.wait(10)
                     return killed_at
             await asyncio.sleep(0.02)
@@ -86,7 +86,7 @@ def _samples(text: str) -> dict[str, float]:
     return out
 
 
-async def replica_metrics(r: ReplicaProc) -> dict[str, float]:
+async def replica_metrics(r: Running) -> dict[str, float]:
     async with httpx.AsyncClient() as c:
         return _samples((await c.get(f"{r.url}/metrics", timeout=10)).text)
 
@@ -96,34 +96,38 @@ async def gateway_metrics(url: str) -> dict[str, float]:
         return _samples((await c.get(f"{url}/metrics", timeout=10)).text)
 
 
-async def _seed_canaries(pool: asyncpg.Pool, manifest: CanaryManifest) -> list[ChurnTenant]:
-    """Tenant i owns canaries 2i (version 1, where its alias points) and 2i+1 (version 2)."""
+def _canary_tenants(manifest: CanaryManifest) -> list[tuple[str, AliasVersions]]:
+    """(tenant, its alias's versions): tenant i owns canaries 2i (version 1, where its alias points) and 2i+1
+    (version 2)."""
     entries = manifest.adapters
-    tenants = []
+    out = []
     for i in range(len(entries) // 2):
         tenant, old, new = tenant_for(TENANT_PREFIX, i), entries[2 * i], entries[2 * i + 1]
-        await create_tenant(pool, tenant, *TENANT_LIMITS)
-        key = (await create_key(pool, tenant)).secret
-        await insert_ready_adapters(
-            pool,
-            [
+        out.append((tenant, AliasVersions(f"{tenant}/{ALIAS_NAME}", old.adapter_id, new.adapter_id)))
+    return out
+
+
+def _canary_seed(manifest: CanaryManifest) -> Seed:
+    """Each canary tenant, its two versions and its alias on the first."""
+    entry = {e.adapter_id: e for e in manifest.adapters}
+    tenants, adapters, aliases_ = [], [], []
+    for tenant, versions in _canary_tenants(manifest):
+        tenants.append(Tenant(tenant, *TENANT_LIMITS))
+        for version, adapter_id in ((1, versions.old), (2, versions.new)):
+            e = entry[adapter_id]
+            adapters.append(
                 ReadyAdapter(
-                    e.adapter_id,
+                    adapter_id,
                     tenant,
                     manifest.base_model_hash,
-                    version=v,
+                    version=version,
                     rank=e.rank,
                     alpha=int(e.lora_alpha),
                     target_modules=tuple(manifest.target_modules),
                 )
-                for v, e in ((1, old), (2, new))
-            ],
-        )
-        alias = f"{tenant}/{ALIAS_NAME}"
-        await insert_alias(pool, alias, tenant, old.adapter_id)
-        target = ProbeTarget(old.adapter_id, tenant, alias, key, old.marker, len(old.marker_token_ids))
-        tenants.append(ChurnTenant(target, AliasVersions(alias, old.adapter_id, new.adapter_id)))
-    return tenants
+            )
+        aliases_.append(Alias(versions.alias, tenant, versions.old))
+    return Seed(tuple(tenants), tuple(adapters), tuple(aliases_))
 
 
 @contextlib.asynccontextmanager
@@ -140,24 +144,24 @@ async def churn_stack(platform: PlatformSettings, canaries: Path, work: Path) ->
             "LORAFLEET_REPLICA_RAM_BUDGET_BYTES": str(RAM_ADAPTERS * largest),
             "LORAFLEET_REPLICA_MAX_MODEL_LEN": "512",
         }
-        async with gateway_stack(platform, canaries, manifest.base_model_hash, work, extra_env=extra) as gw:
-            pool = await asyncpg.create_pool(gw.database_url, min_size=1, max_size=3)
-            producer = make_producer(platform)
-            await producer.start()
-            stop = asyncio.Event()
-            relay = asyncio.create_task(
-                Relay(pool, producer, RelaySettings(poll_interval_s=0.05, metrics_port=0)).run(stop)
-            )
+        spec = gateway_spec(canaries, manifest.base_model_hash, extra_env=extra)
+        spec = replace(spec, seed=spec.seed + _canary_seed(manifest), pool_size=3, workers=(outbox_relay,))
+        async with private_stack(spec, platform, work) as stack:
+            assert stack.pool is not None
+            entry = {e.adapter_id: e for e in manifest.adapters}
+            tenants = []
+            for tenant, versions in _canary_tenants(manifest):
+                old = entry[versions.old]
+                key = stack.keys[tenant]
+                target = ProbeTarget(
+                    old.adapter_id, tenant, versions.alias, key, old.marker, len(old.marker_token_ids)
+                )
+                tenants.append(ChurnTenant(target, versions))
             redis = Redis.from_url(server.url)
             try:
-                tenants = await _seed_canaries(pool, manifest)
-                yield ChurnStack(gw, pool, redis, tenants)
+                yield ChurnStack(GatewayStack(stack, replica_ids_of(spec)), stack.pool, redis, tenants)
             finally:
-                stop.set()
-                await asyncio.gather(relay, return_exceptions=True)
-                await producer.stop()
                 await redis.aclose()
-                await pool.close()
 
 
 class RateLedger:
