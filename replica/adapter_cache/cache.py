@@ -35,25 +35,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Literal, NamedTuple, Protocol, TypeVar
-
-import torch
+from typing import Literal, Protocol
 
 from replica.adapter_cache.cold_loads import ColdLoadGate
 from replica.adapter_cache.disk import DiskTier, entry_digests
+from replica.adapter_cache.disk_writes import DiskWrites, PendingWrite
 from replica.adapter_cache.errors import (
     AdapterCacheError,
     AdapterNotRegisteredError,
     ChecksumMismatchError,
     TierFullError,
 )
-from replica.adapter_cache.gpu import GpuTier, SlotWrite
+from replica.adapter_cache.failed_loads import FailedLoads
+from replica.adapter_cache.flights import Flights
+from replica.adapter_cache.gpu import GpuTier
 from replica.adapter_cache.host import HostAdapter, HostTier
+from replica.adapter_cache.loader import AdapterLoader, ReadBack, Slotted
 from replica.adapter_cache.object_store import Fetched, ObjectStore
-from replica.adapter_cache.promote import Layout, check_fits, read_entry, validate_and_pack
+from replica.adapter_cache.promote import Layout
 from replica.adapter_cache.record import AdapterRecord
 from replica.adapter_cache.tier import CacheEvent, RateWindow, Tier, satisfies
 from replica.errors import AdapterInUseError, NoFreeSlotError
@@ -61,7 +62,6 @@ from replica.lora.slots import SlotRef
 from replica.lora.spec import AdapterSpec
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 # A RAM -> slot write of at most this many bytes runs on the event loop: it is one memcpy (or one
 # host-to-device transfer) of the packed buffer, short enough that a worker-thread hop and wake-up would
@@ -95,35 +95,6 @@ class CacheState:
     loads_per_min: float
 
 
-class Slotted(NamedTuple):
-    evicted: str | None  # the idle adapter evicted for the slot
-    seconds: float  # the slot write's time
-
-
-class Validated(NamedTuple):
-    host: HostAdapter
-    layout: Layout
-    slotted: Slotted | None  # None: no slot asked, or none free now
-
-
-class ReadBack(NamedTuple):
-    host: HostAdapter
-    nbytes: int  # bytes read from disk
-    slotted: Slotted | None
-
-
-class PendingWrite(NamedTuple):
-    """Verified bytes whose disk copy is not started yet, and their layout."""
-
-    fetched: Fetched
-    layout: Layout
-
-
-class Failure(NamedTuple):
-    until: float  # clock time from which it no longer counts
-    error: AdapterCacheError
-
-
 class AdapterCache:
     """The replica's adapter cache; all methods are called from the server's event loop."""
 
@@ -150,8 +121,12 @@ class AdapterCache:
         does, plus a call per chunk)."""
         self.spec, self.registry, self.store = spec, registry, store
         self.inline_write_bytes = inline_write_bytes
-        self.stream_disk_to_slot = (
-            gpu.device.type == "cuda" if stream_disk_to_slot is None else stream_disk_to_slot
+        on_cuda = gpu.device.type == "cuda"
+        self.loader = AdapterLoader(
+            spec,
+            gpu,
+            pin_host=on_cuda,
+            stream_disk_to_slot=on_cuda if stream_disk_to_slot is None else stream_disk_to_slot,
         )
         self.disk, self.host, self.gpu = disk, host, gpu
         self.on_event = on_event
@@ -160,14 +135,12 @@ class AdapterCache:
         self.owned: set[str] = set()
         self.gpu_evictions = RateWindow(clock=clock)
         self.gpu_loads = RateWindow(clock=clock)
-        self._flights: dict[tuple[str, str], asyncio.Future[Any]] = {}
-        self._unwritten: dict[str, PendingWrite] = {}  # by weights digest
-        self._writes: dict[str, asyncio.Future[None]] = {}  # digest -> its background disk write
-        self._pin_host = gpu.device.type == "cuda"
+        self.flights = Flights()
+        self.disk_writes = DiskWrites(self._write)
         self.cold_loads = ColdLoadGate(cold_loads_per_tenant, cold_loads_total)
         self.failure_ttl_s = failure_ttl_s
         self.clock = clock
-        self._failed: dict[str, Failure] = {}  # adapter_id -> its last load failure, while it counts
+        self.failed = FailedLoads()
 
     # where adapters are
 
@@ -203,7 +176,12 @@ class AdapterCache:
         A tenant's cold load counts against its cap (TenantColdLoadsError) and the replica's
         (ColdLoadsFullError); a request without a tenant (an operator's probe, a benchmark) is not capped.
         A load that failed within failure_ttl_s raises its error again at once."""
-        self._refuse_if_failed(adapter_id)
+        self.failed.refuse_if_failed(
+            adapter_id,
+            self.clock,
+            self.failure_ttl_s,
+            lambda: self.gpu.contains(adapter_id) or adapter_id in self.host,
+        )
         found = self.tier_of(adapter_id)
         cold = found == "remote" and tenant_id is not None  # no tenant: an operator's or a bench's
         counted = cold and self.cold_loads.admit(adapter_id, tenant_id or "")
@@ -222,34 +200,11 @@ class AdapterCache:
                 except TierFullError:
                     raise  # capacity held by running requests, not this adapter's fault: not remembered
                 except AdapterCacheError as exc:
-                    self._remember_failure(adapter_id, exc)
+                    self.failed.remember(adapter_id, exc, self.clock(), self.failure_ttl_s)
                     raise
         finally:
             if counted:
                 self.cold_loads.done(adapter_id)
-
-    def _remember_failure(self, adapter_id: str, exc: AdapterCacheError) -> None:
-        now = self.clock()
-        for expired in [a for a, f in self._failed.items() if f.until <= now]:
-            del self._failed[expired]  # one entry per failing adapter at most, and only while it counts
-        self._failed[adapter_id] = Failure(now + self.failure_ttl_s, exc)
-        if exc.status == 503:
-            exc.retry_after_s = self.failure_ttl_s
-
-    def _refuse_if_failed(self, adapter_id: str) -> None:
-        failed = self._failed.get(adapter_id)
-        if failed is None:
-            return
-        exc = failed.error
-        left = failed.until - self.clock()
-        if left <= 0 or self.gpu.contains(adapter_id) or adapter_id in self.host:
-            del self._failed[adapter_id]  # expired, or loaded since (an owner's load): this request goes on
-            return
-        again = type(exc)(f"{exc.message} (failed {self.failure_ttl_s - left:.1f}s ago)", exc.param)
-        again.code, again.type, again.status = exc.code, exc.type, exc.status
-        if exc.status == 503:
-            again.retry_after_s = left
-        raise again
 
     def release(self, lease: Lease) -> None:
         self.gpu.release(lease.adapter_id)
@@ -267,8 +222,9 @@ class AdapterCache:
     async def unload(self, adapter_id: str, drain_timeout_s: float = 600.0) -> bool:
         """No longer owned: once its requests drain, drop it from every tier (idempotent)."""
         self.owned.discard(adapter_id)
-        for key in [k for k in self._flights if k[1] == adapter_id]:
-            await asyncio.gather(asyncio.shield(self._flights[key]), return_exceptions=True)
+        running = self.flights.running
+        for key in [k for k in running if k[1] == adapter_id]:
+            await asyncio.gather(asyncio.shield(running[key]), return_exceptions=True)
         await self.settle(adapter_id)
         deadline = time.monotonic() + drain_timeout_s
         while True:
@@ -289,12 +245,11 @@ class AdapterCache:
 
     async def settle(self, adapter_id: str | None = None) -> None:
         """Wait for the disk writes behind loads (of this adapter, or all) to finish."""
-        self._start_writes()
-        record = self.records.get(adapter_id) if adapter_id is not None else None
-        if adapter_id is not None and record is None:
-            return
-        tasks = [t for d, t in self._writes.items() if record is None or d == record.digest]
-        await asyncio.gather(*tasks, return_exceptions=True)
+        self.disk_writes.start()
+        if adapter_id is None:
+            await self.disk_writes.wait()
+        elif (record := self.records.get(adapter_id)) is not None:
+            await self.disk_writes.wait(record.digest)
 
     async def scrub_once(self) -> str | None:
         """Re-hash one disk entry (round robin) and drop it if it no longer matches; return its name."""
@@ -309,41 +264,26 @@ class AdapterCache:
         """Promote until the adapter is at least in `target` (each step singleflight)."""
         if satisfies(self.tier_of(adapter_id), target):
             return
+        once = self.flights.once
         try:
             if target == "gpu" and adapter_id in self.host:
-                if ("gpu", adapter_id) not in self._flights and self._ram_to_gpu_now(adapter_id):
+                if ("gpu", adapter_id) not in self.flights and self._ram_to_gpu_now(adapter_id):
                     return
-                await self._once("gpu", adapter_id, lambda: self._ram_to_gpu(adapter_id))
+                await once("gpu", adapter_id, lambda: self._ram_to_gpu(adapter_id))
                 return
             record = self.records.get(adapter_id)
             if record is None:
-                record = await self._once("record", adapter_id, lambda: self._record(adapter_id))
+                record = await once("record", adapter_id, lambda: self._record(adapter_id))
             if target == "disk":
-                await self._once("disk", record.digest, lambda: self._to_disk(record))
+                await once("disk", record.digest, lambda: self._to_disk(record))
                 return
             if adapter_id not in self.host:
                 slot = target == "gpu"
-                await self._once("ram", adapter_id, lambda: self._to_ram(record, slot))
+                await once("ram", adapter_id, lambda: self._to_ram(record, slot))
             if target == "gpu" and not self.gpu.contains(adapter_id):
-                await self._once("gpu", adapter_id, lambda: self._ram_to_gpu(adapter_id))
+                await once("gpu", adapter_id, lambda: self._ram_to_gpu(adapter_id))
         finally:
-            self._start_writes()  # the disk copy is written once the slot (or RAM entry) is live
-
-    async def _once(self, step: str, key: str, factory: Callable[[], Awaitable[T]]) -> T:
-        """Join the step's flight, or start one. A finished flight is never joined: awaiting a done future
-        does not yield, so a caller that retries (acquire, when the slot was taken again before it could
-        pin) would spin on the loop before the flight's done callback could run."""
-        flight_key = (step, key)
-        fut = self._flights.get(flight_key)
-        if fut is None or fut.done():
-            fut = asyncio.ensure_future(factory())
-            self._flights[flight_key] = fut
-            fut.add_done_callback(partial(self._land, flight_key))
-        return await asyncio.shield(fut)
-
-    def _land(self, flight_key: tuple[str, str], fut: asyncio.Future[Any]) -> None:
-        if self._flights.get(flight_key) is fut:  # a later flight of the same step may have replaced it
-            del self._flights[flight_key]
+            self.disk_writes.start()  # the disk copy is written once the slot (or RAM entry) is live
 
     async def _record(self, adapter_id: str) -> AdapterRecord:
         record = self.records.get(adapter_id)
@@ -355,22 +295,8 @@ class AdapterCache:
         return record
 
     async def _fetch(self, record: AdapterRecord) -> Fetched:
-        return await self._once("fetch", record.digest, lambda: self.store.fetch(record, self._pin_host))
-
-    def _validate(self, fetched: Fetched, record: AdapterRecord, slot: bool = False) -> Validated:
-        """Worker thread: the checks a RAM entry carries, on bytes just fetched (then the slot, if asked)."""
-        packed = validate_and_pack(
-            fetched.weights,
-            fetched.config,
-            adapter_id=record.adapter_id,
-            base_model_hash=record.base_model_hash,
-            digest=fetched.weights_digest,
-            spec=self.spec,
-            dtype=self.gpu.dtype,
-            pin=self._pin_host,
-            row_for=self.gpu.row_layout,
-        )
-        return Validated(packed.host, packed.layout, self._into_slot(packed.host, slot))
+        pin = self.loader.pin_host
+        return await self.flights.once("fetch", record.digest, lambda: self.store.fetch(record, pin))
 
     async def _to_disk(self, record: AdapterRecord) -> str:
         """Object store -> disk only (an owner warming its disk): verified and validated, not kept in RAM."""
@@ -380,7 +306,7 @@ class AdapterCache:
             return name
         start = time.perf_counter()
         fetched = await self._fetch(record)
-        validated = await asyncio.to_thread(self._validate, fetched, record)
+        validated = await asyncio.to_thread(self.loader.validate, fetched, record)
         return await self._write(fetched, validated.layout, "remote", start)
 
     async def _to_ram(self, record: AdapterRecord, slot: bool = False) -> None:
@@ -392,7 +318,7 @@ class AdapterCache:
         name = self.disk.find(record.digest)
         if name is not None:
             try:
-                read = await asyncio.to_thread(self._read_disk, name, record, slot)
+                read = await asyncio.to_thread(self.loader.read_disk, self.disk, name, record, slot)
             except ChecksumMismatchError as exc:
                 log.warning(
                     "adapter %s: local copy is corrupt (%s), fetching it again", record.adapter_id, exc
@@ -400,10 +326,10 @@ class AdapterCache:
         if read is None:
             source, start = "remote", time.perf_counter()
             fetched = await self._fetch(record)
-            validated = await asyncio.to_thread(self._validate, fetched, record, slot)
+            validated = await asyncio.to_thread(self.loader.validate, fetched, record, slot)
             read = ReadBack(validated.host, fetched.nbytes, validated.slotted)
             if self.disk.find(record.digest) is None:
-                self._unwritten[record.digest] = PendingWrite(fetched, validated.layout)
+                self.disk_writes.queue(record.digest, PendingWrite(fetched, validated.layout))
         host, slotted = read.host, read.slotted
         ram_s = time.perf_counter() - start - (slotted.seconds if slotted is not None else 0.0)
         for victim in self.host.put(host):
@@ -412,107 +338,12 @@ class AdapterCache:
         if slotted is not None:
             self._slotted(host, slotted)
 
-    def _into_slot(self, host: HostAdapter, slot: bool) -> Slotted | None:
-        """Worker thread, after a RAM entry was made: metadata checks and the copy into a slot. None when
-        not asked or no slot is free now (the caller's GPU step tries again and waits for one)."""
-        if not slot:
-            return None
-        start = time.perf_counter()
-        try:
-            evicted = self._load_checked(host)
-        except NoFreeSlotError:
-            return None
-        return Slotted(evicted, time.perf_counter() - start)
-
     def _slotted(self, host: HostAdapter, slotted: Slotted) -> None:
         if slotted.evicted is not None:
             self.gpu_evictions.mark()
             self._emit("evict", slotted.evicted, "gpu", "ram" if slotted.evicted in self.host else None)
         self.gpu_loads.mark()
         self._emit("load", host.adapter_id, "ram", "gpu", slotted.seconds, host.nbytes)
-
-    def _read_disk(self, name: str, record: AdapterRecord, slot: bool) -> ReadBack:
-        """Worker thread: one read of the disk entry, proven by its identities (or hashed if unverified).
-
-        With `slot`, a verified entry whose file is its RAM entry's buffer (a view layout) is written into a
-        reserved slot chunk by chunk as the read lands (on CUDA the copies overlap the read); the slot is
-        made ready only once the whole file is proven, and given back if it is not."""
-        if not self.disk.pin(name):
-            raise ChecksumMismatchError("the local copy was evicted before it was read")
-        verified = self.disk.verified(name)
-        layout_known: Layout | None = verified.layout if verified is not None else None
-        write = self._begin_streamed(record.adapter_id, layout_known) if slot else None
-        start = time.perf_counter()
-        try:
-            digests = entry_digests(name)
-            read = read_entry(
-                self.disk.path(name),
-                verified,
-                weights_digest=digests.weights,
-                config_digest=digests.config,
-                adapter_id=record.adapter_id,
-                base_model_hash=record.base_model_hash,
-                spec=self.spec,
-                dtype=self.gpu.dtype,
-                pin=self._pin_host,
-                row_for=self.gpu.row_layout,
-                sink=self._sink(write, layout_known.start) if write is not None and layout_known else None,
-            )
-            if write is not None:
-                check_fits(read.host, self.spec, self.gpu.row_layout(read.host.rank))
-                self.gpu.finish(write, read.host)
-        except ChecksumMismatchError:
-            self.disk.drop_corrupt(name)
-            raise
-        finally:
-            if write is not None:
-                self.gpu.abort(write)  # a no-op once finished
-            self.disk.unpin(name)
-        if verified is None:
-            self.disk.settle(
-                name, read.seen, read.layout
-            )  # hashed just now: its identities prove it from here on
-        if write is not None:
-            return ReadBack(read.host, read.nbytes, Slotted(write.evicted, time.perf_counter() - start))
-        return ReadBack(read.host, read.nbytes, self._into_slot(read.host, slot))
-
-    def _begin_streamed(self, adapter_id: str, layout: Layout | None) -> SlotWrite | None:
-        """Reserve a slot for a streamed disk read, or None (not a view layout, resident, or no free slot)."""
-        if not self.stream_disk_to_slot or layout is None or not layout.view or self.gpu.contains(adapter_id):
-            return None
-        try:
-            return self.gpu.begin(adapter_id, layout.rank, layout.bucket, layout.targets)
-        except (NoFreeSlotError, ValueError):
-            return None  # the slot step after the read tries again (and waits for a slot)
-
-    def _sink(self, write: SlotWrite, start: int) -> Callable[[torch.Tensor, int, int], None]:
-        """Hand each landed chunk buf[lo:hi] of the data section (from byte `start`) to the slot write."""
-        item = self.gpu.dtype.itemsize
-
-        def copy(buf: torch.Tensor, lo: int, hi: int) -> None:
-            flat = buf[start:].view(self.gpu.dtype)  # [numel]: the view layout's packed buffer
-            self.gpu.copy_span(write, flat, (lo - start) // item, (hi - start) // item)
-
-        return copy
-
-    def _start_writes(self) -> None:
-        for digest in list(self._unwritten):
-            pending = self._unwritten.pop(digest)
-            if digest in self._writes:
-                continue
-            task = asyncio.ensure_future(self._background_write(pending))
-            self._writes[digest] = task
-            task.add_done_callback(partial(self._forget_write, digest))
-
-    def _forget_write(self, digest: str, task: asyncio.Future[None]) -> None:
-        if self._writes.get(digest) is task:  # a later write of the same digest may have replaced it
-            del self._writes[digest]
-
-    async def _background_write(self, pending: PendingWrite) -> None:
-        try:
-            await self._write(pending.fetched, pending.layout, "ram", time.perf_counter())
-        except Exception:  # noqa: BLE001 - the RAM entry serves; the disk copy is fetched again when needed
-            log.exception("could not write adapter %s to the disk tier", pending.fetched.weights_digest[:16])
 
     async def _write(self, fetched: Fetched, layout: Layout, source: Tier, start: float) -> str:
         weights = fetched.weights.numpy().data.cast("B")  # ndarray.data: the array as a memoryview
@@ -536,7 +367,7 @@ class AdapterCache:
             if item.nbytes > self.inline_write_bytes:
                 return False
             start = time.perf_counter()
-            evicted = self._load_checked(item)
+            evicted = self.loader.load_checked(item)
         finally:
             self.host.unpin(adapter_id)
         self._slotted(item, Slotted(evicted, time.perf_counter() - start))
@@ -555,17 +386,12 @@ class AdapterCache:
         try:
             start = time.perf_counter()
             if item.nbytes <= self.inline_write_bytes:
-                evicted = self._load_checked(item)
+                evicted = self.loader.load_checked(item)
             else:
-                evicted = await asyncio.to_thread(self._load_checked, item)
+                evicted = await asyncio.to_thread(self.loader.load_checked, item)
         finally:
             self.host.unpin(adapter_id)
         self._slotted(item, Slotted(evicted, time.perf_counter() - start))
-
-    def _load_checked(self, host: HostAdapter) -> str | None:
-        """Metadata checks (promote.check_fits), then the slot write; returns the idle adapter evicted."""
-        check_fits(host, self.spec, self.gpu.row_layout(host.rank))
-        return self.gpu.load(host).evicted
 
     def _disk_evicted(self, name: str) -> None:
         for adapter_id in self._ids_with_digest(entry_digests(name).weights):

@@ -228,7 +228,7 @@ async def test_acquire_after_a_flight_ended_starts_a_new_one_instead_of_spinning
     await env.cache.own("a0", "ram")
     ended = asyncio.get_running_loop().create_future()
     ended.set_result(None)
-    env.cache._flights[("gpu", "a0")] = ended
+    env.cache.flights.running[("gpu", "a0")] = ended
     tries = 0
     try_pin = env.cache.gpu.try_pin
 
@@ -242,4 +242,4 @@ async def test_acquire_after_a_flight_ended_starts_a_new_one_instead_of_spinning
     lease = await asyncio.wait_for(env.cache.acquire("a0"), 10)
     assert lease.adapter_id == "a0" and env.cache.gpu.ref_count("a0") == 1
     env.cache.release(lease)
-    assert env.cache._flights == {}
+    assert env.cache.flights.running == {}
