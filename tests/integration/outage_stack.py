@@ -17,17 +17,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.env import stack_env
 from harness.ports import free_port
-from harness.processes import stop, wait_http
+from harness.spec import HttpReady, ProcessSpec, StackSpec
+from harness.stack import private_stack
 from lorafleet.config import PlatformSettings
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
 from lorafleet.pids import pid_alive
 from ops.stack import kafka, postgres, supervisor
+from ops.stack.paths import REPO_ROOT
 
-REPO = Path(__file__).resolve().parents[2]
 SERVICE_TOKEN = "outage-test-service-token"
 APPS = ("relay", "gateway", "registry-validator", "placement-worker", "public-gateway")
+PREFIX = "outage-"
 
 
 @dataclass
@@ -36,7 +39,6 @@ class Stack:
     env: dict[str, str]
     internal_url: str
     public_url: str
-    supervisor: subprocess.Popen | None = None
 
     def postmaster_pid(self) -> int:
         pid_file = self.settings.data_path / "postgres" / "data" / "postmaster.pid"
@@ -70,17 +72,11 @@ def _private_settings(base: Path, s3: PlatformSettings) -> PlatformSettings:
 
 
 def _env(settings: PlatformSettings, internal_port: int, public_port: int) -> dict[str, str]:
+    """Over the base environment (the private services, the data folder, the prefix): the private ports,
+    and tighter bounds than the defaults, so the short faults below show every path."""
     return {
-        **os.environ,
-        "LORAFLEET_DATA_DIR": str(settings.data_path),
         "LORAFLEET_POSTGRES_PORT": str(settings.postgres_port),
-        "LORAFLEET_DATABASE_URL": settings.database_url,
-        "LORAFLEET_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "LORAFLEET_KAFKA_CONTROLLER_PORT": str(settings.kafka_controller_port),
-        "LORAFLEET_S3_ENDPOINT": settings.s3_endpoint,
-        "LORAFLEET_S3_ACCESS_KEY": settings.s3_access_key,
-        "LORAFLEET_S3_SECRET_KEY": settings.s3_secret_key,
-        # tighter bounds than the defaults, so the short faults below show every path
         "LORAFLEET_DB_COMMAND_TIMEOUT_S": "3",
         "LORAFLEET_DB_STATEMENT_TIMEOUT_MS": "3000",
         "LORAFLEET_RETRY_MAX_S": "2",
@@ -94,11 +90,24 @@ def _env(settings: PlatformSettings, internal_port: int, public_port: int) -> di
         "LORAFLEET_GATEWAY_PUBLIC_PORT": str(public_port),
         "LORAFLEET_GATEWAY_SERVICE_TOKEN": SERVICE_TOKEN,
         "LORAFLEET_GATEWAY_KEY_CACHE_TTL_S": "1",
-        "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": "outage-",
-        "LORAFLEET_PLACEMENT_REPLICA_ID_PREFIX": "outage-",
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
     }
+
+
+def outage_spec(settings: PlatformSettings, internal_port: int, public_port: int) -> StackSpec:
+    """The apps under `lorafleet services supervise` on the private services, ready once both gateways
+    answer; its log and theirs under the data folder's logs."""
+    service = {"Authorization": f"Bearer {SERVICE_TOKEN}"}
+    supervise = ProcessSpec(
+        "supervisor",
+        ("services", "supervise", *(f"--only={a}" for a in APPS)),
+        ready=(
+            HttpReady(f"http://127.0.0.1:{public_port}/health", 120),
+            HttpReady(f"http://127.0.0.1:{internal_port}/openapi.json", 60, service),
+        ),
+        stop_grace_s=40.0,
+    )
+    env = _env(settings, internal_port, public_port)
+    return StackSpec(processes=(supervise,), prefix=PREFIX, data_dir=settings.data_path, env=env)
 
 
 def _infra_up(settings: PlatformSettings) -> None:
@@ -166,49 +175,21 @@ async def private_infra(s3: PlatformSettings) -> AsyncIterator[PlatformSettings]
 
 def infra_env(settings: PlatformSettings) -> dict[str, str]:
     """The environment that points a process at private_infra's services."""
-    return _env(settings, free_port(), free_port())
+    return {**os.environ, **stack_env(outage_spec(settings, free_port(), free_port()), settings)}
 
 
 @contextlib.asynccontextmanager
 async def outage_stack(s3: PlatformSettings) -> AsyncIterator[Stack]:
     async with private_infra(s3) as settings:
         internal_port, public_port = free_port(), free_port()
-        stack = Stack(
-            settings,
-            _env(settings, internal_port, public_port),
-            f"http://127.0.0.1:{internal_port}",
-            f"http://127.0.0.1:{public_port}",
-        )
-        try:
-            yield await _start_apps(stack)
-        finally:
-            await asyncio.to_thread(stop, stack.supervisor, 40.0)
-
-
-async def _start_apps(stack: Stack) -> Stack:
-    """Start the apps under `lorafleet services supervise` and wait until both gateways answer."""
-    settings = stack.settings
-    log = settings.data_path / "logs"
-    log.mkdir(parents=True, exist_ok=True)
-    with open(log / "supervisor.log", "ab") as out:
-        stack.supervisor = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "lorafleet.cli",
-                "services",
-                "supervise",
-                *(f"--only={a}" for a in APPS),
-            ],
-            env=stack.env,
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    await wait_http(f"{stack.public_url}/health", 120, stack.supervisor)
-    service = {"Authorization": f"Bearer {SERVICE_TOKEN}"}
-    await wait_http(f"{stack.internal_url}/openapi.json", 60, stack.supervisor, service)
-    return stack
+        spec = outage_spec(settings, internal_port, public_port)
+        async with private_stack(spec, settings, settings.data_path / "logs") as stack:
+            yield Stack(
+                settings,
+                stack.env,
+                f"http://127.0.0.1:{internal_port}",
+                f"http://127.0.0.1:{public_port}",
+            )
 
 
 def tail(stack: Stack, name: str, lines: int = 40) -> str:
@@ -223,7 +204,7 @@ def status_json(stack: Stack) -> dict:
     out = subprocess.run(
         [sys.executable, "-m", "lorafleet.cli", "services", "status", "--json"],
         env=stack.env,
-        cwd=REPO,
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=60,
