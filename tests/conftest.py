@@ -13,6 +13,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # The suite's processes run on the well-known dev tokens, which only the dev profile accepts.
 os.environ.setdefault("LORAFLEET_PROFILE", "dev")
+# A replica's KV cache is a byte budget allocated at start (2 GiB by default on the CPU): the suite's
+# replicas, in this process and in the ones it starts, get a budget its small models and prompts fill.
+os.environ.setdefault("LORAFLEET_REPLICA_KV_CACHE_BYTES", str(256 << 20))
 
 # Triton picks interpreter or compiler when it is first imported (peft imports it too), so choose here:
 # without a GPU, Triton kernels run through the interpreter on CPU tensors.

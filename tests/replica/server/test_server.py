@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -154,22 +155,21 @@ async def test_bad_input_gets_error_json_not_500(client: httpx.AsyncClient) -> N
         assert err["code"] == code and set(err) == {"message", "type", "param", "code"}
 
 
-async def test_cancelled_stream_frees_its_row(replica: Replica) -> None:
+async def test_cancelled_stream_frees_its_blocks(replica: Replica) -> None:
     from replica.engine.sampler import SamplingParams
 
-    rows = replica.engine.engine.scheduler.rows
-    free_before = rows.num_free
+    blocks = replica.engine.engine.blocks
+    free_before = blocks.num_free
     gen = replica.engine.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
     first = await anext(gen)
-    assert first.token_id is not None
+    assert first.token_id is not None and blocks.num_free < free_before
     await gen.aclose()
     for _ in range(100):
-        if rows.num_free == free_before:
+        if blocks.num_free == free_before:
             break
-        import asyncio
-
         await asyncio.sleep(0.05)
-    assert rows.num_free == free_before and not replica.engine.engine.scheduler.running
+    assert blocks.num_free == free_before and not replica.engine.engine.scheduler.running
+    assert not blocks.tables
 
 
 async def test_a_prompt_plus_max_tokens_over_the_context_is_refused_before_it_is_queued(
