@@ -1,5 +1,5 @@
 """`lorafleet bench dominant`: one dominant adapter through `lorafleet loadtest`'s own runner, before and
-after owner counts follow traffic, each on a fresh private stack (bench/scaleup_stack.py).
+after owner counts follow traffic, each on a fresh private stack (harness/stacks/scaleup.py).
 
 Four tenants, one adapter each; a Zipf mix with a steep exponent gives the first (acme's) most of the
 requests. Both runs have the same replicas, trace and settings but one: "before" prices a replica's
@@ -23,7 +23,7 @@ from typing import Any
 import asyncpg
 import typer
 
-from bench.scaleup_stack import ScaleupConfig, ScaleupStack, scaleup_stack, wait_for
+from harness.stacks.scaleup import ScaleupConfig, ScaleupStack, scaleup_stack, wait_for
 from loadtest.cli import run_loadtest
 from loadtest.runner import LoadTestConfig
 from lorafleet.config import PlatformSettings

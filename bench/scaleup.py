@@ -1,6 +1,6 @@
 """`lorafleet bench scaleup`: sustained load through the public gateway until the autoscaler adds a replica.
 
-The run's own stack (bench/scaleup_stack.py) starts with one replica; `clients` streaming requests at a
+The run's own stack (harness/stacks/scaleup.py) starts with one replica; `clients` streaming requests at a
 time keep more requests queued than the threshold allows. The timeline comes from what the processes
 published on Kafka (replica.state, autoscale.signals, requests.completed) and the autoscaler's pid file:
 threshold crossed, signal published, process started, base loaded (first replica.state), adapters warm
@@ -25,7 +25,7 @@ import httpx
 import typer
 from aiokafka import TopicPartition
 
-from bench.scaleup_stack import ADAPTERS, ScaleupConfig, ScaleupStack, scaleup_stack, wait_for
+from harness.stacks.scaleup import ADAPTERS, ScaleupConfig, ScaleupStack, scaleup_stack, wait_for
 from lorafleet.config import PlatformSettings
 from lorafleet.kafka import make_consumer
 from schemas import topics

@@ -1,6 +1,6 @@
 """`python -m bench.stack_memory`: the idle local stack's resident memory, process by process, as JSON.
 
-A private copy of the local stack's processes on free ports (bench/scaleup_stack.py: its own database,
+A private copy of the local stack's processes on free ports (harness/stacks/scaleup.py: its own database,
 data folder, replica ids and consumer groups, so the shared stack is never touched), with the local
 profile's replica sizing: replica 0, the autoscaler and the replica it starts at once, the public and
 internal gateways, the registry validator, the relay, the placement worker, the stats stream and
@@ -21,8 +21,9 @@ from typing import Any
 
 import httpx
 
-from bench.scaleup_stack import ADAPTERS, Proc, ScaleupConfig, lorafleet, scaleup_stack, wait_for
 from harness.ports import free_port
+from harness.spec import ProcessSpec, app_args
+from harness.stacks.scaleup import ADAPTERS, ScaleupConfig, scaleup_stack, wait_for
 from lorafleet.config import PlatformSettings, get_settings
 from ops.stack import prometheus
 from ops.stack.memory import rss_bytes, tree_rss_bytes
@@ -60,8 +61,7 @@ async def measure(platform: PlatformSettings, work: Path, settle_s: float = 20.0
     async with scaleup_stack(platform, work, cfg) as stack:
         # the scale-up stack names its public gateway "gateway"
         for name, command in (("registry-validator", "registry-validator"), ("internal-gateway", "gateway")):
-            stack.procs[name] = Proc(name, lorafleet(command), stack.env, work / f"{name}.log")
-            stack.procs[name].start()
+            stack.add(ProcessSpec(name, app_args(command))).start()
         stack.autoscaler().start()
         prom = stack.platform.model_copy(update={"prometheus_port": free_port()})
         processes = [listener.process for listener in LISTENERS]
@@ -79,7 +79,7 @@ async def measure(platform: PlatformSettings, work: Path, settle_s: float = 20.0
             for name, proc in stack.procs.items():
                 # the autoscaler's replicas are its children: counted below, once
                 own = rss_bytes if name == "autoscaler" else tree_rss_bytes
-                rss[name] = own(proc.popen.pid) if proc.popen is not None else None
+                rss[name] = own(proc.proc.pid) if proc.proc is not None else None
             for r in stack.records().live():
                 rss[r.replica_id] = tree_rss_bytes(r.pid)
             rss["prometheus"] = tree_rss_bytes(prometheus.process(prom).pid() or -1)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from bench.scaleup import Recorded, record
-from bench.scaleup_stack import Proc, ScaleupConfig, scaleup_stack, wait_for
+from harness.stacks.scaleup import ScaleupConfig, scaleup_stack, wait_for
 from schemas.events import ReplicaState
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -44,13 +45,11 @@ async def test_a_scale_down_drains_our_replica_through_the_route_and_waits_for_i
             stream = stack.procs["stats-stream"]
             stream.stop()
             env = {
-                **stream.env,
+                **stream.spec.env,
                 "LORAFLEET_STATS_MIN_REPLICAS": "1",
                 "LORAFLEET_STATS_SCALE_DOWN_WINDOWS": "1",
             }
-            again = Proc("stats-stream", stream.argv, env, tmp_path / "stats-stream-2.log")
-            stack.procs["stats-stream"] = again
-            again.start()
+            stack.add(replace(stream.spec, env=env, log="stats-stream-2")).start()
 
             await wait_for(lambda: recs.live() == [], 120, "replica 1 drained and gone", stack)
             log = autoscaler.log.read_text()

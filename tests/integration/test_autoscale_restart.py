@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.scaleup_stack import ScaleupConfig, scaleup_stack, wait_for
+from harness.stacks.scaleup import ScaleupConfig, scaleup_stack, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

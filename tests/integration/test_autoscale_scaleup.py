@@ -1,7 +1,7 @@
 """Queue depth pushed over the threshold through the public API makes the autoscaler add a replica, which
 is routed to only once it is ready, with its owned adapters warm by then.
 
-The real stack of bench/scaleup_stack.py: one replica, the public gateway, the relay, the placement
+The real stack of harness/stacks/scaleup.py: one replica, the public gateway, the relay, the placement
 worker, the stats stream (2 s windows, a queue threshold of 3 per replica) and the autoscaler. Six streamed
 requests at a time against replicas of two rows each keep four queued; nothing is published by hand.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.scaleup import run_scaleup
-from bench.scaleup_stack import ScaleupConfig
+from harness.stacks.scaleup import ScaleupConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

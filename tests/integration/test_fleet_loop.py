@@ -13,7 +13,7 @@ import asyncpg
 import httpx
 import pytest
 
-from bench.scaleup_stack import (
+from harness.stacks.scaleup import (
     ADAPTERS,
     ScaleupConfig,
     ScaleupStack,

@@ -2,7 +2,7 @@
 target is up (the autoscaler's replica too, through its file_sd targets), the alert rules are loaded, and
 every metric name the dashboard, the rules and the KEDA object read is one the processes export.
 
-The stack is bench/scaleup_stack.py's (replica 0, the public gateway, the relay, the placement worker, the
+The stack is harness/stacks/scaleup.py's (replica 0, the public gateway, the relay, the placement worker, the
 stats stream, the autoscaler, which starts replica 1 at once) plus the registry validator, every metrics
 listener on a free port, the replicas on the local profile.
 """
@@ -19,8 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.scaleup_stack import Proc, ScaleupConfig, lorafleet, scaleup_stack
 from harness.ports import free_port
+from harness.spec import ProcessSpec, app_args
+from harness.stacks.scaleup import ScaleupConfig, scaleup_stack
 from lorafleet.profile import DEV_TOKEN
 from ops.stack import prometheus
 from ops.stack.profile import LOCAL_REPLICA_ENV
@@ -74,9 +75,7 @@ async def test_prometheus_scrapes_every_process_of_a_real_stack(services, tmp_pa
     env = {**LOCAL_REPLICA_ENV, **ports, "LORAFLEET_GATEWAY_VALIDATOR_GROUP": f"registry-validator-{run}"}
     cfg = ScaleupConfig(unmanaged=1, max_replicas=2, stats_min_replicas=2, cooldown_s=2.0, env=env)
     async with scaleup_stack(services.settings(), tmp_path, cfg) as stack:
-        validator = Proc("registry-validator", lorafleet("registry-validator"), stack.env, tmp_path / "v.log")
-        stack.procs["registry-validator"] = validator
-        validator.start()
+        stack.add(ProcessSpec("registry-validator", app_args("registry-validator"), log="v")).start()
         stack.autoscaler().start()
         platform = stack.platform.model_copy(update={"prometheus_port": free_port()})
         # what `services up` writes for the replicas of its process table: here the stack's replica 0

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.scaleup_stack import ScaleupConfig, ScaleupStack, new_run_id, scaleup_stack, wait_for
+from harness.stacks.scaleup import ScaleupConfig, ScaleupStack, new_run_id, scaleup_stack, wait_for
 from schemas.events import Alert, AutoscaleSignal, parse_event
 from schemas.rendezvous import owners
 from schemas.topics import ALERTS, AUTOSCALE_SIGNALS
