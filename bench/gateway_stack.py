@@ -13,28 +13,23 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import asyncpg
-
-from gateway.tenants import create_key, create_tenant
-from harness.databases import create_database, drop_database
 from harness.ports import free_port
-from harness.processes import stop, wait_http
-from harness.seed import ReadyAdapter, insert_alias, insert_ready_adapters
+from harness.seed import Alias, ReadyAdapter, Seed, Tenant
+from harness.spec import HttpReady, ProcessSpec, StackSpec, app_args
+from harness.stack import private_stack
 from lorafleet.config import PlatformSettings
-from lorafleet.db.migrate import migrate
-from lorafleet.profile import DEV_PROFILE_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 TENANT = "bench"
 ADAPTER_ID = "bench-standin-v1"
 ALIAS = "bench/standin:prod"
 TOKEN = "gwbench-replica-token"
+STOP_GRACE_S = 30.0  # a profiled gateway writes its stats on the way out
 
 
 @dataclass(frozen=True)
@@ -101,27 +96,62 @@ class Stack:
     logs: Path
 
 
-async def _seed(database_url: str) -> str:
-    """The bench tenant, its adapter row and alias; returns a new API key."""
-    await migrate(database_url)
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
-    try:
-        await create_tenant(pool, TENANT, 1_000_000.0, 2_000_000_000)
-        no_weights = "sha256:" + hashlib.sha256(b"the stand-in serves no weights").hexdigest()
-        await insert_ready_adapters(pool, [ReadyAdapter(ADAPTER_ID, TENANT, no_weights, checksum=no_weights)])
-        await insert_alias(pool, ALIAS, TENANT, ADAPTER_ID)
-        return (await create_key(pool, TENANT)).secret
-    finally:
-        await pool.close()
+def _seed() -> Seed:
+    """The bench tenant with limits no run reaches, its adapter row and alias."""
+    no_weights = "sha256:" + hashlib.sha256(b"the stand-in serves no weights").hexdigest()
+    return Seed(
+        (Tenant(TENANT, 1_000_000.0, 2_000_000_000),),
+        (ReadyAdapter(ADAPTER_ID, TENANT, no_weights, checksum=no_weights),),
+        (Alias(ALIAS, TENANT, ADAPTER_ID),),
+    )
 
 
-def _pinned(cpus: tuple[int, ...] | None, cmd: list[str]) -> list[str]:
-    return cmd if cpus is None else ["taskset", "-c", ",".join(map(str, cpus)), *cmd]
+def _pinned(cpus: tuple[int, ...] | None) -> tuple[str, ...]:
+    return () if cpus is None else ("taskset", "-c", ",".join(map(str, cpus)))
 
 
-def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    with open(log, "ab") as out:
-        return subprocess.Popen(cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+def bench_spec(layout: Layout, token_rate: float, ttft_ms: float, profile: Path | None) -> StackSpec:
+    """The stand-in, then the gateway routing only to it, each pinned as the layout says."""
+    run = uuid.uuid4().hex[:8]
+    replica_id = f"gwbench-{run}"
+    standin_port, gateway_port = free_port(), free_port()
+    standin_args: tuple[str, ...] = (
+        "bench",
+        "standin",
+        "--replica-id",
+        replica_id,
+        "--port",
+        str(standin_port),
+    )
+    standin_args += ("--adapter", ADAPTER_ID, "--token-rate", str(token_rate), "--ttft-ms", str(ttft_ms))
+    standin = ProcessSpec(
+        "standin",
+        standin_args,
+        standin_port,
+        ready=(HttpReady(f"http://127.0.0.1:{standin_port}/health", 60),),
+        wrapper=_pinned(layout.standin),
+        stop_grace_s=STOP_GRACE_S,
+    )
+    gateway_env = {"LORAFLEET_GATEWAY_PUBLIC_PORT": str(gateway_port)}
+    if profile is not None:
+        gateway_env["LORAFLEET_GATEWAY_PROFILE_PATH"] = str(profile.resolve())
+    gateway = ProcessSpec(
+        "gateway",
+        app_args("public-gateway"),
+        gateway_port,
+        gateway_env,
+        ready=(HttpReady(f"http://127.0.0.1:{gateway_port}/ready", 60),),
+        wrapper=_pinned(layout.gateway),
+        stop_grace_s=STOP_GRACE_S,
+    )
+    return StackSpec(
+        processes=(standin, gateway),
+        database=f"gwbench_{run}",
+        seed=_seed(),
+        prefix=replica_id,
+        replica_token=TOKEN,
+        env={"PYTHONPATH": str(REPO)},
+    )
 
 
 @contextlib.asynccontextmanager
@@ -131,40 +161,9 @@ async def bench_stack(
     """Database, stand-in and gateway up and routing to each other; all of it gone afterwards.
 
     With profile, the gateway runs under cProfile and writes its stats there when it stops."""
-    platform = PlatformSettings()
-    run = uuid.uuid4().hex[:8]
-    name = f"gwbench_{run}"
-    database_url = await create_database(platform.database_url, name)
-    logs.mkdir(parents=True, exist_ok=True)
-    replica_id = f"gwbench-{run}"
-    standin_port, gateway_port = free_port(), free_port()
-    env = {
-        **os.environ,
-        **DEV_PROFILE_ENV,  # a bench stack runs on dev tokens
-        "PYTHONPATH": str(REPO),
-        "LORAFLEET_DATABASE_URL": database_url,
-        "LORAFLEET_GATEWAY_PUBLIC_PORT": str(gateway_port),
-        "LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN": TOKEN,
-        "LORAFLEET_GATEWAY_REPLICA_ID_PREFIX": replica_id,
-        "LORAFLEET_REPLICA_SERVICE_TOKEN": TOKEN,
-    }
-    if profile is not None:
-        env["LORAFLEET_GATEWAY_PROFILE_PATH"] = str(profile.resolve())
-    py = [sys.executable, "-m", "lorafleet.cli"]
-    standin_cmd = [*py, "bench", "standin", "--replica-id", replica_id, "--port", str(standin_port)]
-    standin_cmd += ["--adapter", ADAPTER_ID, "--token-rate", str(token_rate), "--ttft-ms", str(ttft_ms)]
-    procs: list[subprocess.Popen] = []
-    try:
-        key = await _seed(database_url)
-        standin = _start(_pinned(layout.standin, standin_cmd), env, logs / "standin.log")
-        procs.append(standin)
-        gateway = _start(_pinned(layout.gateway, [*py, "public-gateway"]), env, logs / "gateway.log")
-        procs.append(gateway)
-        standin_url, gateway_url = f"http://127.0.0.1:{standin_port}", f"http://127.0.0.1:{gateway_port}"
-        await wait_http(f"{standin_url}/health", 60, standin)
-        await wait_http(f"{gateway_url}/ready", 60, gateway)
-        yield Stack(gateway_url, standin_url, replica_id, key, gateway, standin, layout, logs)
-    finally:
-        for proc in reversed(procs):
-            stop(proc, grace_s=30)  # a profiled gateway writes its stats on the way out
-        await drop_database(platform.database_url, name)
+    spec = bench_spec(layout, token_rate, ttft_ms, profile)
+    async with private_stack(spec, PlatformSettings(), logs) as stack:
+        standin, gateway = stack.procs["standin"], stack.procs["gateway"]
+        assert standin.proc is not None and gateway.proc is not None
+        key = stack.keys[TENANT]
+        yield Stack(gateway.url, standin.url, spec.prefix, key, gateway.proc, standin.proc, layout, logs)
