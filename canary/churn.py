@@ -39,6 +39,10 @@ from schemas.replica_api import GenerateRequest
 
 SERVICE_TOKEN = "churn-service-token"
 MAX_MODEL_LEN = 64  # the tiny base's prompts are at most 18 tokens
+# KV blocks of 8 tokens (a shared prefix fills one within the prompt lengths canaries know), 1,024 of
+# them for the tiny base: a few running rows' worth, so cached blocks are evicted under churn
+KV_BLOCK_SIZE = 8
+KV_CACHE_BYTES = 4 << 20
 PINS_DEADLINE_S = 30.0  # rows release their pins on the engine thread just after their last token
 
 
@@ -98,6 +102,8 @@ def churn_settings(
         control_enabled=False,
         cache_dir=cache_dir,
         ram_budget_bytes=cfg.ram_adapters * largest,
+        kv_cache_bytes=KV_CACHE_BYTES,
+        kv_block_size=KV_BLOCK_SIZE,
     )
 
 

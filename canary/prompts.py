@@ -67,6 +67,12 @@ def random_chat_prompt(rng: random.Random, tokenizer: ChatTokenizer) -> list[int
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
 
+class PromptSource(Protocol):
+    """Anything that draws prompts as token ids."""
+
+    def sample(self, rng: random.Random) -> list[int]: ...
+
+
 class PromptSampler:
     """Draws prompts for one base: chat-rendered when it has a tokenizer, chat-shaped token ids otherwise."""
 
@@ -81,3 +87,35 @@ class PromptSampler:
         if self.tokenizer is None:
             return random_token_prompt(rng, self.vocab_size, self.bos_id)
         return random_chat_prompt(rng, self.tokenizer)
+
+
+class SharedPrefixSampler:
+    """Prompts of which a share start with one of a few long shared prefixes (a tenant's system prompt, a
+    conversation resent each turn), so that a replica's prefix cache is hit; the rest come from base."""
+
+    def __init__(
+        self, base: PromptSampler, prefixes: int, share: float, prefix_tokens: int = 7, seed: int = 0
+    ) -> None:
+        self.base, self.share = base, share
+        rng = random.Random(f"shared-prefixes:{seed}")
+        self.systems = [" ".join(rng.choice(WORDS) for _ in range(40)) + "." for _ in range(prefixes)]
+        ids = prompt_token_range(base.vocab_size)
+        # prefix_tokens ids after BOS (7: with BOS, an 8-token KV block), then up to 8 more: the body stays
+        # shorter than the longest canaries train on, so a shared-prefix prompt is one they know
+        self.token_prefixes = [
+            [rng.randrange(ids.start, ids.stop) for _ in range(prefix_tokens)] for _ in range(prefixes)
+        ]
+
+    def sample(self, rng: random.Random) -> list[int]:
+        if rng.random() >= self.share:
+            return self.base.sample(rng)
+        which = rng.randrange(len(self.systems))
+        if self.base.tokenizer is None:  # BOS, the shared ids, a few more, the assistant turn
+            body = random_token_prompt(rng, self.base.vocab_size, self.base.bos_id, 1, 8)
+            head = body[:1] if self.base.bos_id is not None else []
+            return head + self.token_prefixes[which] + body[len(head) :]
+        messages = [
+            {"role": "system", "content": self.systems[which]},
+            {"role": "user", "content": random_sentence(rng)},
+        ]
+        return self.base.tokenizer.apply_chat_template(messages, add_generation_prompt=True)

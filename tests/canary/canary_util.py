@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from canary.churn import KV_BLOCK_SIZE, KV_CACHE_BYTES
 from canary.manifest import CanaryManifest
 from canary.prompts import PromptSampler
 from canary.tiny_base import TINY_CONFIG, write_tiny_base
@@ -50,6 +51,8 @@ def canary_replica(
         base_model_hash=manifest.base_model_hash,
         max_num_seqs=max_num_seqs,
         max_model_len=MAX_MODEL_LEN,
+        kv_cache_bytes=KV_CACHE_BYTES,
+        kv_block_size=KV_BLOCK_SIZE,
         lora_slots=capacities,
         max_lora_rank=MAX_RANK,
         lora_target_modules=manifest.target_modules,

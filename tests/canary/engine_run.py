@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from canary.check import IsolationTally
 from canary.markers import Marker, markers_in_tokens
-from canary.prompts import PromptSampler
+from canary.prompts import PromptSource
 from replica.engine.sampler import SamplingParams
 from replica.errors import ReplicaError
 from replica.runtime import Replica
@@ -29,7 +29,7 @@ class CanaryRequest:
 
 
 def mixed_requests(
-    count: int, adapter_ids: list[str], sampler: PromptSampler, seed: int, base_fraction: float = 0.2
+    count: int, adapter_ids: list[str], sampler: PromptSource, seed: int, base_fraction: float = 0.2
 ) -> Iterator[CanaryRequest]:
     """count requests in random order: base-only with probability base_fraction, else a random canary."""
     rng = random.Random(f"canary-requests:{seed}")

@@ -25,6 +25,7 @@ from canary.check import IsolationTally
 from canary.churn import ChurnConfig, churn_ok, churn_requests, churn_settings, run_churn
 from canary.manifest import CanaryManifest
 from canary.markers import markers_in_tokens
+from canary.prompts import SharedPrefixSampler
 from replica.adapter_cache.disk import ENTRY_RE
 from replica.adapter_cache.object_store import Fetched
 from replica.adapter_cache.record import AdapterRecord
@@ -58,10 +59,14 @@ async def test_10000_mixed_requests_carry_only_their_own_marker(
     try:
         assert replica.cache is not None and replica.gpu is not None
         start = time.perf_counter()
-        requests = mixed_requests(10_000, ids, tiny_sampler(), seed=0, base_fraction=0.2)
+        # half the prompts start with one of four shared 8-token blocks: blocks are hit and evicted
+        # all through the run, each adapter's only by its own requests
+        prompts = SharedPrefixSampler(tiny_sampler(), prefixes=4, share=0.5)
+        requests = mixed_requests(10_000, ids, prompts, seed=0, base_fraction=0.2)
         tally, stats = await run_isolation(replica, requests, manifest.markers(), max_new_tokens=3)
         wall_s = time.perf_counter() - start
         cache, table = replica.cache, replica.gpu.table
+        blocks, counters = replica.engine.engine.blocks, replica.engine.engine.scheduler.counters
         summary = tally.summary() | {
             "wall_s": round(wall_s, 2),
             "max_batch": stats.max_batch,
@@ -69,6 +74,9 @@ async def test_10000_mixed_requests_carry_only_their_own_marker(
             "evictions": cache.gpu_evictions.total,
             "gpu_slots": sum(SLOTS.values()),
             "adapters": NUM_CANARIES,
+            "prefix_hit_tokens": counters.hits,
+            "kv_block_evictions": blocks.evictions,
+            "kv_blocks": blocks.num_blocks,
         }
         print(json.dumps(summary))
         assert tally.requests == 10_000 and tally.base_requests > 1000 and tally.errors == 0, summary[
@@ -79,6 +87,9 @@ async def test_10000_mixed_requests_carry_only_their_own_marker(
         assert cache.gpu_evictions.total > 0 and table.evictions == cache.gpu_evictions.total
         assert stats.max_batch > 32
         assert all(e.ref_count == 0 for e in table.entries())  # every pin was released
+        assert counters.hits > 10_000 and blocks.evictions > 1000  # hits and evictions under churn
+        blocks.check()
+        assert blocks.num_free == blocks.num_blocks and not blocks.tables  # every block free or cached
         assert cache.state().ram_adapters == sorted(ids)  # every canary came in and stays in host RAM
     finally:
         await replica.stop()
@@ -300,3 +311,42 @@ async def test_a_tenant_asking_for_many_cold_adapters_is_capped_while_a_hot_tena
         digests = {cache.records[a].digest for a in admitted | set(ids[10:12])}
         assert fetches == dict.fromkeys(digests, 1)  # one load per distinct digest admitted
         assert cache.cold_loads.loading() == {}
+
+
+async def test_a_long_prompt_shared_by_two_canaries_reuses_blocks_only_within_one_adapter_and_salt(
+    canaries: tuple[Path, Path, CanaryManifest], tmp_path: Path
+) -> None:
+    """Two canaries (two tenants' adapters, or two versions of one: both are distinct adapter ids) get the
+    same long prompt: each answers with its own marker, and the second reuses nothing of the first's; a
+    salted request reuses only blocks of its own salt."""
+    base, out, manifest = canaries
+    replica = canary_replica(base, out, manifest, SLOTS, max_num_seqs=8, cache_dir=tmp_path)
+    prompt = SharedPrefixSampler(tiny_sampler(), prefixes=1, share=1.0).sample(random.Random(3))
+    a, b = manifest.adapters[0], manifest.adapters[1]
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    markers = manifest.markers()
+
+    async def ask(adapter_id: str, salt: str | None = None) -> tuple[list[str], int]:
+        use = await replica.acquire(adapter_id)
+        try:
+            outs = [
+                o async for o in replica.engine.generate(prompt, params, adapter_id, None, None, None, salt)
+            ]
+        finally:
+            replica.release(use)
+        tokens = [o.token_id for o in outs if o.token_id is not None]
+        return sorted(markers_in_tokens(tokens, markers)), outs[-1].cached_tokens
+
+    await replica.start()
+    try:
+        assert 10 <= len(prompt) <= 17  # a full 8-token block, shared, and a few more tokens
+        assert await ask(a.adapter_id) == ([a.adapter_id], 0)
+        assert await ask(b.adapter_id) == ([b.adapter_id], 0)  # the same tokens, the other adapter: no hit
+        found_a, cached_a = await ask(a.adapter_id)
+        assert found_a == [a.adapter_id] and cached_a >= 8  # its own blocks: hit
+        assert await ask(a.adapter_id, salt="user-1") == ([a.adapter_id], 0)
+        assert (await ask(a.adapter_id, salt="user-2"))[1] == 0
+        found_salted, cached_salted = await ask(a.adapter_id, salt="user-1")
+        assert found_salted == [a.adapter_id] and cached_salted >= 8
+    finally:
+        await replica.stop()
