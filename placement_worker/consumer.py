@@ -1,39 +1,5 @@
-"""The placement worker's event handlers: each records its input idempotently, then replans what it touched.
-
-adapters.validated -> place that adapter (if ready); adapter.stats -> mark the window planned on, and when
-its tokens/s is news the next tick replans every adapter with a new window together; replica.state ->
-heartbeat (with the replica's GPU slots), replan everything when the member set or its slots changed or a
-warming replica joins; aliases.changed -> replan the new target, its canary, the previous target and any
-retired version still placed, then prewarm the target and the canary on their owners. Placement rows and
-their replica.commands commit together (outbox), under one lock.
-
-GPU tiers are a ranking (planner.py: each replica's share of its slots goes to its hottest owned adapters),
-so a replan that may move an adapter into or out of a GPU share plans every adapter with traffic: one
-rising pushes another out. Stats windows arrive in bursts (every active adapter when a window closes), so
-they are replanned together at most once per tick_s, not one ranking per event; a crash before the tick loses
-nothing, as a restart replans everything. A replan of adapters without GPU-worthy traffic and without GPU
-placements (a registration, most alias moves) moves no GPU share and plans just them.
-
-Warming and draining (membership.py): a warming replica is a member, so it owns adapters before it is
-routed to; a draining one is not, so its placements move to the others as soon as its state says draining.
-A full replan re-sends the loads of a joining replica (warming, not yet counted in since its warming began)
-and records on every member's row that it was counted in (replicas.planned_through): the warming replica
-reads that row and its placements, and turns ready once it holds every adapter placed on it.
-
-Old versions: every replan reads retired_versions (the truth, not the event, so replays and reordered events
-agree; a trigger on aliases keeps it, schemas/sql/003) and gives a retired version (an alias moved away from
-it and no alias points at it now) no owners: its placements are dropped and its owners get `unload` (the
-replica's cache waits for running requests to drain). The mark persists across every later move, so after
-v1 -> v2 -> v3 a full replan (restart, fleet change) leaves v1 and v2 unloaded. A rollback points an alias at
-the version again, which un-retires it, and the same replan loads it back. A ready version that no alias ever
-moved away from is placed at registration as before, because a pending deploy may point an alias at it.
-
-Spill placements (role `spill`, placement_worker/spill.py has the design): a newer replica.state records
-the copies a replica holds without owning them (the router's spills left them there); requests.completed
-keeps last_used_at of the placement that served each request; a spill copy unused for spill_idle_s is
-unloaded, a replica that leaves the fleet loses its spill rows, and a retired version's spill copies are
-unloaded with its owners. The router is unchanged: it already counts replicas holding an adapter.
-"""
+"""The placement worker's event handlers: each records its input idempotently, then replans what it
+touched (which event replans what, and why: docs/placement.md)."""
 
 from __future__ import annotations
 

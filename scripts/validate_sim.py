@@ -1,30 +1,6 @@
 """Validate the fleet simulator against a real load test on the local stack, on one saved trace.
 
-    .venv/bin/lorafleet bench load --calibration-out .data/bench/load-calibration.json
-    .venv/bin/python scripts/validate_sim.py --calibrate --calibration .data/bench/load-calibration.json
-
-1. Makes and registers --adapters PEFT adapters for a load-test tenant (lorafleet loadtest --setup), and
-   one more that only --calibrate uses.
-2. Generates a Zipf/Poisson trace with short prompts and outputs and saves it (out/trace.jsonl).
-3. Puts every replica's GPU slots into a known state (the --warm most popular adapters, loaded least
-   popular first through the replicas' own load API) and gives the simulator the same start.
-4. Replays the trace through the public API (lorafleet loadtest --trace-in), recording each request's
-   TTFT, tier and the server's token counts.
-5. With --calibrate, measures the replicas' steps again (the host's speed drifts with its other users:
-   the two calibrations bracket the run, and their drift is reported).
-6. Simulates the same trace, with the served token counts, on the local fleet: its replica count, its
-   replicas' slot count for the adapters' rank bucket, RAM budget and batch size, the gateway's router
-   settings, the placement worker's settings (GPU rule, demand TTL) re-planning every stats window, and
-   the timing model from the calibration files (bench/replica_steps.py before and after the run, pooled,
-   timing the one-adapter points through the public gateway, or bench engine at two batch sizes; bench
-   load). Each of the two calibrations alone is simulated too, for the record; the verdict uses the pool.
-7. Prints JSON with both sides and the verdict against the tolerance and drift rule stated in
-   sim.validation.
-
---replay DIR simulates a recorded run again without touching the stack (another calibration file, a
-changed timing model): the real side stays the one recorded; the run's before/after calibrations, when it
-has them, come first.
-"""
+What it runs, the tolerance and the results: docs/benchmarks.md#the-simulator-against-the-load-test."""
 
 from __future__ import annotations
 

@@ -1,34 +1,5 @@
-"""AdapterCache: four tiers (GPU slots, host RAM, local disk, object store) behind one async interface.
-
-A miss promotes the adapter to where it is wanted. Each step runs once however many callers want it
-(singleflight keyed by the step), in worker threads, so the event loop and the engine's decode steps keep
-running. Only idle adapters are evicted. Requests hold a pin from acquire() to release(); unload() waits for
-those pins to drain. Every load and eviction is reported to `on_event`.
-
-A request's cold load (its adapter on no tier of this replica: an object-store fetch) is admitted under
-per-tenant and total caps (replica.adapter_cache.cold_loads); a request for an adapter being loaded joins
-that load. A load that fails is remembered for failure_ttl_s: requests for that adapter meanwhile get the
-same error (503 `adapter_loading_failed` with Retry-After for a transient one) without another fetch, and
-the first request after the TTL tries again.
-
-Where the checks happen:
-- sha256 once, when bytes enter the machine: the object store streams them into one buffer and hashes each
-  piece as it lands (replica.adapter_cache.object_store). Never a second pass.
-- Promotion from disk does not hash: the open files must show the identities the disk tier recorded at
-  verification (replica.adapter_cache.identity); a mismatch, a short read or a header or shape failure is
-  corruption: the entry is dropped and fetched again. A background scrubber (scrub_once, scrubber.py)
-  re-hashes one disk entry at a time to catch silent media corruption off the request path.
-- NaN/Inf, header and shape checks run once, when bytes are validated; a RAM entry is immutable and
-  carries that verdict, and so does a verified disk entry (its identities prove the validated bytes). RAM ->
-  slot is a copy plus bookkeeping after cheap metadata checks (rank, base hash, modules: promote.check_fits).
-- RAM entries are packed in their bucket's slot-row layout (replica.lora.row_layout), so RAM -> slot is a
-  few contiguous copies: one memcpy or host-to-device transfer for an adapter of every module at the
-  bucket's rank. A short one runs on the event loop (INLINE_WRITE_BYTES), cheaper than a thread hop.
-Critical paths: object store -> one buffer (hashed as it streams) -> RAM entry (a view of that buffer when
-the file is already in row layout) -> slot, and the disk entry is written from the same buffer after the
-slot is live (a background write that own() and settle() wait for); disk -> one readinto of a fresh buffer
-that becomes the RAM entry -> slot.
-"""
+"""AdapterCache: four tiers (GPU slots, host RAM, local disk, object store) behind one async interface
+(a miss, the checks at each step and the cold-load caps: docs/adapter-cache.md)."""
 
 from __future__ import annotations
 

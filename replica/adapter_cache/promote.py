@@ -1,29 +1,5 @@
-"""Bytes -> a validated RAM-tier entry: check and pack an adapter held in one buffer of its file.
-
-validate_and_pack() runs the shared adapter rules (lorafleet.adapter_rules, as read_adapter and the registry
-do), each failure the load error for its rule's code: a config we can serve, the base hash, a well-formed
-bounded safetensors header (no pickle is ever opened), known target modules, shapes and per-module ranks
-that fit the base, the cap and the config; then one NaN/Inf pass over the packed buffer, which names the
-tensor by the rules' own check when it fails. Each module keeps its own rank (zero-padded to the bucket's)
-and its own scale (rsLoRA, rank_pattern and alpha_pattern included). It also returns the file's Layout:
-what the header and config said, enough to pack the same bytes again without parsing. The packed buffer
-is in the slot-row layout of the adapter's rank bucket (replica.lora.row_layout), so the copy into a slot
-is a few runs. When the file adapts every module at the bucket's rank in the slot dtype, its data section
-already is that buffer and is kept as a view (zero copies); otherwise contiguous spans are copied as runs,
-and padded or converting tensors one by one.
-
-The NaN/Inf check runs when bytes are validated (from the object store, or a disk entry found unverified at
-start-up). A RAM entry is immutable and carries that verdict, so RAM -> slot only runs check_fits (metadata)
-before the copy; a verified disk entry carries it too, as it carries its digest (see read_entry).
-
-read_entry() brings a disk-tier entry in with one readinto of one (pinned, with a GPU) buffer. A verified
-entry is not hashed again: its open files must show the identities recorded at verification (before and
-after the read) and its header bytes must equal the Layout's; then it is packed from the Layout, without a
-second NaN/Inf pass (the identities prove these are the bytes that passed it; silent corruption that
-keeps the identities is the scrubber's to find). A mismatch, a short read or a failed check raises
-ChecksumMismatchError (corruption: the caller drops it and fetches again). An unverified entry (found at
-start-up) is hashed once, beside validation; a digest mismatch wins over any validation error.
-"""
+"""Bytes -> a validated RAM-tier entry (validate_and_pack), and a disk entry read back (read_entry); what
+is checked where, and why a verified disk entry is not hashed again: docs/adapter-cache.md."""
 
 from __future__ import annotations
 

@@ -1,29 +1,7 @@
-"""Public Triton entry points for the adapter path; semantics of reference.lora_shrink_ref / lora_expand_ref.
+"""Public Triton entry points for the adapter path (how ops.py calls them, shapes and dtypes:
+docs/replica.md#kernels).
 
-How a caller (replica/kernels/ops.py) uses them on CUDA tensors:
-
-    from replica.kernels import triton_ops
-    from replica.kernels.segments import build_segments
-
-    # decode step (one row per sequence): gathered launch, no metadata
-    t = triton_ops.lora_shrink(x, a_stack, slot_of_row)                     # t [num_tokens, rank]
-    triton_ops.lora_expand(out, t, b_stack, scale, slot_of_row)             # out += delta, in place
-
-    # prefill (many rows per adapter): build segments once per forward pass, reuse them in every layer
-    segments = build_segments(slot_of_row)                                  # one host sync
-    t = triton_ops.lora_shrink(x, a_stack, slot_of_row, segments)
-    triton_ops.lora_expand(out, t, b_stack, scale, slot_of_row, segments)
-
-Shapes: x [num_tokens, hidden_in], a_stack [num_slots, rank, hidden_in],
-b_stack [num_slots, hidden_out, rank], scale [num_slots], slot_of_row [num_tokens] int32/int64 (-1: none),
-out [num_tokens, hidden_out].
-x, a_stack, t, out and b_stack share one dtype (fp16, bf16 or fp32); accumulation is fp32. x and out may be
-row-strided views (last dim contiguous); stacks, t, scale and slot_of_row must be contiguous. Bad inputs raise
-ValueError. Segments depend only on slot_of_row, so one Segments object serves every pool and layer of a pass
-that shares that slot_of_row. Import this module only where Triton can run: a CUDA device, or CPU tensors
-with TRITON_INTERPRET=1 set before the first import of triton (the tests do that).
-
-Semantics (the torch loop both launch shapes equal):
+Semantics (the torch loop both launch shapes equal; reference.lora_shrink_ref / lora_expand_ref):
 
     for i in range(num_tokens):
         s = slot_of_row[i]

@@ -1,28 +1,4 @@
-"""Router policy, pure: which replicas to try for an adapter, in order.
-
-Affinity: the adapter's owners are the top-k of schemas.rendezvous over the live replicas, the same function
-the placement worker uses; replicas that report the adapter resident (extra owners the placement worker
-added for a hot adapter, or spills) join them. The least-loaded of those goes first, unless one that already
-holds the adapter in a GPU slot is at most gpu_preference_tokens busier: then that one goes first, so a hot
-adapter does not take a slot on every owner. When the chosen replica is over the spill threshold, the
-least-loaded live replica goes first instead. The rest follow in load order, so a connection failure before
-the first byte retries on the next one.
-Cost (the default): every owner (and, past the spill threshold, every live replica) is priced in expected
-seconds: its tokens in flight over drain_tokens_per_s (how long it needs to finish what it holds), plus,
-where the adapter is not in a GPU slot there, the load time of the tier it is in and the price of the slot.
-A load evicts an adapter another request comes back for: one slot_cost_s. The adapter's home is its first
-rendezvous owner, where the placement planner puts its GPU copy and where its traffic goes while the home is
-not busier; a load anywhere else also makes a second copy that later requests, sent home, leave unused:
-twice the price. So a cold adapter's traffic stays on its home until the home is slot_cost_s of queue busier
-than a second owner, one already in a slot keeps it until the home is as much busier, and a hot adapter
-spreads over the replicas that hold it in a slot. The cheapest goes first, ties in owner order; the rest
-follow in cost order.
-Table: a fixed score table in the manner of the Gateway API Inference Extension's LoRA-affinity scorer,
-over every live replica: 1.0 where the adapter is in a GPU slot, 0.8 where a slot is free, 0.6 where it is
-in host RAM (the nearest thing to GIE's "waiting"), plus a queue score from 1 (least tokens in flight) to 0
-(most); the highest first, ties at random (a comparison for the simulator, not a production mode).
-Random: a uniformly random live replica first (the A/B baseline).
-"""
+"""Router policy, pure: which replicas to try for an adapter, in order (the modes: docs/routing.md)."""
 
 from __future__ import annotations
 
