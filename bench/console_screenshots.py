@@ -1,4 +1,5 @@
-"""`lorafleet console url` prints where the console is. `lorafleet console screenshots` drives the console
+"""`lorafleet console url` prints where the console's two pages are: the tenants' chat playground on the
+public gateway, the operator's views on the internal one. `lorafleet console screenshots` drives both pages
 of a running stack in Debian's chromium (Playwright) and saves a PNG of each view: a streamed chat, the
 live fleet, the registry and the reports."""
 
@@ -27,9 +28,10 @@ def _group() -> None:
 
 
 async def take_screenshots(
-    url: str, api_key: str, token: str, out: Path, prompt: str, timeout_s: float = 120.0
+    url: str, internal_url: str, api_key: str, token: str, out: Path, prompt: str, timeout_s: float = 120.0
 ) -> list[Path]:
-    """chat.png, fleet.png, registry.png and reports.png under out; each view filled in before its shot."""
+    """chat.png (the public page), fleet.png, registry.png and reports.png (the internal page's) under out;
+    each view filled in before its shot."""
     from playwright.async_api import async_playwright, expect
 
     out.mkdir(parents=True, exist_ok=True)
@@ -49,6 +51,7 @@ async def take_screenshots(
             await expect(page.locator(".exchange.done")).to_have_count(1, timeout=ms)
             shots.append(await _shot(page, out / "chat.png"))
 
+            await page.goto(f"{internal_url.rstrip('/')}/console/")
             await page.click("#tab-fleet")
             await page.fill("#admin-token-fleet", token)
             await page.click("#fleet-connect")
@@ -75,13 +78,17 @@ async def _shot(page: Page, path: Path) -> Path:
 
 @app.command("url")
 def url_cmd() -> None:
-    """The console's URL on the public gateway (its fleet and registry views take the service token)."""
-    typer.echo(f"console: {GatewaySettings().public_base_url()}/console/")
+    """The console's pages: the chat playground on the public gateway, the operator's views (fleet,
+    registry, reports; they take the service token) on the internal one."""
+    settings = GatewaySettings()
+    typer.echo(f"console: {settings.public_base_url()}/console/")
+    typer.echo(f"operator console: {settings.internal_base_url()}/console/")
 
 
 @app.command("screenshots")
 def screenshots(
     url: Annotated[str, typer.Option(help="The public gateway.")] = "http://127.0.0.1:18080",
+    internal_url: Annotated[str, typer.Option(help="The internal gateway.")] = "http://127.0.0.1:18081",
     keys: Annotated[Path, typer.Option(help="JSON {tenant: api key} (lorafleet demo writes it).")] = Path(
         ".data/demo/keys.json"
     ),
@@ -92,5 +99,5 @@ def screenshots(
     """Screenshot each console view of a running stack (the service token is the gateway's setting)."""
     api_key = json.loads(keys.read_text())[tenant]
     token = GatewaySettings().service_token.get_secret_value()
-    for path in asyncio.run(take_screenshots(url, api_key, token, out, prompt)):
+    for path in asyncio.run(take_screenshots(url, internal_url, api_key, token, out, prompt)):
         typer.echo(str(path))

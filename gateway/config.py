@@ -11,7 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from lorafleet.adapter_rules import caps
 from lorafleet.config import PlatformSettings
 from lorafleet.model.prepare import DEFAULT_MODEL_DIR
-from lorafleet.profile import DEV_TOKEN
+from lorafleet.profile import DEV_REGISTRY_READ_TOKEN, DEV_TOKEN
 
 
 class GatewaySettings(BaseSettings):
@@ -27,6 +27,9 @@ class GatewaySettings(BaseSettings):
     # Callers of /internal/* (pipelines, deploy tooling, replicas) present this as a bearer token.
     # The default only suits a single-machine dev stack; set a real secret anywhere else.
     service_token: SecretStr = SecretStr(DEV_TOKEN)
+    # Replicas present this to read a ready adapter's record (GET /internal/adapters/{id}) and nothing else:
+    # it cannot register adapters, list the registry or move aliases.
+    registry_read_token: SecretStr = SecretStr(DEV_REGISTRY_READ_TOKEN)
 
     # The served base: its hash (computed from served_model_dir when unset) and its config.json for shapes.
     served_model_dir: Path = DEFAULT_MODEL_DIR

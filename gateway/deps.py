@@ -28,6 +28,17 @@ async def require_service_token(request: Request, authorization: str | None = He
         raise Unauthorized("invalid_service_token", "a valid service token is required for /internal")
 
 
+async def require_registry_reader(request: Request, authorization: str | None = Header(default=None)) -> None:
+    """Bearer service token or registry-read token (the replicas'), in constant time; one code for both
+    missing and wrong."""
+    scheme, _, token = (authorization or "").partition(" ")
+    digest = _digest(token.strip())
+    allowed: tuple[bytes, ...] = (request.app.state.service_token_digest, request.app.state.read_token_digest)
+    matches = [hmac.compare_digest(digest, expected) for expected in allowed]
+    if scheme.lower() != "bearer" or not any(matches):
+        raise Unauthorized("invalid_service_token", "a valid service or registry-read token is required")
+
+
 def get_pool(request: Request) -> asyncpg.Pool:
     return request.app.state.pool
 

@@ -40,6 +40,8 @@ GRANTS: tuple[Grant, ...] = (
     Grant(p.REPLICA, ("Read",), groups=(p.REPLICA_GROUP_PREFIX,), prefixed=True),
     Grant(p.GATEWAY, READ, topics=_names(t.ALIASES_CHANGED, t.REPLICA_STATE, t.ADAPTER_STATS, t.ALERTS)),
     Grant(p.GATEWAY, WRITE, topics=_names(t.REQUESTS_COMPLETED)),
+    # the internal gateway's operator console: each replica's GPU hit rate from the completed requests
+    Grant(p.GATEWAY, ("Read",), topics=_names(t.REQUESTS_COMPLETED)),
     Grant(p.REGISTRY_VALIDATOR, READ, topics=_names(t.ADAPTERS_REGISTERED)),
     Grant(p.REGISTRY_VALIDATOR, ("Read",), groups=(p.VALIDATOR_GROUP_PREFIX,), prefixed=True),
     Grant(

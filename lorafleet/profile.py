@@ -19,6 +19,8 @@ from lorafleet.config import PlatformSettings
 from schemas import principals
 
 DEV_TOKEN = "dev-service-token"
+# What replicas read adapter records with (LORAFLEET_GATEWAY_REGISTRY_READ_TOKEN), never the service token.
+DEV_REGISTRY_READ_TOKEN = "dev-registry-read-token"
 DEV_PROFILE_ENV = {"LORAFLEET_PROFILE": "dev"}
 KAFKA_PASSWORD_SETTING = "LORAFLEET_KAFKA_PASSWORD"
 
@@ -29,7 +31,7 @@ def dev_kafka_password(principal: str) -> str:
 
 
 WELL_KNOWN_SECRETS: frozenset[str] = frozenset(
-    {DEV_TOKEN, *(dev_kafka_password(name) for name in principals.ALL)}
+    {DEV_TOKEN, DEV_REGISTRY_READ_TOKEN, *(dev_kafka_password(name) for name in principals.ALL)}
 )
 
 

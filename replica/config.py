@@ -10,7 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from lorafleet.config import PlatformSettings
 from lorafleet.model.prepare import DEFAULT_MODEL_DIR
-from lorafleet.profile import DEV_TOKEN
+from lorafleet.profile import DEV_REGISTRY_READ_TOKEN, DEV_TOKEN
 
 
 class ReplicaSettings(BaseSettings):
@@ -59,7 +59,8 @@ class ReplicaSettings(BaseSettings):
     # The adapter cache: the registry (the gateway's internal API) says where a ready adapter's bytes
     # live; None serves only the local adapter directories below.
     registry_url: str | None = "http://127.0.0.1:18081"
-    registry_token: str = DEV_TOKEN  # the gateway's LORAFLEET_GATEWAY_SERVICE_TOKEN
+    # the gateway's LORAFLEET_GATEWAY_REGISTRY_READ_TOKEN: reads adapter records, registers nothing
+    registry_token: str = DEV_REGISTRY_READ_TOKEN
     cache_dir: Path | None = None  # local-disk tier; default .data/adapter-cache/<replica_id>
     disk_budget_bytes: int = Field(default=16 << 30, gt=0)  # the local-disk tier's size
     ram_budget_bytes: int = Field(default=4 << 30, gt=0)  # validated adapters, packed for slot copies

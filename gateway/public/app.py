@@ -1,8 +1,9 @@
-"""Build the public OpenAI-compatible app (chat, models, health, metrics, the console) and serve it with
-uvicorn.
+"""Build the public OpenAI-compatible app (chat, models, the tenants' console page; the health probes and a
+tenant-free /metrics) and serve it with uvicorn.
 
 Its own listener, separate from /internal: tenants authenticate with API keys here, services with the
-service token there. Kafka feeds it replica.state (the router's view) and aliases.changed (the cache).
+service token there, and nothing here takes the service token (the operator console and its admin API are
+on the internal listener). Kafka feeds it replica.state (the router's view) and aliases.changed (the cache).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import cProfile
-import hashlib
 import logging
 import secrets
 import time
@@ -26,7 +26,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.config import GatewayConfig
 from gateway.console import routes as console
-from gateway.console.feed import ConsoleFeed, consume_console_topics
 from gateway.errors import install_error_handlers
 from gateway.openapi_doc import install_openapi
 from gateway.public.admission.auth import KeyAuthenticator
@@ -75,10 +74,10 @@ class RequestIdMiddleware:
 
 
 async def _start_consumers(
-    online: Online, feed: ConsoleFeed, config: GatewayConfig, registry: ReplicaRegistry, pool: asyncpg.Pool
+    online: Online, config: GatewayConfig, registry: ReplicaRegistry, pool: asyncpg.Pool
 ) -> list[asyncio.Task]:
-    """Follow replica.state (registered addresses only) and aliases.changed (and the console's topics);
-    wait (briefly) until the first two are positioned."""
+    """Follow replica.state (registered addresses only) and aliases.changed; wait (briefly) until both are
+    positioned."""
     ready_states, ready_aliases = asyncio.Event(), asyncio.Event()
     rejected = StateRejections(lambda reason: online.metrics.replica_states_rejected.labels(reason).inc())
 
@@ -89,10 +88,6 @@ async def _start_consumers(
         config.platform, online.view, ready_states, letters("gateway-replica-state"), registry, rejected
     )
     tasks = [
-        asyncio.create_task(
-            consume_console_topics(config.platform, feed, asyncio.Event(), letters("gateway-console")),
-            name="console-feed",
-        ),
         asyncio.create_task(registry.run(), name="replica-registry"),
         asyncio.create_task(states, name="replica-state"),
         asyncio.create_task(
@@ -164,11 +159,9 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
             ),
         )
         app.state.online = online
-        app.state.pool = pool  # the console's admin API reads the registry through it
-        app.state.console_feed = ConsoleFeed()
         registry = ReplicaRegistry(pool, settings.replica_id_prefix)
         await registry.refresh()
-        tasks = await _start_consumers(online, app.state.console_feed, config, registry, pool)
+        tasks = await _start_consumers(online, config, registry, pool)
         tenant_server = None
         if settings.tenant_metrics_port:
             token = settings.service_token.get_secret_value()
@@ -200,17 +193,12 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
 
     app = FastAPI(title="lorafleet", lifespan=lifespan)
     app.state.base_model_name = settings.served_model_dir.name
-    # /console/api takes the same service token as the internal API
-    app.state.service_token_digest = hashlib.sha256(
-        settings.service_token.get_secret_value().encode()
-    ).digest()
     install_error_handlers(app)
     install_openapi(app)
     app.include_router(chat.router)
     app.include_router(models.router)
     app.include_router(health.router)
-    app.include_router(console.page)
-    app.include_router(console.admin)
+    app.include_router(console.page_router(console.TENANT_VIEWS))
     app.add_middleware(RequestIdMiddleware)
     return app
 

@@ -1,4 +1,5 @@
-"""Build the gateway's internal FastAPI app (registry + aliases) and serve it with uvicorn."""
+"""Build the gateway's internal FastAPI app (registry, aliases and the operator console) and serve it with
+uvicorn."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from gateway.config import GatewayConfig
+from gateway.console import routes as console
+from gateway.console.live import console_live
 from gateway.deps import require_service_token
 from gateway.errors import install_error_handlers
 from gateway.openapi_doc import install_openapi
@@ -31,7 +34,9 @@ def build_internal_app(config: GatewayConfig, rules: RegistryRules | None = None
         )
         app.state.pool = await create_pool(config.platform, min_size=1, max_size=10)
         try:
-            yield
+            async with console_live(config, app.state.pool) as live:
+                app.state.console = live
+                yield
         finally:
             await app.state.pool.close()
 
@@ -39,21 +44,30 @@ def build_internal_app(config: GatewayConfig, rules: RegistryRules | None = None
     app.state.service_token_digest = hashlib.sha256(
         config.gateway.service_token.get_secret_value().encode()
     ).digest()
+    app.state.read_token_digest = hashlib.sha256(
+        config.gateway.registry_read_token.get_secret_value().encode()
+    ).digest()
     install_error_handlers(app)
     install_openapi(app)
     serve_private_openapi(app, require_service_token)
     app.include_router(routes.router)
+    app.include_router(routes.reader)
+    app.include_router(console.page_router(console.OPERATOR_VIEWS))
+    app.include_router(console.reports)
+    app.include_router(console.admin)
     return app
 
 
 def serve() -> None:
-    """Serve the internal API (registry and aliases) on the internal listener."""
+    """Serve the internal API (registry and aliases) and the operator console on the internal listener."""
     import uvicorn
 
     config = GatewayConfig.from_env(principals.GATEWAY)
-    refuse_dev_tokens(
-        config.platform, "gateway", {"LORAFLEET_GATEWAY_SERVICE_TOKEN": config.gateway.service_token}
-    )
+    tokens = {
+        "LORAFLEET_GATEWAY_SERVICE_TOKEN": config.gateway.service_token,
+        "LORAFLEET_GATEWAY_REGISTRY_READ_TOKEN": config.gateway.registry_read_token,
+    }
+    refuse_dev_tokens(config.platform, "gateway", tokens)
     uvicorn.run(
         build_internal_app(config),
         host=config.gateway.internal_host,

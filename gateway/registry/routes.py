@@ -1,10 +1,11 @@
-"""The internal API: registry (POST/GET adapters) and aliases (PUT/GET), all behind the service token."""
+"""The internal API: registry (POST/GET adapters) and aliases (PUT/GET), behind the service token; one
+adapter's record also behind the registry-read token, the only route a replica calls."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query, Response
 
-from gateway.deps import AliasPath, Pool, Rules, require_service_token
+from gateway.deps import AliasPath, Pool, Rules, require_registry_reader, require_service_token
 from gateway.errors import NotFound
 from gateway.registry import adapters, aliases
 from gateway.registry.registration_rules import check_fields
@@ -21,6 +22,7 @@ from schemas.api import (
 from schemas.ids import ADAPTER_ID_RE, TENANT_ID_RE
 
 router = APIRouter(prefix="/internal", dependencies=[Depends(require_service_token)])
+reader = APIRouter(prefix="/internal", dependencies=[Depends(require_registry_reader)])
 # A tenant id filter outside the id grammar is refused (422) before it reaches the database.
 TenantFilter = Query(default=None, max_length=63, pattern=TENANT_ID_RE.pattern)
 
@@ -53,7 +55,7 @@ async def list_adapters(
     return AdapterList(data=await adapters.list_adapters(pool, tenant_id, status))
 
 
-@router.get("/adapters/{adapter_id}", response_model=AdapterView)
+@reader.get("/adapters/{adapter_id}", response_model=AdapterView)
 async def get_adapter(adapter_id: str, pool: Pool) -> AdapterView:
     # an id outside the grammar names no adapter: 404 without a database read
     view = await adapters.get_adapter(pool, adapter_id) if ADAPTER_ID_RE.fullmatch(adapter_id) else None

@@ -23,11 +23,12 @@ from harness.stack import RunningStack, private_stack
 from lorafleet.config import PlatformSettings
 
 TOKEN = "gw-test-replica-token"
-ADMIN_TOKEN = "gw-test-service-token"  # the gateway's own service token (internal API, /console/api)
+ADMIN_TOKEN = "gw-test-service-token"  # the internal gateway's service token (internal API, /console/api)
 ADAPTERS = {"acme-support-v1": "acme", "acme-support-v2": "acme", "globex-sales-v1": "globex"}
 ALIASES = {"acme/support:prod": "acme-support-v1", "globex/sales:prod": "globex-sales-v1"}
 TENANT_LIMITS = {"acme": (50, 200_000), "globex": (2, 200_000)}  # (requests/s, tokens/min)
 GATEWAY = "public-gateway"
+INTERNAL = "gateway"
 
 
 def gateway_seed(base_hash: str) -> Seed:
@@ -57,13 +58,24 @@ def public_gateway(ready: tuple[tuple[str, float], ...] = (("/health", 60), ("/r
     return ProcessSpec(GATEWAY, app_args(GATEWAY), port, {"LORAFLEET_GATEWAY_PUBLIC_PORT": str(port)}, probes)
 
 
+def internal_gateway() -> ProcessSpec:
+    """The internal gateway (registry, aliases, the operator console) on a free port, ready once it answers
+    the console page."""
+    port = free_port()
+    probe = HttpReady(f"http://127.0.0.1:{port}/console/", 60)
+    env = {"LORAFLEET_GATEWAY_INTERNAL_PORT": str(port)}
+    return ProcessSpec(INTERNAL, app_args(INTERNAL), port, env, (probe,))
+
+
 def gateway_spec(
     adapter_root: Path,
     base_hash: str,
     replica_ids: tuple[str, ...] | None = None,
     extra_env: Mapping[str, str] | None = None,
+    internal: bool = False,
 ) -> StackSpec:
-    """The stack: replicas replica_ids (two of a fresh prefix by default), then the public gateway."""
+    """The stack: replicas replica_ids (two of a fresh prefix by default), then the public gateway (and the
+    internal one, with the operator console, when asked)."""
     # Parallel runs share Kafka's replica.state: the gateway routes only to ids with the replicas' common
     # prefix, so by default they get a prefix of this stack's own.
     if replica_ids is None:
@@ -85,8 +97,9 @@ def gateway_spec(
         "LORAFLEET_GATEWAY_AUTH_FAILURE_LIMIT": "0",
         **(extra_env or {}),
     }
+    gateways = (public_gateway(), internal_gateway()) if internal else (public_gateway(),)
     return StackSpec(
-        processes=(*replicas, public_gateway()),
+        processes=(*replicas, *gateways),
         database=f"gw_{uuid.uuid4().hex[:10]}",
         seed=gateway_seed(base_hash),
         prefix=os.path.commonprefix(list(replica_ids)),
@@ -106,6 +119,11 @@ class GatewayStack:
     @property
     def url(self) -> str:
         return self.stack.procs[GATEWAY].url
+
+    @property
+    def internal_url(self) -> str:
+        """The internal gateway's URL (a stack built with internal=True)."""
+        return self.stack.procs[INTERNAL].url
 
     @property
     def database_url(self) -> str:
@@ -164,8 +182,9 @@ async def gateway_stack(
     work: Path,
     replica_ids: tuple[str, ...] | None = None,
     extra_env: Mapping[str, str] | None = None,
+    internal: bool = False,
 ) -> AsyncIterator[GatewayStack]:
-    """gateway_spec's stack on platform's services, up, with both gateways' probes and replicas healthy."""
-    spec = gateway_spec(adapter_root, base_hash, replica_ids, extra_env)
+    """gateway_spec's stack on platform's services, up, with the gateways' probes and replicas healthy."""
+    spec = gateway_spec(adapter_root, base_hash, replica_ids, extra_env, internal)
     async with private_stack(spec, platform, work) as stack:
         yield GatewayStack(stack, replica_ids_of(spec))

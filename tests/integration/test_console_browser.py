@@ -1,8 +1,9 @@
 """The web console in a real browser (Debian's chromium driven by Playwright) against a real public gateway,
-a real SmolLM2 replica with the demo's trained adapters, PostgreSQL and Kafka: the page loads, a chat streams
-with the adapter's id and tier, a deploy made on the page moves the alias and the next chat is the new
-version's, with its sign-off, the fleet view shows the replica live, and a wrong key shows OpenAI's error
-from the API."""
+a real internal gateway, a real SmolLM2 replica with the demo's trained adapters, PostgreSQL and Kafka: the
+public page loads, a chat streams with the adapter's id and tier, a deploy made on the internal gateway's
+operator page moves the alias and the next chat is the new version's, with its sign-off, the fleet view
+shows the replica live, and a wrong key shows OpenAI's error from the API. The public listener serves no
+admin API."""
 
 from __future__ import annotations
 
@@ -43,7 +44,11 @@ async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
     assert set(ADAPTERS) <= set(dirs), sorted(dirs)
     root = next(iter(dirs.values())).parent  # one folder per adapter id, as the stack's replicas read them
     work = tmp_path_factory.mktemp("gw")
-    async with gateway_stack(services.settings(), root, base_hash, work, replica_ids=(REPLICA,)) as s:
+    # No relay here: the public gateway reads a moved alias again once its cached entry is this old.
+    ttl = {"LORAFLEET_GATEWAY_ALIAS_CACHE_TTL_S": "0.5"}
+    async with gateway_stack(
+        services.settings(), root, base_hash, work, replica_ids=(REPLICA,), extra_env=ttl, internal=True
+    ) as s:
         await wait_until(lambda: _routes_to(s, REPLICA), "the replica to become live in the gateway", 90)
         yield s
 
@@ -61,14 +66,27 @@ async def browser() -> AsyncIterator[Browser]:
         await b.close()
 
 
-@pytest.fixture
-async def page(browser: Browser, stack: GatewayStack) -> AsyncIterator[Page]:
+async def _open(browser: Browser, url: str) -> AsyncIterator[Page]:
     context = await browser.new_context()
     p = await context.new_page()
     p.set_default_timeout(TIMEOUT_MS)
-    await p.goto(f"{stack.url}/console/")
+    await p.goto(f"{url}/console/")
     yield p
     await context.close()
+
+
+@pytest.fixture
+async def page(browser: Browser, stack: GatewayStack) -> AsyncIterator[Page]:
+    """The public gateway's console page: the tenants' chat playground."""
+    async for p in _open(browser, stack.url):
+        yield p
+
+
+@pytest.fixture
+async def operator(browser: Browser, stack: GatewayStack) -> AsyncIterator[Page]:
+    """The internal gateway's console page: fleet, registry and reports."""
+    async for p in _open(browser, stack.internal_url):
+        yield p
 
 
 async def _chat(page: Page, done_before: int) -> tuple[str, str, str]:
@@ -94,8 +112,18 @@ async def _alias_target(stack: GatewayStack, alias: str) -> str:
         await conn.close()
 
 
+async def test_each_listener_shows_only_its_own_views(page: Page, operator: Page) -> None:
+    await expect(page.locator(".tab")).to_have_count(1)
+    await expect(page.locator("#tab-chat")).to_be_visible()
+    for view in ("fleet", "registry", "reports"):
+        await expect(page.locator(f"#view-{view}")).to_have_count(0)
+        await expect(operator.locator(f"#tab-{view}")).to_be_visible()
+    await expect(operator.locator("#view-chat")).to_have_count(0)
+    await expect(operator.locator("#view-fleet")).to_be_visible()
+
+
 async def test_a_chat_streams_then_a_deploy_on_the_page_moves_the_alias_and_the_next_chat(
-    page: Page, stack: GatewayStack
+    page: Page, operator: Page, stack: GatewayStack
 ) -> None:
     await expect(page).to_have_title("lorafleet console")
     await page.fill("#api-key", stack.keys["acme"])
@@ -114,22 +142,21 @@ async def test_a_chat_streams_then_a_deploy_on_the_page_moves_the_alias_and_the_
     assert int(await meta.locator(".tokens").inner_text()) >= 2
     assert float(await meta.locator(".tokens-per-s").inner_text()) > 0
 
-    await page.click("#tab-registry")
-    await page.fill("#admin-token-registry", ADMIN_TOKEN)
-    await page.click("#registry-load")
-    row = page.locator("tr[data-alias='acme/support:prod']")
+    await operator.click("#tab-registry")
+    await operator.fill("#admin-token-registry", ADMIN_TOKEN)
+    await operator.click("#registry-load")
+    row = operator.locator("tr[data-alias='acme/support:prod']")
     await expect(row.locator(".alias-adapter")).to_have_text("acme-support-v1")
     await row.locator(".deploy-target").select_option("acme-support-v2")
     await row.locator(".deploy").click()
     await expect(row.locator(".alias-adapter")).to_have_text("acme-support-v2")
     assert await _alias_target(stack, "acme/support:prod") == "acme-support-v2"
 
-    await page.click("#tab-chat")
+    await asyncio.sleep(1.0)  # the public gateway's cached entry expires
     adapter, _tier, second_answer = await _chat(page, 1)
     assert adapter == "acme-support-v2"
     assert second_answer.strip().endswith(SIGN_OFFS["acme-support-v2"]), second_answer  # the new sign-off
 
-    await page.click("#tab-registry")
     await row.locator(".rollback").click()
     await expect(row.locator(".alias-adapter")).to_have_text("acme-support-v1")
     assert await _alias_target(stack, "acme/support:prod") == "acme-support-v1"
@@ -155,8 +182,9 @@ async def test_a_wrong_key_shows_openais_error_from_the_api(page: Page, stack: G
 
 
 async def test_the_fleet_view_shows_the_replica_live_behind_the_token(
-    page: Page, stack: GatewayStack
+    operator: Page, stack: GatewayStack
 ) -> None:
+    page = operator
     await page.click("#tab-fleet")
     await page.fill("#admin-token-fleet", "not-the-token")
     await page.click("#fleet-connect")
@@ -168,7 +196,7 @@ async def test_the_fleet_view_shows_the_replica_live_behind_the_token(
     replica = page.locator(f"tr[data-replica='{REPLICA}']")
     await expect(replica.locator(".status")).to_have_text("ready")
     await expect(replica.locator(".gpu-hit-rate")).to_have_text(re.compile(r"^(-|\d+%)$"))
-    async with httpx.AsyncClient() as c:  # a request through this gateway: the replica's hit rate is a share
+    async with httpx.AsyncClient() as c:  # a request through the public gateway: its completion gives a share
         chat = {
             "model": "acme/support:prod",
             "messages": [{"role": "user", "content": "hi"}],
@@ -188,13 +216,13 @@ async def test_the_fleet_view_shows_the_replica_live_behind_the_token(
 
 
 async def test_the_console_links_the_latest_reports_and_serves_their_plots(
-    page: Page, stack: GatewayStack
+    operator: Page, stack: GatewayStack
 ) -> None:
-    await page.click("#tab-reports")
-    link = page.locator("#reports a", has_text="Simulator grid")  # bench/results/simgrid.html, committed
+    await operator.click("#tab-reports")
+    link = operator.locator("#reports a", has_text="Simulator grid")  # bench/results/simgrid.html, committed
     href = await link.get_attribute("href")
     assert href is not None
-    async with httpx.AsyncClient(base_url=stack.url) as c:
+    async with httpx.AsyncClient(base_url=stack.internal_url) as c:
         report = await c.get(href)
         assert report.status_code == 200 and report.headers["content-type"].startswith("text/html")
         assert '<img src="simgrid.png"' in report.text
@@ -209,14 +237,16 @@ async def test_the_console_links_the_latest_reports_and_serves_their_plots(
 async def test_the_screenshot_command_saves_each_view(stack: GatewayStack, tmp_path) -> None:
     from bench.console_screenshots import take_screenshots
 
-    shots = await take_screenshots(stack.url, stack.keys["acme"], ADMIN_TOKEN, tmp_path, "Hello", 120)
+    shots = await take_screenshots(
+        stack.url, stack.internal_url, stack.keys["acme"], ADMIN_TOKEN, tmp_path, "Hello", 120
+    )
     assert [p.name for p in shots] == ["chat.png", "fleet.png", "registry.png", "reports.png"]
     for shot in shots:
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 async def test_the_console_admin_api_refuses_a_tenant_key(stack: GatewayStack) -> None:
-    async with httpx.AsyncClient(base_url=stack.url) as c:
+    async with httpx.AsyncClient(base_url=stack.internal_url) as c:
         for path in ("/console/api/fleet", "/console/api/registry"):
             resp = await c.get(path, headers={"Authorization": f"Bearer {stack.keys['acme']}"})
             assert resp.status_code == 401, (path, resp.status_code, resp.text)
@@ -227,4 +257,23 @@ async def test_the_console_admin_api_refuses_a_tenant_key(stack: GatewayStack) -
             headers={"Authorization": f"Bearer {stack.keys['acme']}"},
         )
         assert put.status_code == 401, put.text
+    assert await _alias_target(stack, "acme/support:prod") == "acme-support-v1"
+
+
+async def test_the_public_listener_serves_no_admin_api_and_no_reports(stack: GatewayStack) -> None:
+    async with httpx.AsyncClient(base_url=stack.url) as c:
+        for path in (
+            "/console/api/fleet",
+            "/console/api/registry",
+            "/console/api/reports",
+            "/console/reports/2/",
+        ):
+            resp = await c.get(path, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+            assert resp.status_code == 404, (path, resp.status_code, resp.text)
+        put = await c.put(
+            "/console/api/aliases/acme/support:prod",
+            json={"adapter_id": "acme-support-v2"},
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        )
+        assert put.status_code in (404, 405), put.text
     assert await _alias_target(stack, "acme/support:prod") == "acme-support-v1"

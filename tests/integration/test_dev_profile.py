@@ -60,6 +60,7 @@ async def test_the_gateway_starts_on_a_real_secret_outside_the_dev_profile_and_g
     env = _env(
         services,
         LORAFLEET_GATEWAY_SERVICE_TOKEN="a-real-secret-of-its-own",
+        LORAFLEET_GATEWAY_REGISTRY_READ_TOKEN="a-real-read-secret-of-its-own",
         LORAFLEET_GATEWAY_INTERNAL_PORT=str(port),
         LORAFLEET_KAFKA_PASSWORD="a-real-kafka-secret",
     )

@@ -4,7 +4,10 @@ A route added without one fails here: the list is walked from the real apps, not
 
 Scopes: `tenant` is an API key (gateway.deps.public_caller); `service` is the service token
 (gateway.deps.require_service_token on the gateways, replica.server.service_authorized / authorized on the
-replica). A tenant key never opens a service route: the two checks compare against different secrets."""
+replica) or, on the one registry route replicas call, the registry-read token beside it
+(gateway.deps.require_registry_reader). A tenant key never opens a service route: the checks compare against
+different secrets. The public listener serves /v1, the tenants' console page, its probes and a tenant-free
+/metrics, nothing else: the operator console and its admin API are on the internal listener."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 
 from gateway.config import GatewayConfig
-from gateway.deps import public_caller, require_service_token
+from gateway.deps import public_caller, require_registry_reader, require_service_token
 from gateway.public.app import build_public_app
 from gateway.public.metrics import GatewayMetrics
 from gateway.public.tenant_metrics import build_tenant_metrics_app
@@ -27,7 +30,13 @@ from replica.config import ReplicaSettings
 from replica.server import authorized, create_app, service_authorized
 
 TENANT: set[Callable[..., Any]] = {public_caller}
-SERVICE: set[Callable[..., Any]] = {require_service_token, service_authorized, authorized}
+CONSOLE_PAGE = {("GET", "/console"), ("GET", "/console/"), ("GET", "/console/static/{name}")}
+SERVICE: set[Callable[..., Any]] = {
+    require_service_token,
+    require_registry_reader,
+    service_authorized,
+    authorized,
+}
 
 OPEN = {
     "public": {
@@ -35,14 +44,15 @@ OPEN = {
         ("GET", "/health"),
         ("GET", "/ready"),
         ("GET", "/metrics"),  # no tenant id (tests/integration/test_gateway_trust.py)
-        ("GET", "/console"),
-        ("GET", "/console/"),
-        ("GET", "/console/static/{name}"),
+        *CONSOLE_PAGE,
+    },
+    # the operator console's page and the report links: no secret and no tenant data in either
+    "internal": {
+        *CONSOLE_PAGE,
         ("GET", "/console/reports/{index}/"),
         ("GET", "/console/reports/{index}/{name}"),
-        ("GET", "/console/api/reports"),  # report links; reports hold no tenant data
+        ("GET", "/console/api/reports"),
     },
-    "internal": set(),
     "tenant-metrics": set(),
     "replica": {("GET", "/health"), ("GET", "/ready"), ("GET", "/metrics")},
 }
@@ -127,12 +137,25 @@ def test_a_route_added_without_a_dependency_is_caught() -> None:
     assert _violations("internal", app) == ["internal: POST /internal/pause has no service-token dependency"]
 
 
-def test_the_console_admin_api_and_every_internal_route_take_the_service_token() -> None:
-    apps = _apps()
-    admin = [(m, p) for m, p, _ in _routes(apps["public"]) if p.startswith("/console/api/")]
+def test_the_console_admin_api_is_on_the_internal_listener_behind_the_service_token() -> None:
+    internal = {(m, p): calls for m, p, calls in _routes(_apps()["internal"])}
+    admin = [key for key in internal if key[1].startswith("/console/api/") and key not in OPEN["internal"]]
     assert ("GET", "/console/api/fleet") in admin and ("PUT", "/console/api/aliases/{alias:path}") in admin
-    internal = [p for _, p, _ in _routes(apps["internal"]) if p not in DOCS]
-    assert internal and all(p.startswith("/internal/") for p in internal)
+    assert all(require_service_token in internal[key] for key in admin)
+    others = [p for (_, p) in internal if p not in DOCS and not p.startswith("/console")]
+    assert others and all(p.startswith("/internal/") for p in others)
+
+
+def test_the_public_listener_serves_v1_the_tenant_page_and_probes_only() -> None:
+    served = {(m, p) for m, p, _ in _routes(_apps()["public"])}
+    probes = {("GET", "/health"), ("GET", "/ready"), ("GET", "/metrics")}
+    docs = {("GET", p) for p in DOCS}
+    assert served == TENANT_ROUTES | CONSOLE_PAGE | probes | docs
+
+
+def test_the_registry_read_token_opens_one_adapter_record_and_nothing_else() -> None:
+    reader = [(m, p) for m, p, calls in _routes(_apps()["internal"]) if require_registry_reader in calls]
+    assert reader == [("GET", "/internal/adapters/{adapter_id}")]
 
 
 def test_only_the_public_app_serves_its_api_document_open() -> None:

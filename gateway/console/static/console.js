@@ -1,5 +1,7 @@
 // lorafleet console: the chat playground talks to the public API with a tenant's key; the fleet, registry
-// and reports views talk to /console/api with the admin (service) token. No dependencies, no build step.
+// and reports views talk to /console/api with the admin (service) token. Each listener serves the page with
+// its own views (body data-views): the public one the chat playground, the internal one the operator's
+// views. No dependencies, no build step.
 "use strict";
 
 const $ = (sel) => document.querySelector(sel);
@@ -57,7 +59,14 @@ async function readSse(resp, onEvent) {
 }
 
 // ---- tabs -------------------------------------------------------------------------------------------
+const VIEWS = (document.body.dataset.views || "chat").split(" ");
+for (const tab of document.querySelectorAll(".tab")) if (!VIEWS.includes(tab.dataset.view)) tab.remove();
+for (const section of document.querySelectorAll(".view")) {
+  if (!VIEWS.includes(section.id.slice("view-".length))) section.remove();
+}
+
 function show(view) {
+  if (!VIEWS.includes(view)) return;
   for (const tab of document.querySelectorAll(".tab")) tab.classList.toggle("active", tab.dataset.view === view);
   for (const section of document.querySelectorAll(".view")) section.hidden = section.id !== `view-${view}`;
   if (view === "reports") loadReports();
@@ -144,9 +153,9 @@ async function sendChat() {
   }
 }
 
-$("#load-models").addEventListener("click", loadModels);
-$("#send").addEventListener("click", sendChat);
-$("#api-key").value = sessionStorage.getItem("lorafleet.apiKey") || "";
+$("#load-models")?.addEventListener("click", loadModels);
+$("#send")?.addEventListener("click", sendChat);
+if ($("#api-key")) $("#api-key").value = sessionStorage.getItem("lorafleet.apiKey") || "";
 
 // ---- admin token (fleet, registry, reports) ---------------------------------------------------------
 function adminToken() {
@@ -213,7 +222,7 @@ async function connectFleet() {
     if (err.name !== "AbortError") { showError("#fleet-error", String(err)); $("#fleet-status").textContent = "not connected"; }
   }
 }
-$("#fleet-connect").addEventListener("click", connectFleet);
+$("#fleet-connect")?.addEventListener("click", connectFleet);
 
 // ---- registry view ----------------------------------------------------------------------------------
 async function moveAlias(alias, adapterId) {
@@ -263,7 +272,7 @@ async function loadRegistry() {
   if (!resp.ok) { showError("#registry-error", errorText(body, resp.status)); return; }
   renderRegistry(body);
 }
-$("#registry-load").addEventListener("click", loadRegistry);
+$("#registry-load")?.addEventListener("click", loadRegistry);
 
 // ---- reports ----------------------------------------------------------------------------------------
 async function loadReports() {
@@ -275,4 +284,4 @@ async function loadReports() {
     : [el("li", { class: "muted" }, "no reports yet: run `lorafleet loadtest` or `lorafleet simulate`")]));
 }
 
-if (location.hash) show(location.hash.slice(1));
+show(location.hash && VIEWS.includes(location.hash.slice(1)) ? location.hash.slice(1) : VIEWS[0]);
