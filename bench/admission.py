@@ -36,6 +36,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench._util import median
+from harness.env import SMALL_LORA_SLOTS, SMALL_REPLICA_ENV
 from lorafleet.profile import DEV_PROFILE_ENV
 from replica.engine.trace import STAGES
 from schemas.replica_api import STREAM_EVENT, TokenEvent
@@ -138,6 +139,7 @@ class EngineStep:
             device="cpu",
             max_num_seqs=8,
             max_model_len=1024,
+            lora_slots=SMALL_LORA_SLOTS,
             base_model_hash="0" * 64,  # no adapter is loaded: skip hashing the checkpoint
             registry_url=None,
             control_enabled=False,
@@ -163,6 +165,7 @@ async def replica_process(model_dir: Path | None, timeout_s: float) -> AsyncIter
     port = free_port()
     work = Path(tempfile.mkdtemp(prefix="bench-admission-"))
     env = {
+        **SMALL_REPLICA_ENV,  # not the production profile's gigabytes of slots
         **os.environ,
         **DEV_PROFILE_ENV,  # a bench stack runs on dev tokens
         "LORAFLEET_REPLICA_SERVICE_TOKEN": TOKEN,

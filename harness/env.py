@@ -1,8 +1,11 @@
 """The environment every process of a private stack gets: the dev profile, the platform's addresses with
-the stack's own database, its replica id prefix and token, single-threaded math and an offline hub."""
+the stack's own database, its replica id prefix and token, single-threaded math, an offline hub and the
+replica sizes the tests and benchmarks were written for."""
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
 
 from harness.databases import database_url
@@ -13,6 +16,17 @@ from ops.stack.env import FLEET_ENV
 
 # Several stacks share the machine's cores, and a private stack never downloads a model.
 QUIET_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+# The replica's defaults are the production profile (250 rank-16 slots and more: gigabytes of slot stacks for
+# even a small base). A private stack's replicas, and the suite's in-process ones (tests/conftest.py), get
+# these smaller sizes unless the environment or the stack's spec sets others.
+SMALL_LORA_SLOTS = {8: 16, 16: 16, 32: 8, 64: 4}
+SMALL_REPLICA_ENV = {
+    "LORAFLEET_REPLICA_LORA_SLOTS": json.dumps(SMALL_LORA_SLOTS),
+    "LORAFLEET_REPLICA_RAM_BUDGET_BYTES": str(4 << 30),
+    "LORAFLEET_REPLICA_DISK_BUDGET_BYTES": str(16 << 30),
+    "LORAFLEET_REPLICA_DTYPE": "float32",
+}
 
 # A state every half second, stale after three missed: a replica's arrival or death shows within seconds.
 FAST_STATE_ENV = {"LORAFLEET_REPLICA_STATE_INTERVAL_S": "0.5", "LORAFLEET_GATEWAY_REPLICA_STALE_S": "1.5"}
@@ -54,7 +68,8 @@ def prefix_env(prefix: str) -> dict[str, str]:
 def stack_env(spec: StackSpec, platform: PlatformSettings) -> dict[str, str]:
     """What every process of the stack gets over the inherited environment: the base, then spec.env."""
     own = stack_platform(spec, platform)
-    env = {**DEV_PROFILE_ENV, **platform_env(own), **QUIET_ENV}
+    sizes = {k: v for k, v in SMALL_REPLICA_ENV.items() if k not in os.environ}
+    env = {**sizes, **DEV_PROFILE_ENV, **platform_env(own), **QUIET_ENV}
     if spec.data_dir is not None:
         env["LORAFLEET_DATA_DIR"] = str(spec.data_dir)
     if spec.prefix:

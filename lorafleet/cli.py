@@ -36,6 +36,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "tenants": ("gateway.registry.cli", "tenants_app", "Create and list tenants (with their rate limits)."),
     "keys": ("gateway.registry.cli", "keys_app", "Issue, list and revoke tenants' API keys."),
     "report": ("ops.report_cli", "app", "Turn a JSON report into one HTML page."),
+    "profile": ("sim.profile_cli", "app", "Replica sizing profiles: production (the brief's) and local."),
     "console": ("bench.console_screenshots", "app", "The web console: screenshots of a running stack."),
 }
 

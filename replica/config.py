@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from lorafleet.config import PlatformSettings
 from lorafleet.model.prepare import DEFAULT_MODEL_DIR
 from lorafleet.profile import DEV_REGISTRY_READ_TOKEN, DEV_TOKEN
+from lorafleet.sizing import PRODUCTION
 
 
 class ReplicaSettings(BaseSettings):
@@ -24,20 +25,23 @@ class ReplicaSettings(BaseSettings):
     service_token: str = DEV_TOKEN  # the bearer token callers of its /internal routes present
 
     model_dir: Path = DEFAULT_MODEL_DIR  # the base: a Llama checkpoint in Hugging Face layout
-    dtype: str = "float32"  # float32 | bfloat16 | float16
+    # float32 | bfloat16 | float16 | auto: the production profile's (bf16) on CUDA, float32 on the CPU
+    dtype: str = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     base_model_hash: str | None = None  # computed from the checkpoint when not given
 
-    max_num_seqs: int = 32  # requests running at once (each holds KV blocks for its tokens)
-    max_model_len: int = 2048  # the longest sequence: a prompt plus its completion
+    # The sizes default to the production profile (lorafleet/sizing.py); the local stack and the test suite
+    # set smaller ones (ops/stack/profile.py, harness/env.py).
+    max_num_seqs: int = PRODUCTION.max_num_seqs  # requests running at once (each holds KV blocks)
+    max_model_len: int = PRODUCTION.max_model_len  # the longest sequence: a prompt plus its completion
     # Tokens computed per step: every decoding row's one, then chunks of prompts (with chunked prefill a
     # long prompt is split across steps, so decoding rows never wait behind it). At least max_num_seqs.
-    max_num_batched_tokens: int = Field(default=8192, ge=1)
+    max_num_batched_tokens: int = Field(default=PRODUCTION.max_num_batched_tokens, ge=1)
     # The paged KV cache (replica.kv), in blocks of this many tokens (a power of two)
     kv_block_size: int = Field(default=16, ge=1)
     kv_cache_bytes: int = Field(default=2 << 30, gt=0)  # the KV cache's size on the CPU
     # on CUDA the KV cache takes this share of the GPU's memory, less what the weights and slots take
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    gpu_memory_utilization: float = Field(default=PRODUCTION.gpu_memory_utilization, gt=0, le=1)
     # full blocks are reused by requests with the same tokens before them, adapter version and cache salt
     enable_prefix_caching: bool = True
     # a prompt longer than the step's token budget is prefilled over several steps
@@ -49,8 +53,8 @@ class ReplicaSettings(BaseSettings):
     max_rows_per_tenant: int | None = Field(default=None, ge=1)
 
     # rank bucket -> GPU slots in that bucket; an adapter goes to the smallest bucket >= its rank
-    lora_slots: dict[int, int] = Field(default_factory=lambda: {8: 16, 16: 16, 32: 8, 64: 4})
-    max_lora_rank: int = 64  # the largest rank it serves
+    lora_slots: dict[int, int] = Field(default_factory=lambda: dict(PRODUCTION.lora_slots))
+    max_lora_rank: int = PRODUCTION.max_lora_rank  # the largest rank it serves
     # the linears an adapter may adapt; each gets a LoRA wrapper
     lora_target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -62,8 +66,9 @@ class ReplicaSettings(BaseSettings):
     # the gateway's LORAFLEET_GATEWAY_REGISTRY_READ_TOKEN: reads adapter records, registers nothing
     registry_token: str = DEV_REGISTRY_READ_TOKEN
     cache_dir: Path | None = None  # local-disk tier; default .data/adapter-cache/<replica_id>
-    disk_budget_bytes: int = Field(default=16 << 30, gt=0)  # the local-disk tier's size
-    ram_budget_bytes: int = Field(default=4 << 30, gt=0)  # validated adapters, packed for slot copies
+    disk_budget_bytes: int = Field(default=PRODUCTION.disk_budget_bytes, gt=0)  # the local-disk tier's size
+    # validated adapters, packed for slot copies
+    ram_budget_bytes: int = Field(default=PRODUCTION.ram_budget_bytes, gt=0)
     # Requests' cold loads (adapter on no tier here: an object-store fetch) at once, per tenant and in all;
     # past either cap a request is refused (429 too_many_cold_loads / 503 cold_loads_full, Retry-After).
     cold_loads_per_tenant: int = Field(default=4, ge=1)
@@ -105,6 +110,12 @@ class ReplicaSettings(BaseSettings):
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be at least max_num_seqs: rows decode every step")
         return self
+
+    def model_dtype(self, device_type: str) -> str:
+        """The dtype the base loads in on a device of this type ("cuda", "cpu"): the setting unless auto."""
+        if self.dtype != "auto":
+            return self.dtype
+        return PRODUCTION.dtype if device_type == "cuda" else "float32"
 
     def cache_path(self) -> Path:
         return self.cache_dir or (self.platform.data_dir / "adapter-cache" / self.replica_id)

@@ -36,7 +36,7 @@ from replica.lora.replace import apply_lora
 from replica.lora.spec import AdapterSpec
 from replica.metrics import EngineLoad, ReplicaMetrics, engine_load
 from replica.model.llama import LlamaForCausalLM
-from replica.model.loader import load_model
+from replica.model.loader import load_model, resolve_device
 from replica.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from schemas.events import ReplicaState
 from schemas.replica_api import StateResponse
@@ -341,7 +341,8 @@ def kv_blocks(settings: ReplicaSettings, model: LlamaForCausalLM) -> int:
 
 def build_replica(settings: ReplicaSettings) -> Replica:
     """Load the model (and tokenizer when the directory has one) and assemble the replica."""
-    model = load_model(settings.model_dir, settings.dtype, settings.device)
+    dtype = settings.model_dtype(resolve_device(settings.device).type)
+    model = load_model(settings.model_dir, dtype, settings.device)
     has_tokenizer = (Path(settings.model_dir) / "tokenizer.json").is_file()
     tokenizer = Tokenizer.from_dir(settings.model_dir) if has_tokenizer else None
     return Replica(settings, model, tokenizer)

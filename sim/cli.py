@@ -87,9 +87,14 @@ def simulate_cmd(
     duration: Annotated[float, typer.Option(help="Simulated seconds of arrivals.")] = 3600.0,
     warmup: Annotated[float, typer.Option(help="Seconds of arrivals left out of the report.")] = 60.0,
     seed: Annotated[int, typer.Option()] = 0,
-    gpu_slots: Annotated[int, typer.Option(help="GPU adapter slots per replica.")] = 250,
-    ram_gb: Annotated[float, typer.Option(help="Host RAM for adapters per replica, GB.")] = 40.0,
-    adapter_mb: Annotated[float, typer.Option(help="Adapter size, MB.")] = 80.0,
+    gpu_slots: Annotated[int, typer.Option(help="GPU adapter slots per replica.")] = CacheSizes.gpu_slots,
+    ram_gb: Annotated[float, typer.Option(help="Host RAM for adapters per replica, GB.")] = (
+        CacheSizes.ram_bytes / 1e9
+    ),
+    disk_gb: Annotated[float, typer.Option(help="Local disk for adapters per replica, GB.")] = (
+        CacheSizes.disk_bytes / 1e9
+    ),
+    adapter_mb: Annotated[float, typer.Option(help="Adapter size, MB.")] = CacheSizes.adapter_bytes / 1e6,
     owners: Annotated[int, typer.Option(help="Default owners per adapter.")] = 2,
     spill_threshold: Annotated[int, typer.Option(help="Router spill threshold, tokens in flight.")] = 32_000,
     replan_s: Annotated[
@@ -130,7 +135,12 @@ def simulate_cmd(
     if trace_out is not None:
         save(trace, trace_out)
     timing = load_timing(calibration or [])
-    sizes = CacheSizes(gpu_slots=gpu_slots, adapter_bytes=int(adapter_mb * 1e6), ram_bytes=int(ram_gb * 1e9))
+    sizes = CacheSizes(
+        gpu_slots=gpu_slots,
+        adapter_bytes=round(adapter_mb * 1e6),
+        ram_bytes=round(ram_gb * 1e9),
+        disk_bytes=round(disk_gb * 1e9),
+    )
     cfg = SimConfig(
         replicas=replicas,
         routing=routing,

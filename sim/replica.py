@@ -19,6 +19,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from lorafleet.sizing import BRIEF, PRODUCTION
 from replica.adapter_cache.lru import ByteLru
 from replica.errors import NoFreeSlotError
 from replica.lora.slots import SlotTable
@@ -42,11 +43,13 @@ class SimRequest:
 
 @dataclass(frozen=True)
 class CacheSizes:
-    gpu_slots: int = 250
+    """One replica's cache; by default the production profile's rank-16 slots and tiers (lorafleet/sizing)."""
+
+    gpu_slots: int = PRODUCTION.lora_slots[16]
     rank: int = 16
-    adapter_bytes: int = 80_000_000
-    ram_bytes: int = 40_000_000_000  # 500 adapters; owners hold ~385 each at the brief's scale
-    disk_bytes: int = 400_000_000_000  # every adapter of the brief fits on local disk
+    adapter_bytes: int = BRIEF.adapter_bytes(16)
+    ram_bytes: int = PRODUCTION.ram_budget_bytes  # every owned adapter (~385 at the brief's scale) and spills
+    disk_bytes: int = PRODUCTION.disk_budget_bytes
 
 
 Schedule = Callable[[float, int, object], None]  # (time, event kind, payload)

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from harness.env import SMALL_REPLICA_ENV
+
 # Nothing in the suite may reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -16,6 +18,12 @@ os.environ.setdefault("LORAFLEET_PROFILE", "dev")
 # A replica's KV cache is a byte budget allocated at start (2 GiB by default on the CPU): the suite's
 # replicas, in this process and in the ones it starts, get a budget its small models and prompts fill.
 os.environ.setdefault("LORAFLEET_REPLICA_KV_CACHE_BYTES", str(256 << 20))
+# The replica's defaults are the production profile; the suite's replicas get the sizes it was written for.
+# Not the slots: pydantic-settings merges a dict from the environment into one given in code, so a test's
+# own lora_slots would grow by these. The stacks' processes get them from harness.env.stack_env.
+for _name, _value in SMALL_REPLICA_ENV.items():
+    if _name != "LORAFLEET_REPLICA_LORA_SLOTS":
+        os.environ.setdefault(_name, _value)
 
 # Triton picks interpreter or compiler when it is first imported (peft imports it too), so choose here:
 # without a GPU, Triton kernels run through the interpreter on CPU tensors.

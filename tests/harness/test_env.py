@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.env import process_env, stack_env, stack_platform
+import pytest
+
+from harness.env import SMALL_REPLICA_ENV, process_env, stack_env, stack_platform
 from harness.spec import ProcessSpec, StackSpec
 from lorafleet.config import PlatformSettings
 
@@ -24,7 +26,15 @@ PLATFORM_ENV = {
     "LORAFLEET_PROFILE": "dev",
     "OMP_NUM_THREADS": "1",
     "HF_HUB_OFFLINE": "1",
+    **SMALL_REPLICA_ENV,
 }
+
+
+@pytest.fixture(autouse=True)
+def _no_sizes_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replica sizes are the stack's unless the environment sets them (tests/conftest.py sets some)."""
+    for name in SMALL_REPLICA_ENV:
+        monkeypatch.delenv(name, raising=False)
 
 
 def test_a_full_spec_gives_its_database_prefix_token_fast_states_and_data_folder() -> None:
@@ -55,6 +65,13 @@ def test_a_full_spec_gives_its_database_prefix_token_fast_states_and_data_folder
 def test_a_bare_spec_keeps_the_platforms_database_and_sets_no_prefix_token_or_intervals() -> None:
     env = stack_env(StackSpec(), PLATFORM)
     assert env == {**PLATFORM_ENV, "LORAFLEET_DATABASE_URL": PLATFORM.database_url}
+
+
+def test_replica_sizes_set_in_the_environment_are_left_to_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LORAFLEET_REPLICA_RAM_BUDGET_BYTES", "1")
+    env = stack_env(StackSpec(), PLATFORM)
+    assert "LORAFLEET_REPLICA_RAM_BUDGET_BYTES" not in env
+    assert env["LORAFLEET_REPLICA_LORA_SLOTS"] == SMALL_REPLICA_ENV["LORAFLEET_REPLICA_LORA_SLOTS"]
 
 
 def test_the_specs_env_wins_over_the_base_and_the_processs_over_both() -> None:

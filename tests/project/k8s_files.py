@@ -16,7 +16,7 @@ from tests.project.project_files import ROOT
 K8S = ROOT / "infra/k8s"
 # Files in infra/k8s that `kubectl apply -k` leaves out: templates copied per use.
 TEMPLATES = {"replica-merged.yaml"}
-WORKLOAD_KINDS = {"Deployment", "Job"}
+WORKLOAD_KINDS = {"Deployment", "StatefulSet", "Job"}
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def expand(value: str) -> str:
 
 
 def containers(include_init: bool = True) -> Iterator[Container]:
-    """Every container of every Deployment and Job (init containers too, unless told not to)."""
+    """Every container of every Deployment, StatefulSet and Job (init containers too, unless told not to)."""
     for doc in documents():
         if doc.kind not in WORKLOAD_KINDS:
             continue

@@ -19,6 +19,7 @@ import pytest
 from gateway.config import GatewaySettings
 from lorafleet.config import PlatformSettings
 from lorafleet.model.prepare import DEFAULT_MODEL_NAME
+from lorafleet.sizing import PRODUCTION
 from ops.autoscale.config import AutoscaleSettings
 from ops.autoscale.local import LocalFleet
 from ops.autoscale.merged_local import MergedFleet
@@ -190,7 +191,9 @@ def test_the_gpu_override_reserves_a_gpu_for_every_replica_and_cuda_runs_there()
         (device,) = gpu[name].spec["deploy"]["resources"]["reservations"]["devices"]
         assert device["driver"] == "nvidia" and device["count"] == 1 and "gpu" in device["capabilities"]
         assert settings_from(ReplicaSettings, gpu[name].env()).device == "cuda"
-        assert gpu[name].env().items() >= base[name].env().items(), "the override only adds"
+        # the override adds, and replaces only the local profile's sizes with the production profile's
+        changed = {k for k, v in base[name].env().items() if gpu[name].env().get(k) != v}
+        assert changed <= set(PRODUCTION.replica_env()), changed
 
 
 def prometheus_targets(path: str) -> dict[str, list[tuple[str, int, dict]]]:

@@ -26,6 +26,7 @@ from tests.project.deploy_files import (
 )
 from tests.project.k8s_files import (
     Container,
+    Doc,
     config_map,
     containers,
     documents,
@@ -38,7 +39,12 @@ from tests.project.k8s_files import (
 SECRET_NAME = "lorafleet-secrets"
 # Secrets each process cannot run without (a missing one would fall back to a single-machine default).
 REQUIRED_SECRETS: dict[str, set[str]] = {
-    "gateway": {"LORAFLEET_DATABASE_URL", "LORAFLEET_GATEWAY_SERVICE_TOKEN", "LORAFLEET_KAFKA_PASSWORD"},
+    "gateway": {
+        "LORAFLEET_DATABASE_URL",
+        "LORAFLEET_GATEWAY_SERVICE_TOKEN",
+        "LORAFLEET_GATEWAY_REGISTRY_READ_TOKEN",
+        "LORAFLEET_KAFKA_PASSWORD",
+    },
     "public-gateway": {
         "LORAFLEET_DATABASE_URL",
         "LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN",
@@ -60,6 +66,7 @@ REQUIRED_SECRETS: dict[str, set[str]] = {
         "LORAFLEET_KAFKA_PASSWORD",
     },
     "replica serve": {
+        "LORAFLEET_DATABASE_URL",
         "LORAFLEET_KAFKA_PASSWORD",
         "LORAFLEET_REPLICA_SERVICE_TOKEN",
         "LORAFLEET_REPLICA_REGISTRY_TOKEN",
@@ -73,7 +80,10 @@ TOKEN_PAIRS = [
         ("LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN", "public-gateway"),
         ("LORAFLEET_REPLICA_SERVICE_TOKEN", "replica serve"),
     ),
-    (("LORAFLEET_REPLICA_REGISTRY_TOKEN", "replica serve"), ("LORAFLEET_GATEWAY_SERVICE_TOKEN", "gateway")),
+    (
+        ("LORAFLEET_REPLICA_REGISTRY_TOKEN", "replica serve"),
+        ("LORAFLEET_GATEWAY_REGISTRY_READ_TOKEN", "gateway"),
+    ),
 ]
 # URL settings -> the process that must answer behind them.
 URL_TARGETS = {
@@ -149,22 +159,26 @@ def test_probes_name_ports_the_container_has(container: Container) -> None:
 
 
 def service_backends() -> dict[str, tuple[Container, dict[int, int]]]:
-    """Service name -> (the container behind it, service port -> container port)."""
+    """Service name -> (a container behind it, service port -> container port). A Service selects one
+    process; the replicas' headless Service selects every replica workload (the pool and merged ones), each
+    on the same named port."""
     out = {}
     for svc in of_kind("Service"):
-        (backend,) = [
+        backends = [
             c
             for c in app_containers()
             if selects({"matchLabels": svc.body["spec"]["selector"]}, c.pod_labels)
         ]
-        ports = {p["port"]: backend.port(p["targetPort"]) for p in svc.body["spec"]["ports"]}
-        out[svc.name] = (backend, ports)
+        assert len({process_of(c.argv) for c in backends}) == 1, svc.name
+        maps = [{p["port"]: c.port(p["targetPort"]) for p in svc.body["spec"]["ports"]} for c in backends]
+        assert all(m == maps[0] for m in maps), svc.name
+        out[svc.name] = (backends[0], maps[0])
     return out
 
 
-def test_each_service_selects_one_workload_on_its_named_ports() -> None:
+def test_each_service_selects_one_process_on_its_named_ports() -> None:
     backends = service_backends()
-    assert {"gateway", "public-gateway"} <= set(backends)
+    assert {"gateway", "public-gateway", "lora-replica"} <= set(backends)
 
 
 def test_in_cluster_urls_name_a_shipped_service_on_its_port() -> None:
@@ -254,10 +268,15 @@ def test_replicas_are_ready_only_when_ready_and_drain_before_they_stop(container
     )
 
 
+def scaled_target() -> Doc:
+    ref = scaled_object()["spec"]["scaleTargetRef"]
+    return one(ref["kind"], ref["name"])
+
+
 def test_the_merged_replica_template_serves_one_adapter_outside_the_scaled_pool() -> None:
     merged = [c for c in replicas() if resolve_cli(c.argv).get("merged_adapter_id")]
     assert merged
-    target = one("Deployment", scaled_object()["spec"]["scaleTargetRef"]["name"])
+    target = scaled_target()
     pool = target.body["spec"]["template"]["metadata"]["labels"]["pool"]
     assert all(c.pod_labels["pool"] != pool for c in merged)
 
@@ -301,7 +320,7 @@ def replica_series_labels() -> dict[str, set[str]]:
 
 def test_keda_queries_read_replica_series_with_the_labels_they_filter_on() -> None:
     obj = scaled_object()
-    target = one("Deployment", obj["spec"]["scaleTargetRef"]["name"])
+    target = scaled_target()
     pod_labels = target.body["spec"]["template"]["metadata"]["labels"]
     attached: set[str] = set()
     for monitor in of_kind("PodMonitor"):
@@ -328,3 +347,25 @@ def test_keda_queries_read_replica_series_with_the_labels_they_filter_on() -> No
 def test_every_workload_document_is_in_the_lorafleet_namespace_by_kustomize() -> None:
     assert all("namespace" not in d.body["metadata"] for d in documents() if d.kind != "Namespace")
     assert {d.name for d in of_kind("Namespace")} == {"lorafleet"}
+
+
+@pytest.mark.parametrize("container", replicas(), ids=str)
+def test_replicas_are_statefulsets_with_a_stable_id_address_and_disk(container: Container) -> None:
+    """The id is the pod's name, the address its name under a headless Service, and /data (the disk tier
+    and the identity key) a volume claimed per pod: all three survive a reschedule."""
+    assert container.doc.kind == "StatefulSet"
+    spec = container.doc.body["spec"]
+    service = one("Service", spec["serviceName"]).body["spec"]
+    assert service["clusterIP"] == "None"
+    assert selects({"matchLabels": service["selector"]}, container.pod_labels)
+    entries = container.env_entries()
+    assert entries["LORAFLEET_REPLICA_REPLICA_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    settings = settings_from(ReplicaSettings, container.literal_env())
+    advertised = entries["LORAFLEET_REPLICA_ADVERTISE_URL"]["value"]
+    assert advertised == f"http://$(LORAFLEET_REPLICA_REPLICA_ID).{spec['serviceName']}:{settings.port}"
+    claims = {c["metadata"]["name"] for c in spec["volumeClaimTemplates"]}
+    mounts = {m["mountPath"]: m["name"] for m in container.spec["volumeMounts"]}
+    data_dir = str(settings.platform.data_dir)
+    assert mounts.get(data_dir) in claims, "the data folder is a volume of the pod's own"
+    assert settings.cache_path().is_relative_to(data_dir)
+    assert all(v["name"] != mounts[data_dir] for v in container.pod.get("volumes", []))
