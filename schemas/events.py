@@ -200,6 +200,12 @@ class AutoscaleSignal(Event):
     desired_replicas: NonNegativeInt
     reason: str
     hot_adapters: list[HotAdapter] = Field(default_factory=list)
+    # Replicas over the eviction line in the window, and what its active adapters need: a GPU slot each,
+    # in replicas of the fleet's slot count (0 when no replica reported its slots). The autoscaler keeps a
+    # replica it added for thrashing while slot_demand says the fleet without it would thrash again.
+    thrashing_replicas: NonNegativeInt = 0
+    active_adapters: NonNegativeInt = 0
+    slot_demand: NonNegativeInt = 0
 
 
 class Alert(Event):

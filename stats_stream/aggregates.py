@@ -147,6 +147,30 @@ def fleet_load(states: Iterable[ReplicaState]) -> FleetLoad:
 
 
 @dataclass(frozen=True)
+class SlotDemand:
+    """The window's distinct adapters and how many of the fleet's replicas hold them a GPU slot each."""
+
+    active_adapters: int
+    slots_per_replica: int  # the smallest slot count a serving replica reported; 0 when none did
+    replicas: int  # ceil(active / slots_per_replica); 0 when slots are unknown
+
+
+def slot_demand(requests: Iterable[RequestCompleted], states: Iterable[ReplicaState]) -> SlotDemand:
+    """Adapters requested on the fleet's replicas in the window, against the slots its replicas have.
+
+    Affinity routing gives each adapter a home, so a fleet of n replicas holds every active adapter in a
+    slot at best when active <= n x slots; fewer replicas than this thrash (evict what is needed again)."""
+    latest: dict[str, ReplicaState] = {}
+    for s in states:
+        if s.replica_id not in latest or s.occurred_at > latest[s.replica_id].occurred_at:
+            latest[s.replica_id] = s
+    active = {r.adapter_id for r in requests if r.replica_id in latest}
+    slots = [s.gpu_slots for s in latest.values() if s.status != "draining" and s.gpu_slots > 0]
+    per = min(slots, default=0)
+    return SlotDemand(len(active), per, math.ceil(len(active) / per) if per else 0)
+
+
+@dataclass(frozen=True)
 class TenantCost:
     tenant_id: str
     tokens: int  # prompt + completion

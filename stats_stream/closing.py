@@ -71,6 +71,7 @@ def close_window(
     latencies = agg.tenant_latencies(requests)
     churn = agg.replica_churn(replica_events, window_s)
     load = agg.fleet_load(states)
+    slots = agg.slot_demand(requests, states)
     costs = agg.tenant_costs(requests, load.billed_replicas, window_s, settings.gpu_hour_usd)
     thrashing = signals.thrashing(churn.values(), settings)
     decision = signals.decide_replicas(load, scale_state, settings, len(thrashing))
@@ -111,8 +112,11 @@ def close_window(
         fleet=fleet,
         current_replicas=load.serving_replicas,
         desired_replicas=decision.desired,
-        reason=decision.reason,
+        reason=f"{decision.reason} active_adapters={slots.active_adapters} slot_demand={slots.replicas}",
         hot_adapters=signals.hot_adapters(adapters, load.serving_replicas, settings),
+        thrashing_replicas=len(thrashing),
+        active_adapters=slots.active_adapters,
+        slot_demand=slots.replicas,
     )
     return WindowReport(
         window_ms=window_ms,

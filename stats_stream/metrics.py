@@ -52,6 +52,9 @@ TOKENS_IN_FLIGHT = Gauge(
 CURRENT_REPLICAS = Gauge("lorafleet_autoscale_current_replicas", "Replicas serving in the last window")
 DESIRED_REPLICAS = Gauge("lorafleet_autoscale_desired_replicas", "Replicas the autoscaler wants")
 HOT_ADAPTERS = Gauge("lorafleet_autoscale_hot_adapters", "Adapters that need more owners")
+SLOT_DEMAND = Gauge(
+    "lorafleet_autoscale_slot_demand", "Replicas the last window's active adapters need for a GPU slot each"
+)
 
 
 def serve(port: int) -> None:
@@ -84,3 +87,4 @@ def record(report: WindowReport, close_seconds: float) -> None:
     CURRENT_REPLICAS.set(report.autoscale.current_replicas)
     DESIRED_REPLICAS.set(report.autoscale.desired_replicas)
     HOT_ADAPTERS.set(len(report.autoscale.hot_adapters))
+    SLOT_DEMAND.set(report.autoscale.slot_demand)

@@ -85,25 +85,28 @@ class LocalFleet:
                 self.records.touch_last_action()
                 log.info("%s: ready %.1fs after its start", r.replica_id, time.time() - r.started_at)
                 was_ready = True
-            out.append(Observed(r.index, r.pid, r.started_at, status, was_ready, r.drain_deadline))
+            out.append(
+                Observed(r.index, r.pid, r.started_at, status, was_ready, r.drain_deadline, r.for_thrashing)
+            )
         return out
 
     async def apply(self, action: Action) -> None:
         self.records.touch_last_action()
         if isinstance(action, Start):
-            await self.start(action.index)
+            await self.start(action.index, action.for_thrashing)
         elif isinstance(action, Drain):
             await self.drain(action)
         else:
             self.kill(action)
 
-    async def start(self, index: int) -> None:
+    async def start(self, index: int, for_thrashing: bool = False) -> None:
         rid, port = self.records.replica_id(index), self.records.port(index)
         proc = self.records.process(index)
-        self.records.intend(index)
+        self.records.intend(index, for_thrashing)
         pid = proc.start(replica_argv(rid, port), env=replica_env(), cwd=REPO_ROOT)
         self.records.spawned(index)
-        log.info("%s: started on port %d (pid %d, log %s)", rid, port, pid, proc.log_file)
+        why = "for thrashing" if for_thrashing else "for load"
+        log.info("%s: started %s on port %d (pid %d, log %s)", rid, why, port, pid, proc.log_file)
 
     async def drain(self, action: Drain) -> None:
         rid = self.records.replica_id(action.index)
@@ -153,9 +156,7 @@ async def run(platform: PlatformSettings, settings: AutoscaleSettings) -> None:
             while not following.done():
                 observed = await fleet.observe()
                 now = time.time()
-                decision = decide(
-                    observed, follower.desired(now), now, fleet.records.last_action_at(), limits
-                )
+                decision = decide(observed, follower.demand(now), now, fleet.records.last_action_at(), limits)
                 if decision.action is not None:
                     log.info("%s: %s", decision.reason, decision.action)
                     await fleet.apply(decision.action)

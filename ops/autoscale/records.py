@@ -1,7 +1,8 @@
 """The autoscaler's records on disk: what it started and how far each action got, under the run folder.
 
 Per replica it started, `autoscale-<replica id>.pid` (written at the spawn; its mtime is the start time),
-`.starting` from just before the spawn until its pid file exists, `.ready` once it was seen ready, and
+`.starting` from just before the spawn until its pid file exists, `.thrashing` when it was started because
+the fleet thrashed (why it was added, which decides when it may go), `.ready` once it was seen ready, and
 `.drain` holding the drain's deadline (epoch seconds). `autoscale.last`
 holds the time of the last action or completion, for the cooldown. Everything the autoscaler knows after
 a restart comes from these files and from the live processes, never from memory.
@@ -49,6 +50,7 @@ class Record:
     started_at: float
     was_ready: bool
     drain_deadline: float | None
+    for_thrashing: bool = False
 
 
 class Records:
@@ -115,6 +117,7 @@ class Records:
                     started,
                     self._marker(i, "ready").exists(),
                     float(deadline.read_text()) if deadline.exists() else None,
+                    self._marker(i, "thrashing").exists(),
                 )
             )
         return out
@@ -126,13 +129,16 @@ class Records:
         self._marker(index, "drain").write_text(f"{deadline:.3f}")
 
     def forget(self, index: int) -> None:
-        for suffix in ("ready", "drain", "pid", "starting"):
+        for suffix in ("ready", "drain", "pid", "starting", "thrashing"):
             self._marker(index, suffix).unlink(missing_ok=True)
 
-    def intend(self, index: int) -> None:
-        """Record a start about to happen: a crash between the spawn and its pid file leaves this behind."""
+    def intend(self, index: int, for_thrashing: bool = False) -> None:
+        """Record a start about to happen, and why: a crash between the spawn and its pid file leaves this
+        behind."""
         self.run.mkdir(parents=True, exist_ok=True)
         self._marker(index, "starting").touch()
+        if for_thrashing:
+            self._marker(index, "thrashing").touch()
 
     def spawned(self, index: int) -> None:
         self._marker(index, "starting").unlink(missing_ok=True)

@@ -16,6 +16,7 @@ from aiokafka import TopicPartition
 from lorafleet.config import PlatformSettings
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer
+from ops.autoscale.decide import Demand
 from schemas import topics
 from schemas.events import AutoscaleSignal, Event
 
@@ -29,10 +30,15 @@ class SignalFollower:
 
     def desired(self, now: float | None = None) -> int | None:
         """The newest signal's desired count, or None when there is none younger than max_age_s."""
+        demand = self.demand(now)
+        return demand.replicas if demand is not None else None
+
+    def demand(self, now: float | None = None) -> Demand | None:
+        """The newest signal's demand, or None when there is none younger than max_age_s."""
         s = self.latest
         if s is None or (now or time.time()) - s.occurred_at.timestamp() > self.max_age_s:
             return None
-        return s.desired_replicas
+        return Demand(s.desired_replicas, s.thrashing_replicas, s.slot_demand)
 
     def take(self, event: Event | None) -> AutoscaleSignal | None:
         """Keep event if it is a newer signal of our fleet; the signal when it was taken."""

@@ -1,6 +1,9 @@
 """Thrashing closes the loop on the real stack: a replica whose active set outgrows its GPU slots makes the
 stats stream ask for a replica, the autoscaler starts it, placement moves half the adapters to it, the
-router sends their traffic there, and the first replica's evictions per request fall.
+router sends their traffic there, and the first replica's evictions per request fall. Then the run goes on
+past the scale-down decision: once the thrash is gone the signal falls back to one replica, and the
+autoscaler, which remembers it started the second one for thrashing, keeps it while the four adapters
+still need both replicas' slots, so the thrash does not come back.
 
 Real processes throughout: replicas (2 GPU slots each), the public gateway (cost routing, its default), the
 stats stream (2 s windows), the relay, the placement worker and the autoscaler, on the shared Kafka and
@@ -53,6 +56,7 @@ def _config(run: str) -> ScaleupConfig:
         max_replicas=2,
         stats_min_replicas=1,
         queue_per_replica=1000,  # no replica for queueing: only thrashing asks for one here
+        scale_down_windows=5,  # the default hysteresis: the signal falls 5 quiet windows (10 s) on
         env={
             "LORAFLEET_REPLICA_LORA_SLOTS": '{"8": 2}',
             "LORAFLEET_STATS_THRASH_EVICTIONS_PER_MIN": "20",
@@ -83,7 +87,18 @@ async def _evictions_per_request(stack: ScaleupStack, index: int, served: int) -
     return (ev1 - ev0) / (req1 - req0)
 
 
-async def test_a_thrashing_replica_gets_a_second_replica_and_its_evictions_fall(
+async def _signals(stack: ScaleupStack) -> list[AutoscaleSignal]:
+    """The stack's fleet's autoscale signals so far."""
+    bootstrap = stack.env["LORAFLEET_KAFKA_BOOTSTRAP"]
+    return [
+        s
+        for r in await read_to_end(bootstrap, AUTOSCALE_SIGNALS.name)
+        if isinstance(s := parse_event(r.value, AUTOSCALE_SIGNALS.name), AutoscaleSignal)
+        and s.fleet == stack.fleet
+    ]
+
+
+async def test_a_thrashing_replica_gets_a_second_replica_its_evictions_fall_and_stay_down(
     services, tmp_path: Path
 ) -> None:
     run = new_run_id()
@@ -124,24 +139,32 @@ async def test_a_thrashing_replica_gets_a_second_replica_and_its_evictions_fall(
 
             await wait_for(homes_hold, 120, "replica 1 to hold its two adapters in its slots", stack)
             after = await _evictions_per_request(stack, 0, 12)
+
+            # Past the scale-down decision: the signal asks for one replica, the autoscaler keeps two.
+            async def scale_down_asked() -> bool:
+                return any(s.desired_replicas == 1 and s.current_replicas == 2 for s in await _signals(stack))
+
+            await wait_for(scale_down_asked, 90, "the signal to fall back to one replica", stack)
+            await asyncio.sleep(2 * 2.0 + 5.0)  # two more windows and the autoscaler's cooldown
+            kept = await stack.state(1)
+            later = await _evictions_per_request(stack, 0, 12)
         finally:
             stop.set()
             await asyncio.gather(*clients)
         assert not failures, failures[:3]
         assert before >= 0.5, f"the single replica should thrash: {before:.2f} evictions/request"
         assert after <= before / 4, f"evictions/request {before:.2f} -> {after:.2f}"
+        assert kept is not None and kept.status == "ready", "the replica added for thrashing was drained"
+        assert later <= before / 4, f"the thrash came back: evictions/request {before:.2f} -> {later:.2f}"
+        assert "started for thrashing and its adapters still need 2" in autoscaler.tail(20_000)
 
         # What moved the fleet: the stats stream's thrashing alert and its signal for one replica more.
         bootstrap = stack.env["LORAFLEET_KAFKA_BOOTSTRAP"]
-        signals = [
-            s
-            for r in await read_to_end(bootstrap, AUTOSCALE_SIGNALS.name)
-            if isinstance(s := parse_event(r.value, AUTOSCALE_SIGNALS.name), AutoscaleSignal)
-            and s.fleet == stack.fleet
-        ]
-        assert any(s.desired_replicas == 2 and "thrashing=1" in s.reason for s in signals), [
+        signals = await _signals(stack)
+        assert any(s.desired_replicas == 2 and s.thrashing_replicas == 1 for s in signals), [
             s.reason for s in signals
         ]
+        assert any(s.slot_demand == 2 and s.active_adapters == 4 for s in signals)
         alerts = [
             a
             for r in await read_to_end(bootstrap, ALERTS.name)

@@ -47,7 +47,12 @@ def replica_event(
 
 
 def state(
-    replica: str = "rep-1", queue: int = 0, tokens: int = 0, status: str = "ready", t: float = 1.0
+    replica: str = "rep-1",
+    queue: int = 0,
+    tokens: int = 0,
+    status: str = "ready",
+    t: float = 1.0,
+    gpu_slots: int = 0,
 ) -> ReplicaState:
     return ReplicaState(
         occurred_at=at(t),
@@ -56,4 +61,5 @@ def state(
         status=status,
         queue_depth=queue,
         tokens_in_flight=tokens,
+        gpu_slots=gpu_slots,
     )

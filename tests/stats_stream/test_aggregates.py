@@ -6,6 +6,7 @@ from stats_stream.aggregates import (
     fleet_load,
     percentile,
     replica_churn,
+    slot_demand,
     tenant_costs,
     tenant_latencies,
     tier_shares,
@@ -125,3 +126,17 @@ def test_a_tenant_without_tokens_has_no_per_million_price() -> None:
     out = tenant_costs([request(tenant="acme", prompt=0, completion=0, total_s=0.5)], 1, 60, 2.5)
     assert out["acme"].usd_per_million_tokens is None
     assert out["acme"].cost_usd == pytest.approx(2.5 / 60)
+
+
+def test_slot_demand_is_the_active_adapters_over_the_smallest_replicas_slots() -> None:
+    requests = [request(f"a{i % 7}") for i in range(30)]  # 7 distinct adapters, on rep-1
+    states = [state("rep-1", gpu_slots=4, t=1), state("rep-2", gpu_slots=3, t=1), state("rep-2", t=2)]
+    demand = slot_demand(requests, states[:2])
+    assert (demand.active_adapters, demand.slots_per_replica, demand.replicas) == (7, 3, 3)
+    # the newest state of each replica counts: rep-2 reports no slots now (a merged or base-only replica)
+    assert slot_demand(requests, states).replicas == 2
+    draining = [state("rep-1", gpu_slots=4), state("rep-2", gpu_slots=1, status="draining")]
+    assert slot_demand(requests, draining).replicas == 2
+    assert slot_demand(requests, [state("rep-1")]).replicas == 0  # slots unknown: no claim
+    elsewhere = [request("b", t=1).model_copy(update={"replica_id": "other-1"})]
+    assert slot_demand(elsewhere, states[:2]).active_adapters == 0  # another fleet's replica

@@ -73,3 +73,13 @@ def test_merged_replicas_are_not_counted_in_the_fleet_the_signal_sizes() -> None
     report = close_window(W, [*busy_window(), merged], ScaleState(), S)
     assert report.autoscale.current_replicas == 2
     assert report.load.queue_depth == 50
+
+
+def test_the_signal_says_how_many_replicas_thrash_and_what_the_active_adapters_need() -> None:
+    requests = [request(f"a{i}") for i in range(5)]  # five adapters on rep-1
+    states = [state("rep-1", gpu_slots=2), state("rep-2", gpu_slots=4)]
+    evictions = [replica_event("rep-1", "evict", t=i) for i in range(40)]
+    signal = close_window(W, requests + states + evictions, ScaleState(), S).autoscale
+    assert (signal.thrashing_replicas, signal.active_adapters, signal.slot_demand) == (1, 5, 3)
+    quiet = close_window(W, states, ScaleState(), S).autoscale
+    assert (quiet.thrashing_replicas, quiet.active_adapters, quiet.slot_demand) == (0, 0, 0)

@@ -1,8 +1,9 @@
-"""The local autoscaler's next action: limits, one action in flight, cooldown, timeouts, only its own replicas."""
+"""The local autoscaler's next action: limits, one action in flight, cooldown, timeouts, only its own replicas,
+and a replica started for thrashing kept while its adapters need it."""
 
 from __future__ import annotations
 
-from ops.autoscale.decide import Decision, Drain, Kill, Limits, Observed, Start, decide, target_size
+from ops.autoscale.decide import Decision, Demand, Drain, Kill, Limits, Observed, Start, decide, target_size
 
 LIMITS = Limits(
     min_replicas=2, max_replicas=5, unmanaged_replicas=2, cooldown_s=30, start_timeout_s=100, drain_grace_s=5
@@ -15,7 +16,7 @@ def ready(index: int, started_at: float = 0.0) -> Observed:
 
 
 def act(fleet: list[Observed], desired: int | None, last: float | None = None) -> Decision:
-    return decide(fleet, desired, NOW, last, LIMITS)
+    return decide(fleet, None if desired is None else Demand(desired), NOW, last, LIMITS)
 
 
 def test_scaling_up_starts_one_replica_at_the_lowest_free_index_after_the_stack_ones() -> None:
@@ -78,3 +79,31 @@ def test_no_action_within_the_cooldown_after_the_last_one() -> None:
 def test_no_recent_signal_changes_nothing_but_timeouts_still_apply() -> None:
     assert act([ready(2)], None).action is None
     assert act([Observed(2, 1002, NOW - 500, None)], None).action == Kill(2, 1002, "start timed out")
+
+
+def thrash_added(index: int) -> Observed:
+    return Observed(index, 1000 + index, 0.0, "ready", was_ready=True, for_thrashing=True)
+
+
+def test_a_start_asked_for_by_a_thrashing_fleet_is_recorded_as_such() -> None:
+    decision = decide([], Demand(3, thrashing=1, slot_demand=3), NOW, None, LIMITS)
+    assert decision.action == Start(2, for_thrashing=True) and "thrashing" in decision.reason
+    assert decide([], Demand(3), NOW, None, LIMITS).action == Start(2, for_thrashing=False)
+
+
+def test_a_replica_added_for_thrashing_stays_while_the_active_adapters_need_its_slots() -> None:
+    fleet = [thrash_added(2)]  # serving: the stack's two and this one
+    for slot_demand in (3, 4):  # the active adapters fill three replicas' slots or more
+        decision = decide(fleet, Demand(2, slot_demand=slot_demand), NOW, None, LIMITS)
+        assert decision.action is None and "started for thrashing" in decision.reason
+    # once they fit in one replica fewer, it goes like any other
+    assert decide(fleet, Demand(2, slot_demand=2), NOW, None, LIMITS).action == Drain(2, 1002)
+    assert decide(fleet, Demand(2, slot_demand=0), NOW, None, LIMITS).action == Drain(2, 1002)
+
+
+def test_a_scale_down_takes_a_replica_added_for_load_before_one_a_thrash_needs() -> None:
+    fleet = [thrash_added(2), ready(3)]  # index 3 was started for load
+    assert decide(fleet, Demand(2, slot_demand=3), NOW, None, LIMITS).action == Drain(3, 1003)
+    assert decide(fleet, Demand(2, slot_demand=4), NOW, None, LIMITS).action == Drain(3, 1003)
+    # with the load replica gone, the thrash one stays while 3 replicas' slots are needed
+    assert decide([thrash_added(2)], Demand(2, slot_demand=3), NOW, None, LIMITS).action is None
