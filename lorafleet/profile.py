@@ -21,6 +21,8 @@ from schemas import principals
 DEV_TOKEN = "dev-service-token"
 # What replicas read adapter records with (LORAFLEET_GATEWAY_REGISTRY_READ_TOKEN), never the service token.
 DEV_REGISTRY_READ_TOKEN = "dev-registry-read-token"
+# What a scraper presents for per-tenant series (the stats stream's /metrics beyond loopback).
+DEV_METRICS_TOKEN = "dev-metrics-token"
 DEV_PROFILE_ENV = {"LORAFLEET_PROFILE": "dev"}
 KAFKA_PASSWORD_SETTING = "LORAFLEET_KAFKA_PASSWORD"
 
@@ -31,7 +33,12 @@ def dev_kafka_password(principal: str) -> str:
 
 
 WELL_KNOWN_SECRETS: frozenset[str] = frozenset(
-    {DEV_TOKEN, DEV_REGISTRY_READ_TOKEN, *(dev_kafka_password(name) for name in principals.ALL)}
+    {
+        DEV_TOKEN,
+        DEV_REGISTRY_READ_TOKEN,
+        DEV_METRICS_TOKEN,
+        *(dev_kafka_password(name) for name in principals.ALL),
+    }
 )
 
 

@@ -27,16 +27,19 @@ def stats_stream() -> None:
     from stats_stream.topics import SOURCES
 
     platform, settings = get_settings().as_service(principals.STATS_STREAM), StatsStreamSettings()
-    refuse_dev_tokens(platform, "stats-stream", {})
+    token = settings.metrics_token
+    refuse_dev_tokens(platform, "stats-stream", {"LORAFLEET_STATS_METRICS_TOKEN": token} if token else {})
     asyncio.run(ensure_topics(platform, (*SOURCES, *STATS_TOPICS)))
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    metrics.serve(settings.metrics_port)
+    metrics.serve(settings.metrics_port, settings.metrics_host, token.get_secret_value() if token else None)
     app = build_app(platform, settings)
     log.info(
-        "stats stream %s: %.0fs windows, metrics on :%d",
+        "stats stream %s: %.0fs windows, metrics on %s:%d%s",
         settings.app_id,
         settings.window_s,
+        settings.metrics_host,
         settings.metrics_port,
+        " (token)" if token else "",
     )
     faust.Worker(app, loglevel=settings.log_level).execute_from_commandline()
 

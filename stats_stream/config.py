@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 
 class SignalSettings(BaseModel):
@@ -40,6 +42,10 @@ class StatsStreamSettings(BaseSettings):
     tick_s: float = Field(default=1.0, gt=0)  # how often a tick looks for windows that are due to close
     session_timeout_s: float = Field(default=10.0, ge=6.0, description="Kafka group session timeout")
     metrics_port: int = Field(default=9466, ge=0, description="Prometheus /metrics; 0 disables it")
+    # /metrics carries per-tenant series: on loopback by default; on any other address only behind this
+    # bearer token (a scraper in another pod or container presents it)
+    metrics_host: str = "127.0.0.1"
+    metrics_token: SecretStr | None = None
     log_level: str = "warn"  # Faust's log level
     fleet: str = "default"  # the fleet its autoscale.signals name (LORAFLEET_AUTOSCALE_FLEET)
 
@@ -55,6 +61,14 @@ class StatsStreamSettings(BaseSettings):
     scale_down_windows: int = 5  # quiet windows before a scale-down
     max_scale_down_step: int = 1  # replicas removed per window at most
     replica_id_prefix: str = ""  # `replica-` under `make up`: another stack on the same Kafka is not ours
+
+    @model_validator(mode="after")
+    def _metrics_beyond_loopback_need_a_token(self) -> StatsStreamSettings:
+        if self.metrics_port and self.metrics_host not in LOOPBACK and self.metrics_token is None:
+            raise ValueError(
+                f"/metrics on {self.metrics_host} serves per-tenant series: set LORAFLEET_STATS_METRICS_TOKEN"
+            )
+        return self
 
     def signals(self) -> SignalSettings:
         return SignalSettings(**{name: getattr(self, name) for name in SignalSettings.model_fields})

@@ -6,7 +6,13 @@ are never a label; their numbers go to adapter.stats and PostgreSQL.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+import hmac
+import threading
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
 
 from stats_stream.closing import WindowReport
 
@@ -57,10 +63,34 @@ SLOT_DEMAND = Gauge(
 )
 
 
-def serve(port: int) -> None:
-    """Expose /metrics on its own port (0: not at all)."""
-    if port:
-        start_http_server(port)
+def serve(port: int, host: str = "127.0.0.1", token: str | None = None) -> None:
+    """Expose /metrics on host:port (port 0: not at all), in a daemon thread; with a token, only to a
+    request that presents it as a bearer token."""
+    if not port:
+        return
+    metrics = make_wsgi_app()
+    expected = f"Bearer {token}".encode() if token else None
+
+    def guarded(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        given = environ.get("HTTP_AUTHORIZATION", "").encode()
+        if expected is not None and not hmac.compare_digest(given, expected):
+            start_response("401 Unauthorized", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"a valid metrics token is required\n"]
+        return metrics(environ, start_response)
+
+    server = make_server(host, port, guarded, ThreadingWSGIServer, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+
+
+class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    """One thread per scrape, none left behind at exit."""
+
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        """Scrapes are not logged."""
 
 
 def record(report: WindowReport, close_seconds: float) -> None:

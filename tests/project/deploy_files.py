@@ -83,7 +83,7 @@ LISTENERS: dict[str, Listener] = {
     "public-gateway": Listener(GatewaySettings, "public_port", "public_host"),
     "registry-validator": Listener(GatewaySettings, "validator_metrics_port", "validator_metrics_host"),
     "placement-worker": Listener(PlacementSettings, "metrics_port", "metrics_host"),
-    "stats-stream": Listener(StatsStreamSettings, "metrics_port", None),  # prometheus_client binds 0.0.0.0
+    "stats-stream": Listener(StatsStreamSettings, "metrics_port", "metrics_host"),
     "replica serve": Listener(ReplicaSettings, "port", "host"),
 }
 

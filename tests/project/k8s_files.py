@@ -92,6 +92,15 @@ class Container:
                 env[name] = expand(str(entry["value"]))
         return env
 
+    def settings_env(self) -> dict[str, str]:
+        """literal_env() plus a stand-in for each variable read from a Secret (its value is the Secret's)."""
+        env = self.literal_env()
+        for name, entry in self.env_entries().items():
+            ref = entry.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                env[name] = f"secret-{ref['key']}"
+        return env
+
     def port(self, name: str) -> int:
         (port,) = [p["containerPort"] for p in self.spec.get("ports", []) if p.get("name") == name]
         return int(port)

@@ -128,7 +128,7 @@ def test_each_lorafleet_variable_is_a_setting_of_its_process(container: Containe
     classes = PROCESS_SETTINGS[process_of(container.argv)]
     names = {n for n in container.env_entries() if n.startswith("LORAFLEET_")}
     assert sorted(names - env_names(classes)) == []
-    env = container.literal_env()
+    env = container.settings_env()
     for cls in classes:  # the values parse as the settings' types
         settings_from(cls, env)
 
@@ -142,7 +142,7 @@ def test_the_config_map_holds_only_settings() -> None:
 )
 def test_each_listener_exposes_the_port_its_settings_listen_on(container: Container) -> None:
     listener = LISTENERS[process_of(container.argv)]
-    settings = settings_from(listener.settings, container.literal_env())
+    settings = settings_from(listener.settings, container.settings_env())
     (port,) = container.spec["ports"]
     assert port["containerPort"] == getattr(settings, listener.port)
     if listener.host:
@@ -191,7 +191,7 @@ def test_in_cluster_urls_name_a_shipped_service_on_its_port() -> None:
         backend, ports = backends[url.hostname or ""]
         assert process_of(backend.argv) == process, variable
         listener = LISTENERS[process]
-        listen_port = getattr(settings_from(listener.settings, backend.literal_env()), listener.port)
+        listen_port = getattr(settings_from(listener.settings, backend.settings_env()), listener.port)
         assert ports[url.port or 80] == listen_port, variable
 
 
