@@ -51,8 +51,10 @@ class PlatformSettings(BaseSettings):
     restart_max_s: float = Field(default=30.0, gt=0)
     restart_reset_after_s: float = Field(default=60.0, gt=0)
 
-    # Redis holds what several processes must share live: the public gateways' rate-limit buckets.
-    redis_url: str = "redis://127.0.0.1:16379/0"
+    # Redis holds what the public gateways share live: rate-limit buckets and idempotent replays (tenants'
+    # answers). It requires a password: the URL's (redis://:PASSWORD@host:port/db); the default is the
+    # local server's dev one, refused outside the dev profile.
+    redis_url: str = "redis://:dev-redis-password@127.0.0.1:16379/0"  # lorafleet.profile.DEV_REDIS_PASSWORD
     redis_port: int = 16379  # the local server's port (`lorafleet services up`)
 
     s3_endpoint: str = "http://127.0.0.1:19000"  # the S3-compatible store that holds adapter files

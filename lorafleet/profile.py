@@ -12,6 +12,7 @@ real secrets and leave the profile at its default.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from urllib.parse import urlparse
 
 from pydantic import SecretStr
 
@@ -23,6 +24,9 @@ DEV_TOKEN = "dev-service-token"
 DEV_REGISTRY_READ_TOKEN = "dev-registry-read-token"
 # What a scraper presents for per-tenant series (the stats stream's /metrics beyond loopback).
 DEV_METRICS_TOKEN = "dev-metrics-token"
+# The local Redis's password (LORAFLEET_REDIS_URL's default).
+DEV_REDIS_PASSWORD = "dev-redis-password"
+REDIS_URL_SETTING = "LORAFLEET_REDIS_URL"
 DEV_PROFILE_ENV = {"LORAFLEET_PROFILE": "dev"}
 KAFKA_PASSWORD_SETTING = "LORAFLEET_KAFKA_PASSWORD"
 
@@ -37,9 +41,15 @@ WELL_KNOWN_SECRETS: frozenset[str] = frozenset(
         DEV_TOKEN,
         DEV_REGISTRY_READ_TOKEN,
         DEV_METRICS_TOKEN,
+        DEV_REDIS_PASSWORD,
         *(dev_kafka_password(name) for name in principals.ALL),
     }
 )
+
+
+def url_password(url: str) -> str:
+    """The password in a URL's user info ("" when it has none)."""
+    return urlparse(url).password or ""
 
 
 def kafka_password(platform: PlatformSettings) -> str:

@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 from fastapi import FastAPI
+from pydantic import SecretStr
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -45,7 +46,7 @@ from gateway.public.upstream.replica_client import ReplicaClient
 from gateway.public.usage_events import CompletionPublisher
 from lorafleet.db.pool import create_pool
 from lorafleet.dead_letters import DeadLetters
-from lorafleet.profile import refuse_dev_tokens
+from lorafleet.profile import REDIS_URL_SETTING, refuse_dev_tokens, url_password
 from schemas import principals
 
 log = logging.getLogger(__name__)
@@ -208,7 +209,11 @@ def serve_public() -> None:
     import uvicorn
 
     config = GatewayConfig.from_env(principals.GATEWAY)
-    tokens = {"LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN": config.gateway.replica_service_token}
+    tokens: dict[str, str | SecretStr] = {
+        "LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN": config.gateway.replica_service_token
+    }
+    if config.gateway.rate_limit_store == "redis":  # it holds tenants' answers: a password of its own
+        tokens[REDIS_URL_SETTING] = url_password(config.platform.redis_url)
     if config.gateway.tenant_metrics_port:  # the tenant-metrics listener checks the service token
         tokens["LORAFLEET_GATEWAY_SERVICE_TOKEN"] = config.gateway.service_token
     refuse_dev_tokens(config.platform, "public-gateway", tokens)

@@ -51,9 +51,7 @@ INFRA: tuple[Infra, ...] = (
         lambda s: s.s3_endpoint,
         lambda s: objectstore.process(s).pid(),
     ),
-    Infra(
-        "redis", redis.up, redis.down, redis.ready, lambda s: s.redis_url, lambda s: redis.process(s).pid()
-    ),
+    Infra("redis", redis.up, redis.down, redis.ready, redis.address, lambda s: redis.process(s).pid()),
     # last: it scrapes the others, and `down` stops it first
     Infra(
         "prometheus",

@@ -314,3 +314,15 @@ def test_the_compose_broker_has_the_local_brokers_security_settings() -> None:
     local = _properties((ROOT / "infra/kafka/server.properties.template").read_text())
     compose_broker = _properties(script)
     assert {k: compose_broker.get(k) for k in SECURITY_KEYS} == {k: local[k] for k in SECURITY_KEYS}
+
+
+def test_redis_runs_with_the_password_the_gateways_log_in_with() -> None:
+    redis = services()["redis"]
+    argv = redis.spec["command"]
+    password = argv[argv.index("--requirepass") + 1]
+    url = urlparse(str(compose()[ANCHOR_ENV]["LORAFLEET_REDIS_URL"]))
+    assert (url.hostname, url.port, url.password) == ("redis", 6379, password)
+    assert password in redis.spec["healthcheck"]["test"]
+    (public,) = [s for s in built().values() if s.process == "public-gateway"]
+    assert public.spec["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert settings_from(GatewaySettings, public.env()).rate_limit_store == "redis"

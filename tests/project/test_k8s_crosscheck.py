@@ -47,6 +47,7 @@ REQUIRED_SECRETS: dict[str, set[str]] = {
     },
     "public-gateway": {
         "LORAFLEET_DATABASE_URL",
+        "LORAFLEET_REDIS_URL",
         "LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN",
         "LORAFLEET_KAFKA_PASSWORD",
     },
@@ -106,7 +107,7 @@ def secret_settings() -> set[str]:
             secret = field.annotation in (SecretStr, SecretStr | None)
             if secret or name.endswith(("token", "secret_key", "access_key", "password")):
                 out.add((prefix + name).upper())
-    return out | {"LORAFLEET_DATABASE_URL"}
+    return out | {"LORAFLEET_DATABASE_URL", "LORAFLEET_REDIS_URL"}
 
 
 def secret_ref(container: Container, variable: str) -> tuple[str, str] | None:
