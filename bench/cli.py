@@ -198,9 +198,10 @@ def kv_capacity(
 def kv_stall(
     chunks: str = typer.Option("128,256,512,1024", help="per-step token budgets to try"),
     long_prompt: int = typer.Option(2000, help="tokens of the prompt that arrives"),
+    repeats: int = typer.Option(3, help="interleaved rounds over the budgets (medians reported)"),
     out: Path | None = typer.Option(None, help="also write the JSON here"),
 ) -> None:
     """Longest token gap of decoding streams while a long prompt arrives, chunked vs unchunked."""
     from bench.kv import stall
 
-    emit(stall(_ints(chunks), long_prompt), out)
+    emit(stall(_ints(chunks), long_prompt, repeats), out)
