@@ -27,6 +27,7 @@ from bench.standin_http import Connection, Request, Stream, serve_http
 from lorafleet.config import PlatformSettings
 from lorafleet.kafka import make_producer
 from lorafleet.profile import DEV_TOKEN
+from replica.control.identity import identity_key
 from replica.control.registration import register_until_done
 from schemas import principals
 from schemas.api import ErrorBody, ErrorDetail
@@ -147,7 +148,8 @@ async def _publish_states(config: StandinConfig, standin: Standin, stop: asyncio
     """replica.state every interval until stop, like a replica's control loop; a failed send is logged."""
     platform = PlatformSettings().as_service(principals.REPLICA)
     # the gateway routes only to registered addresses, like a replica's own start-up row
-    await register_until_done(platform.database_url, config.replica_id, config.url, stop)
+    key = identity_key(platform.data_dir / "replica-identity" / f"{config.replica_id}.key")
+    await register_until_done(platform.database_url, config.replica_id, config.url, key, stop)
     producer = make_producer(platform)
     await producer.start()
     try:

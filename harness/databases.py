@@ -52,3 +52,14 @@ async def throwaway_database(url: str, name: str) -> AsyncIterator[str]:
         yield created
     finally:
         await drop_database(url, name)
+
+
+async def drop_roles(url: str, names: list[str]) -> None:
+    """Drop these login roles (connecting through url); roles belong to the cluster, not to a database."""
+    admin = await asyncpg.connect(url)
+    try:
+        for name in names:
+            quoted = await admin.fetchval("SELECT quote_ident($1)", name)
+            await admin.execute(f"DROP ROLE IF EXISTS {quoted}")
+    finally:
+        await admin.close()

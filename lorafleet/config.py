@@ -90,6 +90,32 @@ class PlatformSettings(BaseSettings):
         return self if self.kafka_username else self.model_copy(update={"kafka_username": principal})
 
 
+class DatabaseLoginSettings(BaseSettings):
+    """Each process's database login, as the URL it is given (LORAFLEET_DB_LOGIN_<PROCESS>): `lorafleet db
+    logins` and `services init` make each user a login of that process's role with that password."""
+
+    model_config = SettingsConfigDict(env_prefix="LORAFLEET_DB_LOGIN_", extra="ignore")
+
+    # each the LORAFLEET_DATABASE_URL that process is given: its user becomes a login of the process's role
+    gateway: SecretStr | None = None
+    public_gateway: SecretStr | None = None
+    registry_validator: SecretStr | None = None
+    placement_worker: SecretStr | None = None
+    relay: SecretStr | None = None
+    stats_stream: SecretStr | None = None
+    replica: SecretStr | None = None
+    autoscaler: SecretStr | None = None
+
+    def logins(self) -> dict[str, str]:
+        """process (schemas/principals.py DATABASE_ROLES key) -> its URL, for those given."""
+        out = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if value is not None:
+                out[name.replace("_", "-")] = value.get_secret_value()
+        return out
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> PlatformSettings:
     return PlatformSettings()

@@ -24,8 +24,10 @@ DEV_TOKEN = "dev-service-token"
 DEV_REGISTRY_READ_TOKEN = "dev-registry-read-token"
 # What a scraper presents for per-tenant series (the stats stream's /metrics beyond loopback).
 DEV_METRICS_TOKEN = "dev-metrics-token"
-# The local Redis's password (LORAFLEET_REDIS_URL's default).
+# The local Redis's password (LORAFLEET_REDIS_URL's default), and the local database owner's.
 DEV_REDIS_PASSWORD = "dev-redis-password"
+DEV_DATABASE_OWNER_PASSWORD = "lorafleet"
+DATABASE_URL_SETTING = "LORAFLEET_DATABASE_URL"
 REDIS_URL_SETTING = "LORAFLEET_REDIS_URL"
 DEV_PROFILE_ENV = {"LORAFLEET_PROFILE": "dev"}
 KAFKA_PASSWORD_SETTING = "LORAFLEET_KAFKA_PASSWORD"
@@ -36,13 +38,20 @@ def dev_kafka_password(principal: str) -> str:
     return f"dev-kafka-{principal}"
 
 
+def dev_database_password(process: str) -> str:
+    """The well-known dev password of a process's PostgreSQL login on the local stack."""
+    return f"dev-db-{process}"
+
+
 WELL_KNOWN_SECRETS: frozenset[str] = frozenset(
     {
         DEV_TOKEN,
         DEV_REGISTRY_READ_TOKEN,
         DEV_METRICS_TOKEN,
         DEV_REDIS_PASSWORD,
+        DEV_DATABASE_OWNER_PASSWORD,
         *(dev_kafka_password(name) for name in principals.ALL),
+        *(dev_database_password(name) for name in principals.DATABASE_LOGINS),
     }
 )
 
@@ -77,11 +86,12 @@ def dev_tokens(tokens: Mapping[str, str | SecretStr]) -> list[str]:
 def refuse_dev_tokens(
     platform: PlatformSettings, process: str, tokens: Mapping[str, str | SecretStr]
 ) -> None:
-    """Raise DevTokenRefused unless the profile is dev or every token (and the Kafka password, when the
-    platform authenticates to Kafka) is a real secret."""
+    """Raise DevTokenRefused unless the profile is dev or every token (and the database URL's password, and
+    the Kafka password when the platform authenticates to Kafka) is a real secret."""
     if platform.profile == "dev":
         return
     secrets = dict(tokens)
+    secrets[DATABASE_URL_SETTING] = url_password(platform.database_url)
     if platform.kafka_security_protocol != "PLAINTEXT":
         secrets[KAFKA_PASSWORD_SETTING] = kafka_password(platform)
     found = dev_tokens(secrets)

@@ -30,7 +30,7 @@ from pydantic_core import PydanticUndefined, to_jsonable_python
 from pydantic_settings import BaseSettings
 
 from gateway.config import GatewaySettings
-from lorafleet.config import PlatformSettings, RelaySettings
+from lorafleet.config import DatabaseLoginSettings, PlatformSettings, RelaySettings
 from lorafleet.profile import WELL_KNOWN_SECRETS
 from ops.autoscale.config import AutoscaleSettings
 from placement_worker.config import PlacementSettings
@@ -40,6 +40,7 @@ from stats_stream.config import StatsStreamSettings
 # Every settings class, in the reference's order: the platform's (every process reads it), then by process.
 SETTINGS: tuple[type[BaseSettings], ...] = (
     PlatformSettings,
+    DatabaseLoginSettings,
     RelaySettings,
     GatewaySettings,
     ReplicaSettings,

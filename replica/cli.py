@@ -33,7 +33,6 @@ def serve(
     from lorafleet.model.prepare import DEFAULT_MODEL_DIR, ensure_default_model
     from lorafleet.profile import refuse_dev_tokens
     from replica.config import ReplicaSettings
-    from replica.main import serve as run
     from schemas import principals
 
     flags: dict[str, object] = {
@@ -54,6 +53,8 @@ def serve(
     refuse_dev_tokens(settings.platform, "replica", tokens)
     if settings.model_dir == DEFAULT_MODEL_DIR and not (DEFAULT_MODEL_DIR / "config.json").is_file():
         settings = settings.model_copy(update={"model_dir": ensure_default_model()})
+    from replica.main import serve as run  # torch and the engine: after the secrets are known to be real
+
     run(settings)
 
 

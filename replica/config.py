@@ -82,6 +82,9 @@ class ReplicaSettings(BaseSettings):
     control_enabled: bool = True
     state_interval_s: float = Field(default=1.0, gt=0)
     advertise_url: str | None = None  # the URL published in replica.state; default http://host:port
+    # The secret its address is registered under (replica/control/identity.py), made on the first start;
+    # default <data dir>/replica-identity/<replica_id>.key. Keep it with the disk tier: lost, so is the id.
+    identity_key_file: Path | None = None
 
     # Lifecycle: a replica warms (loads the adapters placed on it) before it reports ready, for at most
     # warming_timeout_s; a drain ends the requests still running after drain_deadline_s with an error line.
@@ -116,6 +119,11 @@ class ReplicaSettings(BaseSettings):
         if self.dtype != "auto":
             return self.dtype
         return PRODUCTION.dtype if device_type == "cuda" else "float32"
+
+    def identity_key_path(self) -> Path:
+        """Where its identity key lives: the setting, else <data dir>/replica-identity/<replica_id>.key."""
+        default = self.platform.data_dir / "replica-identity" / f"{self.replica_id}.key"
+        return self.identity_key_file or default
 
     def cache_path(self) -> Path:
         return self.cache_dir or (self.platform.data_dir / "adapter-cache" / self.replica_id)

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 
 from replica.config import ReplicaSettings
 from replica.control.drain import Drain
+from replica.control.identity import identity_key
 from replica.control.merged_mode import merge_until_done, publish_forever
 from replica.control.registration import register_until_done
 from replica.control.supervisor import supervise_control
@@ -72,8 +73,9 @@ async def _serving(app: FastAPI) -> AsyncIterator[Background]:
 
 def _register(settings: ReplicaSettings, background: Background) -> None:
     """Announce the replica on replica.state's row: the gateway checks it before routing here."""
+    key = identity_key(settings.identity_key_path())
     registration = register_until_done(
-        settings.platform.database_url, settings.replica_id, settings.url(), background.shutdown
+        settings.platform.database_url, settings.replica_id, settings.url(), key, background.shutdown
     )
     background.run(registration, "replica-registration")
 

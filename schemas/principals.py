@@ -34,3 +34,19 @@ PLACEMENT_GROUP_PREFIX = "placement-"
 # The stats stream's faust app id starts with this: its consumer group and internal topics (changelogs,
 # the assignor's leader topic) are named after the app id.
 STATS_APP_ID_PREFIX = "lorafleet-stats"
+
+# PostgreSQL: the processes that hold a database login, each a member of its own role. The migrations
+# create the roles (NOLOGIN) and grant each what its process does and nothing more
+# (schemas/sql/013_process_roles.sql); `lorafleet db logins` creates the logins.
+PUBLIC_GATEWAY = "public-gateway"
+DATABASE_ROLES: dict[str, str] = {
+    GATEWAY: "lorafleet_gateway",
+    PUBLIC_GATEWAY: "lorafleet_public_gateway",
+    REGISTRY_VALIDATOR: "lorafleet_registry_validator",
+    PLACEMENT_WORKER: "lorafleet_placement_worker",
+    RELAY: "lorafleet_relay",
+    STATS_STREAM: "lorafleet_stats_stream",
+    REPLICA: "lorafleet_replica",
+    AUTOSCALER: "lorafleet_autoscaler",
+}
+DATABASE_LOGINS: tuple[str, ...] = tuple(DATABASE_ROLES)

@@ -7,6 +7,7 @@ import json
 import logging
 
 import typer
+from pydantic import ValidationError
 
 from lorafleet.config import get_settings
 from lorafleet.kafka import ensure_topics
@@ -26,12 +27,18 @@ def stats_stream() -> None:
     from stats_stream.reader import STATS_TOPICS
     from stats_stream.topics import SOURCES
 
-    platform, settings = get_settings().as_service(principals.STATS_STREAM), StatsStreamSettings()
+    platform = get_settings().as_service(principals.STATS_STREAM)
+    try:
+        settings = StatsStreamSettings()
+    except ValidationError as exc:  # e.g. a /metrics beyond loopback without its token: say which, and stop
+        raise SystemExit(f"stats-stream: {'; '.join(e['msg'] for e in exc.errors())}") from None
     token = settings.metrics_token
-    refuse_dev_tokens(platform, "stats-stream", {"LORAFLEET_STATS_METRICS_TOKEN": token} if token else {})
+    held = {"LORAFLEET_STATS_METRICS_TOKEN": token} if token is not None else {}
+    refuse_dev_tokens(platform, "stats-stream", held)
     asyncio.run(ensure_topics(platform, (*SOURCES, *STATS_TOPICS)))
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    metrics.serve(settings.metrics_port, settings.metrics_host, token.get_secret_value() if token else None)
+    secret = token.get_secret_value() if token is not None else ""
+    metrics.serve(settings.metrics_port, settings.metrics_host, secret or None)
     app = build_app(platform, settings)
     log.info(
         "stats stream %s: %.0fs windows, metrics on %s:%d%s",
@@ -39,7 +46,7 @@ def stats_stream() -> None:
         settings.window_s,
         settings.metrics_host,
         settings.metrics_port,
-        " (token)" if token else "",
+        " (token)" if secret else "",
     )
     faust.Worker(app, loglevel=settings.log_level).execute_from_commandline()
 

@@ -64,7 +64,8 @@ class StatsStreamSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _metrics_beyond_loopback_need_a_token(self) -> StatsStreamSettings:
-        if self.metrics_port and self.metrics_host not in LOOPBACK and self.metrics_token is None:
+        token = self.metrics_token.get_secret_value() if self.metrics_token is not None else ""
+        if self.metrics_port and self.metrics_host not in LOOPBACK and not token:
             raise ValueError(
                 f"/metrics on {self.metrics_host} serves per-tenant series: set LORAFLEET_STATS_METRICS_TOKEN"
             )

@@ -60,7 +60,8 @@ async def consume_completions(
 
 @contextlib.asynccontextmanager
 async def console_live(config: GatewayConfig, pool: asyncpg.Pool) -> AsyncIterator[ConsoleLive]:
-    """The console's live state, its consumers running until the block ends (ready within 20 s or so)."""
+    """The console's live state, its consumers running until the block ends. The internal API does not wait
+    for them: the console fills in as they catch up, and a Kafka outage leaves the registry served."""
     settings = config.gateway
     live = ConsoleLive(ReplicaView(settings.replica_stale_s, replica_id_prefix=settings.replica_id_prefix))
     registry = ReplicaRegistry(pool, settings.replica_id_prefix)
@@ -85,8 +86,6 @@ async def console_live(config: GatewayConfig, pool: asyncpg.Pool) -> AsyncIterat
             name="console-feed",
         ),
     ]
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 20)
     try:
         yield live
     finally:

@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from lorafleet.config import get_settings
+from lorafleet.config import DatabaseLoginSettings, get_settings
 from ops.stack import stack, supervisor
 from ops.stack.paths import REPO_ROOT
 
@@ -38,9 +38,10 @@ def supervise(only: list[str] = typer.Option([], "--only", help=ONLY_HELP)) -> N
 
 @app.command()
 def init() -> None:
-    """Migrate, create the topics, the Kafka ACLs and the bucket on services that run elsewhere (containers,
-    Kubernetes), logged in to Kafka as the admin (LORAFLEET_KAFKA_USERNAME, LORAFLEET_KAFKA_PASSWORD)."""
-    stack.prepare(get_settings(), typer.echo)
+    """Migrate, make the processes' database logins (LORAFLEET_DB_LOGIN_<PROCESS>), create the topics, the
+    Kafka ACLs and the bucket on services that run elsewhere (containers, Kubernetes), as the database owner
+    (LORAFLEET_DATABASE_URL) and the Kafka admin (LORAFLEET_KAFKA_USERNAME, LORAFLEET_KAFKA_PASSWORD)."""
+    stack.prepare(get_settings(), typer.echo, DatabaseLoginSettings().logins())
 
 
 @app.command()

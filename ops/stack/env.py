@@ -1,11 +1,13 @@
 """The environment of every process the local stack starts: the dev profile, the fleet's id prefixes,
-the local replica sizing and listeners, and each process's own Kafka login."""
+the local replica sizing and listeners, and each process's own Kafka and PostgreSQL logins."""
 
 from __future__ import annotations
 
 import os
+from urllib.parse import urlparse
 
-from lorafleet.profile import DEV_PROFILE_ENV, dev_kafka_password
+from lorafleet.config import get_settings
+from lorafleet.profile import DEV_PROFILE_ENV, dev_database_password, dev_kafka_password
 from ops.stack.profile import LOCAL_REPLICA_ENV
 from ops.stack.scrape import LOCAL_ENV
 from schemas import principals
@@ -15,6 +17,20 @@ def kafka_env(principal: str) -> dict[str, str]:
     """A local process's Kafka login: the principal and its dev password (the local broker's users have
     these; the local stack runs in the dev profile)."""
     return {"LORAFLEET_KAFKA_USERNAME": principal, "LORAFLEET_KAFKA_PASSWORD": dev_kafka_password(principal)}
+
+
+def dev_login_url(owner_url: str, process: str) -> str:
+    """The local stack's database URL for a process: owner_url's server and database, logged in as the
+    process's own login (`<its role>_login`, with its dev password; services up makes it)."""
+    url = urlparse(owner_url)
+    user = f"{principals.DATABASE_ROLES[process]}_login"
+    host = url.netloc.rpartition("@")[2]
+    return url._replace(netloc=f"{user}:{dev_database_password(process)}@{host}").geturl()
+
+
+def database_env(process: str) -> dict[str, str]:
+    """A local process's database login (its role's, not the owner's)."""
+    return {"LORAFLEET_DATABASE_URL": dev_login_url(get_settings().database_url, process)}
 
 
 # The local fleet's replica ids start with this; the router and the placement worker ignore replicas of
@@ -34,5 +50,5 @@ def process_env() -> dict[str, str]:
 
 
 def replica_env() -> dict[str, str]:
-    """process_env() for a replica the autoscaler starts, with the replica principal's Kafka login."""
-    return {**process_env(), **kafka_env(principals.REPLICA)}
+    """process_env() for a replica the autoscaler starts, with the replica's Kafka and database logins."""
+    return {**process_env(), **kafka_env(principals.REPLICA), **database_env(principals.REPLICA)}

@@ -1,7 +1,14 @@
-"""PostgreSQL from Debian's package, in a cluster of the project's own under the data folder."""
+"""PostgreSQL from Debian's package, in a cluster of the project's own under the data folder.
+
+Clients authenticate by password (SCRAM) on every connection, over TCP and the socket alike; only the
+cluster's own superuser, `postgres`, connects without one, over the socket as the OS user that runs the
+cluster (peer). The project's role (LORAFLEET_DATABASE_URL's user) owns the database and may create roles:
+the migrations create each process's role, and `services up` a login of each.
+"""
 
 from __future__ import annotations
 
+import getpass
 import os
 import pwd
 import shutil
@@ -71,6 +78,7 @@ def _pg_ctl(settings: PlatformSettings, *args: str) -> subprocess.CompletedProce
 def up(settings: PlatformSettings, timeout: float = 60.0) -> str:
     base, data, socket = _paths(settings)
     if ready(settings) and (data / "postmaster.pid").exists():
+        _ensure_password_auth(settings)
         _ensure_role_and_db(settings)
         return "already running"
     logs = log_dir(settings)
@@ -86,7 +94,8 @@ def up(settings: PlatformSettings, timeout: float = 60.0) -> str:
                 str(data),
                 "-U",
                 "postgres",
-                "--auth=trust",
+                "--auth-local=peer",
+                "--auth-host=scram-sha-256",
                 "-E",
                 "UTF8",
                 "--locale=C.UTF-8",
@@ -106,8 +115,38 @@ def up(settings: PlatformSettings, timeout: float = 60.0) -> str:
     )
     if not wait_until(lambda: ready(settings), timeout):
         raise RuntimeError("PostgreSQL did not become ready")
+    _ensure_password_auth(settings)
     _ensure_role_and_db(settings)
     return "started"
+
+
+# Who may connect how: the superuser by OS identity over the socket, every other role by password.
+HBA = """# written by lorafleet (ops/stack/postgres.py): password authentication, no trust
+local   all   postgres                  peer map=lorafleet
+local   all   all                       scram-sha-256
+host    all   all       127.0.0.1/32    scram-sha-256
+host    all   all       ::1/128         scram-sha-256
+"""
+
+
+def _ident() -> str:
+    """pg_ident.conf: the OS user that runs the cluster's tools (postgres when we are root) is `postgres`."""
+    runner = "postgres" if os.geteuid() == 0 else getpass.getuser()
+    return f"# written by lorafleet (ops/stack/postgres.py)\nlorafleet   {runner}   postgres\n"
+
+
+def _ensure_password_auth(settings: PlatformSettings) -> None:
+    """pg_hba.conf and pg_ident.conf as above; a cluster set up before (trust) is reloaded with them."""
+    _, data, _ = _paths(settings)
+    wanted = {data / "pg_hba.conf": HBA, data / "pg_ident.conf": _ident()}
+    changed = False
+    for path, text in wanted.items():
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            _chown_tree(path)
+            changed = True
+    if changed:
+        _pg_ctl(settings, "reload")
 
 
 def _psql(settings: PlatformSettings, sql: str, db: str = "postgres") -> str:
@@ -133,11 +172,14 @@ def _psql(settings: PlatformSettings, sql: str, db: str = "postgres") -> str:
 
 
 def _ensure_role_and_db(settings: PlatformSettings) -> None:
-    """Create the lorafleet role and database named in database_url, once."""
+    """Create the lorafleet role (it may create databases and roles) and the database named in
+    database_url, once."""
     url = urlparse(settings.database_url)
     user, password, db = url.username or "lorafleet", url.password or "lorafleet", url.path.lstrip("/")
     if _psql(settings, f"SELECT 1 FROM pg_roles WHERE rolname = '{user}'") != "1":
-        _psql(settings, f"CREATE ROLE \"{user}\" LOGIN PASSWORD '{password}' CREATEDB")
+        _psql(settings, f"CREATE ROLE \"{user}\" LOGIN PASSWORD '{password}' CREATEDB CREATEROLE")
+    elif _psql(settings, f"SELECT rolcreaterole FROM pg_roles WHERE rolname = '{user}'") != "t":
+        _psql(settings, f'ALTER ROLE "{user}" CREATEROLE')
     if _psql(settings, f"SELECT 1 FROM pg_database WHERE datname = '{db}'") != "1":
         _psql(settings, f'CREATE DATABASE "{db}" OWNER "{user}"')
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from lorafleet.config import PlatformSettings
+from lorafleet.db.logins import ensure_logins
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
 from ops.autoscale import view as autoscale_view
 from ops.kafka_acl_admin import apply_acls
 from ops.stack import kafka, objectstore, postgres, prometheus, redis, supervisor
-from ops.stack.env import kafka_env, process_env
+from ops.stack.env import database_env, dev_login_url, kafka_env, process_env
 from ops.stack.memory import format_bytes, rss_bytes, tree_rss_bytes
 from ops.stack.paths import REPO_ROOT, log_dir, run_dir
 from ops.stack.process import ManagedProcess, wait_until
@@ -93,9 +94,27 @@ APP_PRINCIPALS: dict[str, str] = {
 }
 
 
+# Each app process's database login (schemas/principals.py DATABASE_ROLES); a name not listed is a replica.
+APP_DATABASE_LOGINS: dict[str, str] = {
+    "relay": principals.RELAY,
+    "stats-stream": principals.STATS_STREAM,
+    "gateway": principals.GATEWAY,
+    "registry-validator": principals.REGISTRY_VALIDATOR,
+    "placement-worker": principals.PLACEMENT_WORKER,
+    "public-gateway": principals.PUBLIC_GATEWAY,
+    AUTOSCALER: principals.AUTOSCALER,
+}
+
+
 def app_envs(names: Sequence[str]) -> dict[str, dict[str, str]]:
-    """Each named app process's own Kafka login (a name not in APP_PRINCIPALS is a replica)."""
-    return {name: kafka_env(APP_PRINCIPALS.get(name, principals.REPLICA)) for name in names}
+    """Each named app process's own Kafka and database logins (a name not listed is a replica)."""
+    return {
+        name: {
+            **kafka_env(APP_PRINCIPALS.get(name, principals.REPLICA)),
+            **database_env(APP_DATABASE_LOGINS.get(name, principals.REPLICA)),
+        }
+        for name in names
+    }
 
 
 def stack_replicas() -> list[ReplicaTarget]:
@@ -115,14 +134,22 @@ def app_process(settings: PlatformSettings, name: str) -> ManagedProcess:
 def infra_up(settings: PlatformSettings, report: Callable[[str], None]) -> None:
     for svc in INFRA:
         report(f"{svc.name}: {svc.up(settings)} ({svc.address(settings)})")
-    prepare(kafka.admin_settings(settings), report)  # the local broker's admin
+    # the local broker's admin; each process's database login with its dev password
+    logins = {p: dev_login_url(settings.database_url, p) for p in principals.DATABASE_LOGINS}
+    prepare(kafka.admin_settings(settings), report, logins)
 
 
-def prepare(settings: PlatformSettings, report: Callable[[str], None]) -> None:
-    """Migrate the database, create the topics and the ACLs and the adapter bucket; idempotent. The
-    settings' Kafka login is a super user's (the admin)."""
+def prepare(
+    settings: PlatformSettings, report: Callable[[str], None], logins: Mapping[str, str] | None = None
+) -> None:
+    """Migrate the database, make the processes' logins (process -> its database URL), create the topics
+    and the ACLs and the adapter bucket; idempotent. The settings' database role may create roles, and its
+    Kafka login is a super user's (the admin)."""
     applied = asyncio.run(migrate(settings.database_url))
     report(f"migrations: {len(applied)} applied")
+    if logins:
+        made = asyncio.run(ensure_logins(settings.database_url, logins))
+        report(f"database logins: {', '.join(made)}")
     created = asyncio.run(ensure_topics(settings))
     report(f"topics: {len(created)} created")
     if settings.kafka_security_protocol != "PLAINTEXT":

@@ -9,14 +9,17 @@ from lorafleet.config import PlatformSettings
 from lorafleet.profile import (
     DEV_TOKEN,
     DevTokenRefused,
+    dev_database_password,
     dev_kafka_password,
     dev_tokens,
     kafka_password,
     refuse_dev_tokens,
+    url_password,
 )
 from schemas import principals
 
 REAL_KAFKA = SecretStr("a-real-kafka-secret")
+REAL_DATABASE = "postgresql://lf_relay:a-real-db-secret@db:5432/lorafleet"
 
 
 def test_the_dev_token_and_an_empty_one_are_found_by_setting_name() -> None:
@@ -25,7 +28,7 @@ def test_the_dev_token_and_an_empty_one_are_found_by_setting_name() -> None:
 
 
 def test_outside_the_dev_profile_a_dev_token_stops_the_process() -> None:
-    production = PlatformSettings(profile="production", kafka_password=REAL_KAFKA)
+    production = PlatformSettings(profile="production", kafka_password=REAL_KAFKA, database_url=REAL_DATABASE)
     with pytest.raises(DevTokenRefused, match="X_TOKEN"):
         refuse_dev_tokens(production, "gateway", {"X_TOKEN": DEV_TOKEN})
     refuse_dev_tokens(production, "gateway", {"X_TOKEN": "s3cret"})
@@ -35,11 +38,43 @@ def test_outside_the_dev_profile_a_dev_token_stops_the_process() -> None:
 @pytest.mark.parametrize("principal", principals.ALL)
 def test_outside_the_dev_profile_a_dev_or_missing_kafka_password_stops_the_process(principal: str) -> None:
     for password in (SecretStr(dev_kafka_password(principal)), SecretStr(dev_kafka_password("admin")), None):
-        settings = PlatformSettings(profile="production", kafka_username=principal, kafka_password=password)
+        settings = PlatformSettings(
+            profile="production",
+            kafka_username=principal,
+            kafka_password=password,
+            database_url=REAL_DATABASE,
+        )
         with pytest.raises(DevTokenRefused, match="LORAFLEET_KAFKA_PASSWORD"):
             refuse_dev_tokens(settings, "relay", {})
-    plaintext = PlatformSettings(profile="production", kafka_security_protocol="PLAINTEXT")
+    plaintext = PlatformSettings(
+        profile="production", kafka_security_protocol="PLAINTEXT", database_url=REAL_DATABASE
+    )
     refuse_dev_tokens(plaintext, "relay", {})  # a broker without authentication: no password to check
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://lorafleet:lorafleet@db:5432/lorafleet",  # the local owner's
+        f"postgresql://lf_relay:{dev_database_password(principals.RELAY)}@db:5432/lorafleet",
+        f"postgresql://lf_relay:{dev_database_password(principals.REPLICA)}@db:5432/lorafleet",
+        "postgresql://lf_relay@db:5432/lorafleet",  # none
+    ],
+)
+def test_outside_the_dev_profile_a_dev_or_missing_database_password_stops_the_process(url: str) -> None:
+    settings = PlatformSettings(profile="production", kafka_password=REAL_KAFKA, database_url=url)
+    with pytest.raises(DevTokenRefused, match="LORAFLEET_DATABASE_URL"):
+        refuse_dev_tokens(settings, "relay", {})
+
+
+def test_a_url_among_the_tokens_is_judged_by_its_password() -> None:
+    production = PlatformSettings(profile="production", kafka_password=REAL_KAFKA, database_url=REAL_DATABASE)
+    for dev in ("redis://:dev-redis-password@r:6379/0", "redis://r:6379/0"):
+        with pytest.raises(DevTokenRefused, match="LORAFLEET_REDIS_URL"):
+            refuse_dev_tokens(production, "public-gateway", {"LORAFLEET_REDIS_URL": url_password(dev)})
+    refuse_dev_tokens(
+        production, "public-gateway", {"LORAFLEET_REDIS_URL": url_password("redis://:s3cret@r/0")}
+    )
 
 
 def test_in_the_dev_profile_an_unset_kafka_password_is_the_principals_dev_password() -> None:

@@ -19,7 +19,7 @@ import typer.core
 from pydantic_settings import BaseSettings
 
 from gateway.config import GatewaySettings
-from lorafleet.config import PlatformSettings, RelaySettings
+from lorafleet.config import DatabaseLoginSettings, PlatformSettings, RelaySettings
 from ops.autoscale.config import AutoscaleSettings
 from placement_worker.config import PlacementSettings
 from replica.config import ReplicaSettings
@@ -28,6 +28,7 @@ from stats_stream.config import StatsStreamSettings
 
 ALL_SETTINGS: tuple[type[BaseSettings], ...] = (
     PlatformSettings,
+    DatabaseLoginSettings,
     RelaySettings,
     GatewaySettings,
     PlacementSettings,
@@ -48,7 +49,7 @@ PROCESS_SETTINGS: dict[str, tuple[type[BaseSettings], ...]] = {
     # its replica processes inherit its environment
     "autoscale": (PlatformSettings, AutoscaleSettings, ReplicaSettings),
     "demo": (PlatformSettings, GatewaySettings),
-    "services init": (PlatformSettings,),
+    "services init": (PlatformSettings, DatabaseLoginSettings),
     "model prepare": (PlatformSettings,),
 }
 

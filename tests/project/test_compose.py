@@ -17,15 +17,15 @@ import jsonschema
 import pytest
 
 from gateway.config import GatewaySettings
-from lorafleet.config import PlatformSettings
+from lorafleet.config import DatabaseLoginSettings, PlatformSettings
 from lorafleet.model.prepare import DEFAULT_MODEL_NAME
 from lorafleet.sizing import PRODUCTION
 from ops.autoscale.config import AutoscaleSettings
 from ops.autoscale.local import LocalFleet
 from ops.autoscale.merged_local import MergedFleet
 from ops.stack import scrape
-from ops.stack.env import FLEET_ENV, kafka_env
-from ops.stack.stack import APP_PROCESSES, stack_replicas
+from ops.stack.env import FLEET_ENV, dev_login_url, kafka_env
+from ops.stack.stack import APP_DATABASE_LOGINS, APP_PROCESSES, stack_replicas
 from replica.config import ReplicaSettings
 from schemas import principals
 from tests.project.compose_files import (
@@ -326,3 +326,16 @@ def test_redis_runs_with_the_password_the_gateways_log_in_with() -> None:
     (public,) = [s for s in built().values() if s.process == "public-gateway"]
     assert public.spec["depends_on"]["redis"]["condition"] == "service_healthy"
     assert settings_from(GatewaySettings, public.env()).rate_limit_store == "redis"
+
+
+def test_each_process_logs_in_to_the_database_as_the_login_init_makes_for_it() -> None:
+    """What `lorafleet services up` gives the same process (ops/stack/env.py), made by `services init`."""
+    owner = str(compose()[ANCHOR_ENV]["LORAFLEET_DATABASE_URL"])
+    (init,) = [s for s in built().values() if s.process == "services init"]
+    for s in built().values():
+        if s.name in APP_PROCESSES:
+            process = APP_DATABASE_LOGINS.get(s.name, principals.REPLICA)
+            assert s.env()["LORAFLEET_DATABASE_URL"] == dev_login_url(owner, process), s.name
+            variable = "LORAFLEET_DB_LOGIN_" + process.upper().replace("-", "_")
+            assert init.env()[variable] == dev_login_url(owner, process), variable
+    assert settings_from(DatabaseLoginSettings, init.env()).logins().keys() == set(principals.DATABASE_LOGINS)

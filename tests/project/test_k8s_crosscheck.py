@@ -13,6 +13,7 @@ from pydantic import SecretStr
 
 from replica.config import ReplicaSettings
 from replica.metrics import EngineLoad, ReplicaMetrics
+from schemas import principals
 from tests.project.deploy_files import (
     ALL_SETTINGS,
     KAFKA_PRINCIPALS,
@@ -370,3 +371,32 @@ def test_replicas_are_statefulsets_with_a_stable_id_address_and_disk(container: 
     assert mounts.get(data_dir) in claims, "the data folder is a volume of the pod's own"
     assert settings.cache_path().is_relative_to(data_dir)
     assert all(v["name"] != mounts[data_dir] for v in container.pod.get("volumes", []))
+
+
+DATABASE_PROCESSES = {
+    "gateway": principals.GATEWAY,
+    "public-gateway": principals.PUBLIC_GATEWAY,
+    "registry-validator": principals.REGISTRY_VALIDATOR,
+    "placement-worker": principals.PLACEMENT_WORKER,
+    "relay": principals.RELAY,
+    "stats-stream": principals.STATS_STREAM,
+    "replica serve": principals.REPLICA,
+}
+
+
+def test_each_process_logs_in_to_the_database_as_its_own_login_which_the_init_job_makes() -> None:
+    (init,) = [c for c in app_containers() if process_of(c.argv) == "services init"]
+    keys: dict[str, set[str]] = {}
+    for c in app_containers():
+        process = process_of(c.argv)
+        if process in DATABASE_PROCESSES:
+            ref = secret_ref(c, "LORAFLEET_DATABASE_URL")
+            assert ref is not None, str(c)
+            keys.setdefault(DATABASE_PROCESSES[process], set()).add(ref[1])
+    assert secret_ref(init, "LORAFLEET_DATABASE_URL") == (SECRET_NAME, "database-url")  # the owner
+    for login, found in keys.items():
+        (key,) = found  # one login per process, the pool and merged replicas alike
+        assert key == f"database-url-{login}"
+        variable = "LORAFLEET_DB_LOGIN_" + login.upper().replace("-", "_")
+        assert secret_ref(init, variable) == (SECRET_NAME, key), variable
+    assert len({k for found in keys.values() for k in found}) == len(keys)  # no two share a login
