@@ -131,6 +131,33 @@ async def test_openai_client_non_streaming_has_usage(stack: GatewayStack) -> Non
     assert [m.id for m in models.data] == ["globex/sales:prod"]
 
 
+async def test_a_resent_long_prompt_reports_cached_tokens_and_a_salt_keeps_its_own(
+    stack: GatewayStack,
+) -> None:
+    """usage.prompt_tokens_details.cached_tokens through the real gateway; cache_salt (an extension the
+    official client sends through extra_body) shares blocks only with the same salt."""
+    client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys["acme"], max_retries=0)
+    system = "You are the support desk of a shop that sells garden tools. " * 12  # several KV blocks
+
+    async def cached(salt: str | None = None) -> int:
+        extra = {"cache_salt": salt} if salt else None
+        done = await client.chat.completions.create(
+            model="acme/support:prod",
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": "Hi"}],
+            max_tokens=2,
+            extra_body=extra,
+        )
+        details = done.usage.prompt_tokens_details
+        assert details is not None
+        return details.cached_tokens or 0
+
+    # two replicas own the adapter: asked a few times, a request lands where the prompt was seen before
+    assert await cached() == 0
+    assert max([await cached() for _ in range(4)]) >= 64
+    assert await cached("end-user-1") == 0  # the same tokens under a salt: nothing shared
+    assert max([await cached("end-user-1") for _ in range(4)]) >= 64
+
+
 async def test_bad_keys_are_401_with_one_body(stack: GatewayStack) -> None:
     pool = await asyncpg.create_pool(stack.database_url, min_size=1, max_size=1)
     from gateway.tenants import create_key, revoke_key
