@@ -15,6 +15,7 @@ import logging
 import shutil
 import subprocess
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import SecretStr
@@ -35,14 +36,27 @@ def process(settings: PlatformSettings) -> ManagedProcess:
     return ManagedProcess(NAME, run_dir(settings), log_dir(settings))
 
 
+def _users_file(settings: PlatformSettings) -> Path:
+    return service_dir(settings, NAME) / "scram-users.json"
+
+
+def users(settings: PlatformSettings) -> dict[str, str]:
+    """principal -> password of the broker's SCRAM users: the dev passwords, unless it was started with
+    users of its own (a test's private broker with the passwords of the deployment files it runs)."""
+    try:
+        return dict(json.loads(_users_file(settings).read_text()))
+    except FileNotFoundError:
+        return {name: dev_kafka_password(name) for name in principals.ALL}
+
+
 def admin_settings(settings: PlatformSettings) -> PlatformSettings:
-    """The local broker's admin login (its dev password), for probing it and applying its ACLs."""
+    """The local broker's admin login, for probing it and applying its ACLs."""
     return settings.model_copy(
         update={
             "kafka_security_protocol": "SASL_PLAINTEXT",
             "kafka_sasl_mechanism": MECHANISM,
             "kafka_username": principals.ADMIN,
-            "kafka_password": SecretStr(dev_kafka_password(principals.ADMIN)),
+            "kafka_password": SecretStr(users(settings)[principals.ADMIN]),
         }
     )
 
@@ -62,9 +76,10 @@ def _users_marker(settings: PlatformSettings) -> Path:
     return service_dir(settings, NAME) / "scram-users.sha256"
 
 
-def _users_digest() -> str:
-    users = [(name, dev_kafka_password(name)) for name in principals.ALL]
-    return hashlib.sha256(json.dumps([MECHANISM, users]).encode()).hexdigest()
+def _users_digest(settings: PlatformSettings) -> str:
+    # in the principals' order: the dev users' digest is the one every formatted local broker recorded
+    pairs = list(users(settings).items())
+    return hashlib.sha256(json.dumps([MECHANISM, pairs]).encode()).hexdigest()
 
 
 def _render_config(settings: PlatformSettings) -> str:
@@ -81,7 +96,7 @@ def _render_config(settings: PlatformSettings) -> str:
             broker_port=port,
             controller_port=settings.kafka_controller_port,
             log_dir=data,
-            admin_password=dev_kafka_password(principals.ADMIN),
+            admin_password=users(settings)[principals.ADMIN],
         )
     )
     config.chmod(0o600)
@@ -92,7 +107,7 @@ def _stale_format(settings: PlatformSettings) -> bool:
     """A formatted log dir whose SCRAM users are not this code's (none, in a plaintext one)."""
     formatted = (_data(settings) / "meta.properties").exists()
     marker = _users_marker(settings)
-    return formatted and (not marker.exists() or marker.read_text() != _users_digest())
+    return formatted and (not marker.exists() or marker.read_text() != _users_digest(settings))
 
 
 def _format_storage(settings: PlatformSettings, config: str) -> None:
@@ -100,8 +115,8 @@ def _format_storage(settings: PlatformSettings, config: str) -> None:
     if (_data(settings) / "meta.properties").exists():
         return
     scram = []
-    for name in principals.ALL:
-        scram += ["--add-scram", f"{MECHANISM}=[name={name},password={dev_kafka_password(name)}]"]
+    for name, password in users(settings).items():
+        scram += ["--add-scram", f"{MECHANISM}=[name={name},password={password}]"]
     subprocess.run(
         [
             _java(),
@@ -119,7 +134,7 @@ def _format_storage(settings: PlatformSettings, config: str) -> None:
         check=True,
         capture_output=True,
     )
-    _users_marker(settings).write_text(_users_digest())
+    _users_marker(settings).write_text(_users_digest(settings))
 
 
 def _log4j() -> str:
@@ -153,8 +168,18 @@ def ready(settings: PlatformSettings) -> bool:
     return asyncio.run(_metadata_ok(settings))
 
 
-def up(settings: PlatformSettings, timeout: float = 90.0) -> str:
+def up(
+    settings: PlatformSettings, timeout: float = 90.0, scram_users: Mapping[str, str] | None = None
+) -> str:
+    """Start the broker (formatting its log dir with its SCRAM users first): the principals on their dev
+    passwords, or scram_users (principal -> password; the admin among them), remembered for later calls."""
     proc = process(settings)
+    if scram_users is not None:
+        if principals.ADMIN not in scram_users:
+            raise ValueError("the broker's users include its admin")
+        _users_file(settings).parent.mkdir(parents=True, exist_ok=True)
+        _users_file(settings).write_text(json.dumps(dict(scram_users)))
+        _users_file(settings).chmod(0o600)
     notes = []
     if _stale_format(settings):
         # local dev data from a broker without these SCRAM users: start over rather than refuse to start

@@ -14,8 +14,8 @@ import yaml
 from tests.project.project_files import ROOT
 
 K8S = ROOT / "infra/k8s"
-# Files in infra/k8s that `kubectl apply -k` leaves out: templates copied per use.
-TEMPLATES = {"replica-merged.yaml"}
+# Files in infra/k8s that `kubectl apply -k` leaves out: a template copied per use, the Secret's example.
+TEMPLATES = {"replica-merged.yaml", "secret.example.yaml"}
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "Job"}
 
 

@@ -206,6 +206,18 @@ def readme_secret_keys() -> set[str]:
     return {w.split("=", 1)[1].split("=", 1)[0] for w in words if w.startswith("--from-literal=")}
 
 
+def example_secret_keys() -> set[str]:
+    """The keys of the example Secret shipped beside the manifests."""
+    (doc,) = [d for d in of_kind("Secret") if d.file == "secret.example.yaml"]
+    assert doc.name == SECRET_NAME
+    return set(doc.body["stringData"])
+
+
+def test_the_example_secret_and_the_readmes_command_hold_every_key_the_manifests_read() -> None:
+    used = {ref[1] for c in containers() for name in c.env_entries() if (ref := secret_ref(c, name))}
+    assert example_secret_keys() == readme_secret_keys() == used
+
+
 def test_secret_values_come_only_from_the_secret() -> None:
     secrets = secret_settings()
     assert sorted(secrets & set(config_map())) == []

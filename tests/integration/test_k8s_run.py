@@ -1,0 +1,270 @@
+"""infra/k8s runs as written: every workload `kubectl apply -k` creates is started natively with exactly the
+command, arguments and environment its manifest gives it, its Secret the example shipped beside the
+manifests (infra/k8s/secret.example.yaml), its probes and preStop hook as the kubelet runs them. Then a
+registration, an alias move, chats through the public gateway, a second replica joining and a drain.
+
+What running pods natively on one machine changes (harness/deploy/network.py): each pod's ports and every
+name for it move to loopback, a volume is a folder, and the backing services are the ones this test runs:
+a Kafka broker of its own whose SCRAM users are the Secret's, the local PostgreSQL (a throwaway database,
+named where the files name `lorafleet`), the local S3 store, and a Redis of its own with the Secret's
+password. The example Secret's values are filled in: each <secret> a random value of this run's own, the
+database owner and the store's keys those of the local services, and each process's database login named
+with this run's id (PostgreSQL roles belong to the whole cluster, which other runs share).
+
+Sizes the test overrides, for the replica only, because the manifest's are a GPU's and this is a CPU
+(nothing here is a credential, an address or a setting whose absence the run would catch):
+LORAFLEET_REPLICA_DEVICE and _DTYPE (the hardware), and _LORA_SLOTS and _KV_CACHE_BYTES (memory only: the
+production profile's 262 slots and 2 GiB of KV would take several GB per replica on this machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import asyncpg
+import httpx
+import pytest
+import yaml
+
+from harness.databases import drop_roles, throwaway_database
+from harness.deploy import run
+from harness.deploy.k8s import Cluster, Pod, applied_documents, secret_data, seed_from_cache
+from harness.deploy.network import LOOPBACK, Network
+from harness.env import QUIET_ENV
+from harness.ports import free_port
+from harness.processes import stop
+from harness.running import Running
+from lorafleet.config import PlatformSettings
+from lorafleet.model.base_hash import base_model_hash
+from lorafleet.model.prepare import ensure_default_model
+from ops.stack import kafka
+from ops.stack.redis import ping, server_argv
+from schemas import principals
+from tests.integration import deployment_scenario as scenario
+from tests.integration.waiting import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+K8S = Path(__file__).resolve().parents[2] / "infra" / "k8s"
+PLACEHOLDER = re.compile(r"<([^>]+)>")
+REPLICAS = "lora-replica-pool-default"
+# the test's overrides for the replica: the hardware and two sizes that only matter for memory (see above)
+REPLICA_SIZES = {
+    "LORAFLEET_REPLICA_DEVICE": "cpu",
+    "LORAFLEET_REPLICA_DTYPE": "float32",
+    "LORAFLEET_REPLICA_LORA_SLOTS": json.dumps({"16": 4, "32": 1, "64": 1}),
+    "LORAFLEET_REPLICA_KV_CACHE_BYTES": str(256 << 20),
+}
+
+
+def filled_secret(run_id: str, owner_url: str, store: PlatformSettings) -> dict[str, str]:
+    """The example Secret with each <...> filled in for this run (the module docstring says how)."""
+    (doc,) = [d for d in yaml.safe_load_all((K8S / "secret.example.yaml").read_text()) if d]
+    owner = urlparse(owner_url)
+    known = {
+        "owner": owner.username or "",
+        "owner-password": owner.password or "",
+        "the object store's access key": store.s3_access_key,
+        "the object store's secret key": store.s3_secret_key,
+    }
+    out = {}
+    for key, value in secret_data(doc).items():
+        filled = PLACEHOLDER.sub(lambda m: known.get(m[1]) or secrets.token_urlsafe(24), value)
+        if key.startswith("database-url-"):  # a login of this run's own: roles are the cluster's
+            url = urlparse(filled)
+            filled = url._replace(
+                netloc=f"{url.username}_{run_id}:{url.password}@{url.hostname}:{url.port}"
+            ).geturl()
+        out[key] = filled
+    return out
+
+
+@dataclass
+class Deployment:
+    cluster: Cluster
+    secret: dict[str, str]
+    owner_url: str  # the throwaway database, as its owner
+    work: Path
+    running: dict[str, Running] = field(default_factory=dict)  # pod name -> its main container
+
+    def url(self, service: str, port: int) -> str:
+        return f"http://{LOOPBACK}:{self.cluster.network.ports[(service, port)]}"
+
+    async def start_pod(self, workload: str, ordinal: int = 0) -> Pod:
+        """A pod as the kubelet runs it: init containers to completion, then its container until ready."""
+        pod = self.cluster.pod(workload, ordinal)
+        for init in self.cluster.init_commands(pod):
+            if init.args[:2] == ("model", "prepare"):  # the node's image cache holds the prepared base
+                out = Path(init.args[init.args.index("--out") + 1])
+                seed_from_cache(out, ensure_default_model())
+            await run.run_to_end(init, self.work, 300)
+        self.running[pod.name] = await run.start(self.cluster.spec(pod), self.work)
+        return pod
+
+    async def stop_pod(self, pod: Pod) -> None:
+        """A scale-down: the preStop hook to its end, then SIGTERM within the grace period."""
+        hook = self.cluster.pre_stop(pod)
+        if hook is not None:
+            await run.run_to_end(hook, self.work, float(pod.spec.get("terminationGracePeriodSeconds", 30)))
+        await asyncio.to_thread(self.running.pop(pod.name).stop)
+
+    def tails(self) -> str:
+        return "\n".join(f"--- {name}\n{p.tail(2000)}" for name, p in self.running.items())
+
+
+@pytest.fixture(scope="module")
+async def deployment(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Deployment]:
+    run_id = uuid.uuid4().hex[:8]
+    work = tmp_path_factory.mktemp("k8s-run")
+    store = services.settings()
+    secret = filled_secret(run_id, services.database_url, store)
+    # Kafka: a broker of this run's own, its SCRAM users the Secret's
+    users = {p: secret[f"kafka-{p}-password"] for p in principals.ALL if f"kafka-{p}-password" in secret}
+    broker = PlatformSettings(
+        data_dir=work / "kafka",
+        kafka_bootstrap=f"{LOOPBACK}:{free_port()}",
+        kafka_controller_port=free_port(),
+    )
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(kafka.up, broker, 240.0, users).result()
+    # Redis: one of this run's own, on the Secret's password
+    redis_port, redis_password = free_port(), urlparse(secret["redis-url"]).password
+    (work / "redis").mkdir()
+    with open(work / "redis.log", "wb") as log:
+        redis = subprocess.Popen(
+            server_argv(redis_port, work / "redis", redis_password), stdout=log, stderr=log
+        )
+
+    async def redis_answers() -> bool:
+        return ping(redis_port, password=redis_password)
+
+    await wait_until(redis_answers, "redis to answer", 30)
+    db_name = f"k8srun_{run_id}"
+    pg = urlparse(services.database_url)
+    s3 = urlparse(store.s3_endpoint)
+    network = Network(
+        namespace="lorafleet",
+        database=db_name,
+        backing={
+            ("kafka", 9092): (LOOPBACK, int(broker.kafka_bootstrap.rsplit(":", 1)[1])),
+            ("postgres", 5432): (pg.hostname or LOOPBACK, pg.port or 5432),
+            ("objectstore", 9000): (s3.hostname or LOOPBACK, s3.port or 80),
+            ("redis", 6379): (LOOPBACK, redis_port),
+        },
+    )
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("LORAFLEET_")} | QUIET_ENV
+    cluster = Cluster(
+        applied_documents(K8S),
+        secret,
+        network,
+        work,
+        overrides={"replica serve": REPLICA_SIZES},
+        base_env=base_env,
+    )
+    logins = [urlparse(v).username or "" for k, v in secret.items() if k.startswith("database-url-")]
+    try:
+        async with throwaway_database(services.database_url, db_name) as owner_url:
+            deployment = Deployment(cluster, secret, owner_url, work)
+            try:
+                # the init Job: migrations and the logins, topics and ACLs, the bucket
+                job = cluster.pod("lorafleet-init")
+                await run.run_to_end(cluster.spec(job), work, 300)
+                for workload in ("relay", "registry-validator", "placement-worker", "stats-stream"):
+                    await deployment.start_pod(workload)
+                await deployment.start_pod("gateway")
+                await deployment.start_pod("public-gateway")
+                await deployment.start_pod(REPLICAS, 0)
+                yield deployment
+            finally:
+                for process in reversed(list(deployment.running.values())):
+                    await asyncio.to_thread(process.stop)
+                await drop_roles(services.database_url, logins)
+    finally:
+        stop(redis)
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(kafka.down, broker).result()
+
+
+async def _placed_on(d: Deployment, replica_id: str) -> set[str]:
+    conn = await asyncpg.connect(d.owner_url)
+    try:
+        rows = await conn.fetch("SELECT adapter_id FROM placements WHERE replica_id = $1", replica_id)
+        return {r["adapter_id"] for r in rows}
+    finally:
+        await conn.close()
+
+
+async def _routed(d: Deployment) -> list[str]:
+    """The replicas the public gateway routes to now."""
+    async with httpx.AsyncClient() as c:
+        return list(
+            (await c.get(f"{d.url('public-gateway', 18080)}/ready", timeout=5)).json().get("replicas", [])
+        )
+
+
+async def test_the_manifests_serve_a_registration_an_alias_move_a_join_and_a_drain(d: Deployment) -> None:
+    internal, public = d.url("gateway", 18081), d.url("public-gateway", 18080)
+    token = d.secret["gateway-service-token"]
+    run_id = uuid.uuid4().hex[:6]
+    v1, v2 = f"acme-k8s-{run_id}-v1", f"acme-k8s-{run_id}-v2"
+    alias = "acme/k8s:prod"
+    model_dir = ensure_default_model()
+    key = await scenario.tenant_with_key(d.owner_url, "acme")
+    store = PlatformSettings(
+        s3_endpoint=d.cluster.network.rewrite("http://objectstore.lorafleet.svc:9000", {}, {}),
+        s3_access_key=d.secret["s3-access-key"],
+        s3_secret_key=d.secret["s3-secret-key"],
+        s3_bucket="lorafleet-adapters",
+    )
+    base_hash = await asyncio.to_thread(base_model_hash, model_dir)
+    await scenario.register_versions(internal, token, store, model_dir, base_hash, d.work, "acme", [v1, v2])
+
+    async def routed_to(replica: str) -> bool:
+        return replica in await _routed(d)
+
+    async def not_routed_to(replica: str) -> bool:
+        return replica not in await _routed(d)
+
+    await scenario.move_alias(internal, token, alias, v1)
+    first = f"{REPLICAS}-0"
+    await wait_until(lambda: routed_to(first), "the public gateway to route to replica 0", 120)
+    for _ in range(3):
+        answer = await scenario.served_by(public, key, alias, v1, 60)
+        assert answer.status == 200
+
+    await scenario.move_alias(internal, token, alias, v2)
+    await scenario.served_by(public, key, alias, v2, 60)
+
+    # a second replica joins, as a scale-up starts ordinal 1: it warms what it owns and is routed to
+    second = await d.start_pod(REPLICAS, 1)
+    await wait_until(lambda: routed_to(second.name), "the public gateway to route to replica 1", 180)
+    assert await _placed_on(d, second.name) >= {v2}, "the placement worker placed nothing on the new replica"
+    for _ in range(3):
+        await scenario.served_by(public, key, alias, v2, 60)
+
+    # a scale-down drains the highest ordinal in its preStop hook: placements move away, chats go on
+    await d.stop_pod(second)
+    await wait_until(lambda: not_routed_to(second.name), "the drained replica to leave the router", 60)
+
+    async def nothing_placed() -> bool:
+        return not await _placed_on(d, second.name)
+
+    await wait_until(nothing_placed, "its placements to move away", 60)
+    for _ in range(3):
+        await scenario.served_by(public, key, alias, v2, 60)
+
+
+@pytest.fixture
+def d(deployment: Deployment) -> Deployment:
+    return deployment
