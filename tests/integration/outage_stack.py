@@ -22,11 +22,14 @@ from harness.ports import free_port
 from harness.spec import HttpReady, ProcessSpec, StackSpec
 from harness.stack import private_stack
 from lorafleet.config import PlatformSettings
+from lorafleet.db.logins import ensure_logins
 from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
 from lorafleet.pids import pid_alive
 from ops.stack import kafka, postgres, supervisor
+from ops.stack.env import dev_login_url
 from ops.stack.paths import REPO_ROOT
+from schemas import principals
 
 SERVICE_TOKEN = "outage-test-service-token"
 APPS = ("relay", "gateway", "registry-validator", "placement-worker", "public-gateway")
@@ -111,9 +114,12 @@ def outage_spec(settings: PlatformSettings, internal_port: int, public_port: int
 
 
 def _infra_up(settings: PlatformSettings) -> None:
+    """As `services up` prepares the shared services: migrated, each process's own login, the topics."""
     postgres.up(settings)
     kafka.up(settings)
     asyncio.run(migrate(settings.database_url))
+    logins = {p: dev_login_url(settings.database_url, p) for p in principals.DATABASE_LOGINS}
+    asyncio.run(ensure_logins(settings.database_url, logins))
     asyncio.run(ensure_topics(settings))
 
 
