@@ -28,6 +28,7 @@ from aiokafka import TopicPartition
 from harness.stacks.scaleup import ADAPTERS, ScaleupConfig, ScaleupStack, scaleup_stack, wait_for
 from lorafleet.config import PlatformSettings
 from lorafleet.kafka import make_consumer
+from ops.autoscale.local import STARTED
 from schemas import topics
 from schemas.events import (
     AutoscaleSignal,
@@ -235,7 +236,7 @@ async def run_scaleup(
             with contextlib.suppress(asyncio.CancelledError):
                 await recorder
         out = timeline(stack, rec, t0, started_at)
-        out["autoscaler_starts"] = autoscaler.log.read_text().count("started on port")
+        out["autoscaler_starts"] = len(STARTED.findall(autoscaler.log.read_text()))
         out["replica_processes_at_end"] = len(stack.replica_processes())
     ok = [r for r in results if r["status"] == 200]
     out["requests"] = {"total": len(results), "ok": len(ok), "failed": len(results) - len(ok)}

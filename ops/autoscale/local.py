@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -29,6 +30,9 @@ from schemas.events import ReplicaStatus
 from schemas.replica_api import DrainRequest, DrainResponse, StateResponse
 
 log = logging.getLogger(__name__)
+
+# The line the autoscaler logs for each replica it starts (benchmarks and tests count starts by it).
+STARTED = re.compile(r": started for (?:load|thrashing) on port \d+")
 
 
 def replica_argv(replica_id: str, port: int) -> list[str]:
