@@ -150,24 +150,33 @@ def fleet_load(states: Iterable[ReplicaState]) -> FleetLoad:
 class SlotDemand:
     """The window's distinct adapters and how many of the fleet's replicas hold them a GPU slot each."""
 
-    active_adapters: int
+    active_adapters: int  # in this window and the earlier ones given
     slots_per_replica: int  # the smallest slot count a serving replica reported; 0 when none did
     replicas: int  # ceil(active / slots_per_replica); 0 when slots are unknown
+    window_adapters: tuple[str, ...] = ()  # the ones requested in this window, sorted
 
 
-def slot_demand(requests: Iterable[RequestCompleted], states: Iterable[ReplicaState]) -> SlotDemand:
-    """Adapters requested on the fleet's replicas in the window, against the slots its replicas have.
+def slot_demand(
+    requests: Iterable[RequestCompleted],
+    states: Iterable[ReplicaState],
+    earlier: Iterable[Iterable[str]] = (),
+) -> SlotDemand:
+    """Adapters requested on the fleet's replicas in the window, and in the earlier windows' sets given,
+    against the slots its replicas have.
 
     Affinity routing gives each adapter a home, so a fleet of n replicas holds every active adapter in a
-    slot at best when active <= n x slots; fewer replicas than this thrash (evict what is needed again)."""
+    slot at best when active <= n x slots; fewer replicas than this thrash (evict what is needed again).
+    An adapter asked for every few seconds is active though one short window may miss it, hence the
+    earlier windows."""
     latest: dict[str, ReplicaState] = {}
     for s in states:
         if s.replica_id not in latest or s.occurred_at > latest[s.replica_id].occurred_at:
             latest[s.replica_id] = s
-    active = {r.adapter_id for r in requests if r.replica_id in latest}
+    window = {r.adapter_id for r in requests if r.replica_id in latest}
+    active = window.union(*earlier)
     slots = [s.gpu_slots for s in latest.values() if s.status != "draining" and s.gpu_slots > 0]
     per = min(slots, default=0)
-    return SlotDemand(len(active), per, math.ceil(len(active) / per) if per else 0)
+    return SlotDemand(len(active), per, math.ceil(len(active) / per) if per else 0, tuple(sorted(window)))
 
 
 @dataclass(frozen=True)

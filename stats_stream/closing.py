@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from schemas.events import (
     AdapterStats,
@@ -71,7 +71,8 @@ def close_window(
     latencies = agg.tenant_latencies(requests)
     churn = agg.replica_churn(replica_events, window_s)
     load = agg.fleet_load(states)
-    slots = agg.slot_demand(requests, states)
+    span = settings.scale_down_windows - 1  # the windows a scale-down waits for, with this one
+    slots = agg.slot_demand(requests, states, scale_state.active[-span:] if span > 0 else ())
     costs = agg.tenant_costs(requests, load.billed_replicas, window_s, settings.gpu_hour_usd)
     thrashing = signals.thrashing(churn.values(), settings)
     decision = signals.decide_replicas(load, scale_state, settings, len(thrashing))
@@ -129,5 +130,8 @@ def close_window(
         tier_shares=agg.tier_shares(requests),
         load=load,
         tokens_per_s=sum(a.tokens_per_s for a in adapters.values()),
-        scale_state=decision.state,
+        scale_state=replace(
+            decision.state,
+            active=(*scale_state.active, slots.window_adapters)[-settings.scale_down_windows :],
+        ),
     )

@@ -87,19 +87,27 @@ def hot_adapters(
 
 @dataclass(frozen=True)
 class ScaleState:
-    """What hysteresis remembers between windows: the last answer and recent raw demands."""
+    """What hysteresis remembers between windows: the last answer, recent raw demands, and the adapters
+    active in each of the recent windows (the slot demand counts them all, as the scale-down waits for
+    all of those windows)."""
 
     previous: int | None = None
     recent: tuple[int, ...] = field(default_factory=tuple)
+    active: tuple[tuple[str, ...], ...] = field(default_factory=tuple)
 
     def to_json(self) -> dict[str, Any]:
-        return {"previous": self.previous, "recent": list(self.recent)}
+        return {
+            "previous": self.previous,
+            "recent": list(self.recent),
+            "active": [list(a) for a in self.active],
+        }
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any] | None) -> ScaleState:
         if not raw:
             return cls()
-        return cls(raw.get("previous"), tuple(raw.get("recent", ())))
+        active = tuple(tuple(a) for a in raw.get("active", ()))
+        return cls(raw.get("previous"), tuple(raw.get("recent", ())), active)
 
 
 @dataclass(frozen=True)
@@ -146,4 +154,4 @@ def decide_replicas(
         verdict = "scale down"
     else:
         desired, verdict = previous, "hold"
-    return ScaleDecision(desired, raw, f"{verdict}: {why}", ScaleState(desired, recent))
+    return ScaleDecision(desired, raw, f"{verdict}: {why}", ScaleState(desired, recent, state.active))

@@ -83,3 +83,18 @@ def test_the_signal_says_how_many_replicas_thrash_and_what_the_active_adapters_n
     assert (signal.thrashing_replicas, signal.active_adapters, signal.slot_demand) == (1, 5, 3)
     quiet = close_window(W, states, ScaleState(), S).autoscale
     assert (quiet.thrashing_replicas, quiet.active_adapters, quiet.slot_demand) == (0, 0, 0)
+
+
+def test_the_slot_demand_counts_the_adapters_of_every_window_a_scale_down_waits_for() -> None:
+    """Sparse traffic: four adapters asked for in turn, two per window. Each window alone says one replica's
+    slots hold them; over the windows a scale-down waits for, they need two replicas."""
+    states = [state("rep-1", gpu_slots=2), state("rep-2", gpu_slots=2)]
+    scale, demands = ScaleState(), []
+    for n in range(S.scale_down_windows + 2):
+        pair = [request(f"a{(2 * n + i) % 4}") for i in range(2)]
+        report = close_window(W + n * 60_000, pair + states, scale, S)
+        scale = report.scale_state
+        demands.append(report.autoscale.slot_demand)
+    assert demands == [1] + [2] * (S.scale_down_windows + 1)
+    assert len(scale.active) == S.scale_down_windows  # no more windows remembered than the span
+    assert ScaleState.from_json(scale.to_json()) == scale  # kept in the table between windows
