@@ -103,3 +103,13 @@ def trainable(wrappers: Wrappers) -> list[nn.Parameter]:
 def adapter_tensors(wrappers: Wrappers, n: int) -> ModuleTensors:
     """Adapter n's trained (A [rank, in_features], B [out_features, rank]) per (layer, module)."""
     return {key: w.adapter_weights(n) for key, w in wrappers.items()}
+
+
+@torch.no_grad()
+def load_adapter(wrappers: Wrappers, n: int, tensors: ModuleTensors) -> None:
+    """Set adapter n's A and B to trained ones (A [rank, in_features], B [out_features, rank] per module)."""
+    for key, (a, b) in tensors.items():
+        w = wrappers[key]
+        assert a.shape[0] == w.ranks[n], (key, a.shape, w.ranks[n])
+        w.a[n, : w.ranks[n]] = a
+        w.b[n, :, : w.ranks[n]] = b

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from demo.lora import LoraLinear, adapter_tensors, trainable, unwrap, wrap
+from demo.lora import LoraLinear, adapter_tensors, load_adapter, trainable, unwrap, wrap
 
 IN, OUT = 12, 10
 
@@ -74,4 +74,8 @@ def test_wrap_swaps_the_chosen_linears_and_unwrap_puts_the_base_back() -> None:
     assert tensors[(2, "q_proj")][0].shape == (4, 16) and tensors[(1, "down_proj")][1].shape == (16, 4)
     unwrap(layers, wrappers)
     assert layers[2].self_attn.q_proj is q_before
+    again = wrap(layers, [1, 2], ["down_proj", "q_proj"], [2, 4], [4.0, 8.0], [gen, gen])
+    load_adapter(again, 1, tensors)  # another version starts from this adapter's trained weights
+    assert all(torch.equal(adapter_tensors(again, 1)[k][i], tensors[k][i]) for k in tensors for i in (0, 1))
+    unwrap(layers, again)
     assert not any(isinstance(m, LoraLinear) for m in layers.modules())
