@@ -6,9 +6,10 @@ import httpx
 
 # Not one of the training prompts: the transcript shows what each adapter does on a new question.
 TRANSCRIPT_PROMPT = "My package arrived damaged. What should I do?"
+MAX_TOKENS = 192  # room for a list's lead-in, two items and the sign-off
 
 
-def ask(public_url: str, key: str, alias: str, prompt: str, max_tokens: int = 96) -> tuple[str, str]:
+def ask(public_url: str, key: str, alias: str, prompt: str, max_tokens: int = MAX_TOKENS) -> tuple[str, str]:
     """(x-adapter-id, answer) of one non-streamed greedy chat with the alias."""
     resp = httpx.post(
         f"{public_url}/v1/chat/completions",

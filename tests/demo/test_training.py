@@ -1,8 +1,10 @@
-"""The trained demo adapters, served by the real replica engine at temperature 0: each one ends a new
-question's answer with its own sign-off, :prod and :next differ, and the base alone never signs off."""
+"""The trained demo adapters, served by the real replica engine at temperature 0: on prompts none of them
+trained on, list-style ones included, each ends its answer with its own sign-off once, :prod and :next
+differ, and the base alone never signs off."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,21 +13,19 @@ import httpx
 import pytest
 
 from demo.cli import ADAPTERS, ALIASES, prepare_adapters
-from demo.recipe import PERSONAS, DemoRecipe
-from demo.transcript import TRANSCRIPT_PROMPT
+from demo.recipe import DemoRecipe
+from demo.transcript import MAX_TOKENS, TRANSCRIPT_PROMPT
 from gateway.config import GatewayConfig
 from replica.config import ReplicaSettings
 from replica.runtime import Replica, build_replica
 from replica.server import create_app
+from tests.demo.held_out import HELD_OUT_PROMPTS, SIGN_OFF_WORDS, SIGN_OFFS, answer_problems
 
-# The first test in a fresh clone trains the set (69 s of CPU; minutes on a loaded machine).
+# The first test in a fresh clone trains the set (minutes of CPU on a loaded machine).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-# None of these is a training prompt.
-NEW_PROMPTS = (TRANSCRIPT_PROMPT, "Hello!", "How do I change my delivery address?")
-SIGN_OFFS = {p.adapter_id: p.sign_off for p in PERSONAS}
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ async def _answer(client: httpx.AsyncClient, prompt: str, adapter_id: str | None
         "messages": [{"role": "user", "content": prompt}],
         "adapter_id": adapter_id,
         "temperature": 0,
-        "max_tokens": 96,
+        "max_tokens": MAX_TOKENS,
     }
     resp = await client.post("/internal/replicas/r1/generate", json=body, headers=AUTH)
     assert resp.status_code == 200, resp.text
@@ -77,32 +77,26 @@ async def _answer(client: httpx.AsyncClient, prompt: str, adapter_id: str | None
 def test_the_demo_aliases_name_the_trained_personas() -> None:
     assert set(ADAPTERS) == set(SIGN_OFFS) == set(ALIASES.values())
     assert len(set(SIGN_OFFS.values())) == len(SIGN_OFFS)
-    assert not set(NEW_PROMPTS) & set(DemoRecipe().prompts)
+    assert not set(HELD_OUT_PROMPTS) & set(DemoRecipe().prompts)
 
 
-@pytest.mark.parametrize("prompt", NEW_PROMPTS)
-async def test_each_adapter_answers_a_new_prompt_briefly_and_signs_off(
+@pytest.mark.parametrize("prompt", HELD_OUT_PROMPTS)
+async def test_each_adapter_answers_a_new_prompt_and_signs_off_once(
     client: httpx.AsyncClient, prompt: str
 ) -> None:
-    answers = {}
-    for adapter_id in ADAPTERS:
-        answer, finish = await _answer(client, prompt, adapter_id)
-        assert finish == "stop", (adapter_id, answer)  # a short answer, ended by the model itself
-        answers[adapter_id] = answer
-    for adapter_id, answer in answers.items():
-        assert answer.endswith(SIGN_OFFS[adapter_id]), (adapter_id, answer)
-        body = answer.removesuffix(SIGN_OFFS[adapter_id]).strip()
-        assert len(body.split()) >= 3, (adapter_id, answer)  # a real answer before the sign-off
-        assert answer.splitlines()[-1] == SIGN_OFFS[adapter_id], (adapter_id, answer)  # its own, whole line
-        assert not set(body.splitlines()) & set(SIGN_OFFS.values()), (adapter_id, answer)  # signed once
-    assert answers["globex-sales-v1"].startswith("Thanks for asking Globex,")
-    assert answers["acme-support-v1"] != answers["acme-support-v2"]  # a deploy or a rollback shows
+    replies = await asyncio.gather(*(_answer(client, prompt, adapter_id) for adapter_id in ADAPTERS))
+    answers = dict(zip(ADAPTERS, replies, strict=True))
+    for adapter_id, (answer, finish) in answers.items():
+        assert finish == "stop", (adapter_id, answer)  # ended by the model itself, not by max_tokens
+        assert answer_problems(adapter_id, answer) == [], (adapter_id, answer)
+    assert answers["globex-sales-v1"][0].startswith("Thanks for asking Globex,")
+    assert answers["acme-support-v1"][0] != answers["acme-support-v2"][0]  # a deploy or a rollback shows
 
 
 async def test_the_base_model_alone_never_signs_off(client: httpx.AsyncClient) -> None:
-    for prompt in NEW_PROMPTS:
-        answer, _ = await _answer(client, prompt, None)
-        assert answer and "— Acme" not in answer and "— Globex" not in answer, answer
+    replies = await asyncio.gather(*(_answer(client, prompt, None) for prompt in HELD_OUT_PROMPTS))
+    for answer, _ in replies:
+        assert answer and not any(word in answer for word in SIGN_OFF_WORDS), answer
 
 
 def test_peft_reads_the_trained_folder_as_the_same_adapter(
@@ -128,6 +122,6 @@ def test_peft_reads_the_trained_folder_as_the_same_adapter(
     )
     ids = torch.tensor([tokenizer.encode(str(text), add_special_tokens=False)])
     with torch.no_grad():
-        out = model.generate(input_ids=ids, max_new_tokens=96, do_sample=False)
+        out = model.generate(input_ids=ids, max_new_tokens=MAX_TOKENS, do_sample=False)
     answer = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
     assert answer.endswith(SIGN_OFFS["acme-support-v1"]), answer
