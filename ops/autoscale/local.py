@@ -50,6 +50,7 @@ class LocalFleet:
         self, platform: PlatformSettings, settings: AutoscaleSettings, client: httpx.AsyncClient
     ) -> None:
         self.settings, self.client = settings, client
+        self.database_url = platform.database_url  # its replicas register where it reads
         self.targets_dir = prometheus.targets_dir(platform)
         self.records = Records(platform, settings.replica_id_prefix, settings.first_port)
         self.headers = {"Authorization": f"Bearer {settings.replica_service_token.get_secret_value()}"}
@@ -107,7 +108,7 @@ class LocalFleet:
         rid, port = self.records.replica_id(index), self.records.port(index)
         proc = self.records.process(index)
         self.records.intend(index, for_thrashing)
-        pid = proc.start(replica_argv(rid, port), env=replica_env(), cwd=REPO_ROOT)
+        pid = proc.start(replica_argv(rid, port), env=replica_env(self.database_url), cwd=REPO_ROOT)
         self.records.spawned(index)
         why = "for thrashing" if for_thrashing else "for load"
         log.info("%s: started %s on port %d (pid %d, log %s)", rid, why, port, pid, proc.log_file)

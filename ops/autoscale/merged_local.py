@@ -72,7 +72,9 @@ class MergedFleet(LocalFleet):
         proc.run_dir.mkdir(parents=True, exist_ok=True)
         proc.pid_file.with_suffix(".adapter").write_text(adapter_id)  # before the pid file: never unnamed
         self.records.intend(index)
-        pid = proc.start(merged_argv(rid, port, adapter_id), env=replica_env(), cwd=REPO_ROOT)
+        pid = proc.start(
+            merged_argv(rid, port, adapter_id), env=replica_env(self.database_url), cwd=REPO_ROOT
+        )
         self.records.spawned(index)
         log.info("%s: merged replica of %s started on port %d (pid %d)", rid, adapter_id, port, pid)
 

@@ -28,9 +28,10 @@ def dev_login_url(owner_url: str, process: str) -> str:
     return url._replace(netloc=f"{user}:{dev_database_password(process)}@{host}").geturl()
 
 
-def database_env(process: str) -> dict[str, str]:
-    """A local process's database login (its role's, not the owner's)."""
-    return {"LORAFLEET_DATABASE_URL": dev_login_url(get_settings().database_url, process)}
+def database_env(process: str, owner_url: str | None = None) -> dict[str, str]:
+    """A local process's database login (its role's, not the owner's) on owner_url's database (by default
+    the environment's)."""
+    return {"LORAFLEET_DATABASE_URL": dev_login_url(owner_url or get_settings().database_url, process)}
 
 
 # The local fleet's replica ids start with this; the router and the placement worker ignore replicas of
@@ -49,6 +50,7 @@ def process_env() -> dict[str, str]:
     return {k: v for k, v in wanted.items() if k not in os.environ}
 
 
-def replica_env() -> dict[str, str]:
-    """process_env() for a replica the autoscaler starts, with the replica's Kafka and database logins."""
-    return {**process_env(), **kafka_env(principals.REPLICA), **database_env(principals.REPLICA)}
+def replica_env(owner_url: str | None = None) -> dict[str, str]:
+    """process_env() for a replica the autoscaler starts, with the replica's Kafka and database logins, on
+    owner_url's database (the autoscaler's own: where its gateways look for registrations)."""
+    return {**process_env(), **kafka_env(principals.REPLICA), **database_env(principals.REPLICA, owner_url)}

@@ -24,3 +24,15 @@ def test_each_app_process_logs_in_to_the_database_as_its_own_roles_login() -> No
         users.add(url.username)
     assert len(users) == len(envs) - 1  # replica-0 and replica-1 share the replica login
     assert replica_env()["LORAFLEET_DATABASE_URL"] == envs["replica-0"]["LORAFLEET_DATABASE_URL"]
+
+
+def test_a_replica_an_autoscaler_starts_registers_in_the_autoscalers_database() -> None:
+    """Not the environment's: an autoscaler of a stack on its own database (a test's, a second fleet's) starts
+    replicas whose registrations its gateways read."""
+    other = "postgresql://lorafleet:lorafleet@127.0.0.1:25432/fleet_b"
+    url = urlparse(replica_env(other)["LORAFLEET_DATABASE_URL"])
+    assert (url.port, url.path, url.username) == (
+        25432,
+        "/fleet_b",
+        f"{principals.DATABASE_ROLES['replica']}_login",
+    )
