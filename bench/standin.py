@@ -27,6 +27,7 @@ from bench.standin_http import Connection, Request, Stream, serve_http
 from lorafleet.config import PlatformSettings
 from lorafleet.kafka import make_producer
 from lorafleet.profile import DEV_TOKEN
+from lorafleet.state_signature import SIGNATURE_HEADER, sign, state_key
 from replica.control.identity import identity_key
 from replica.control.registration import register_until_done
 from schemas import principals
@@ -164,8 +165,10 @@ async def _publish_states(config: StandinConfig, standin: Standin, stop: asyncio
                 owned_adapters=len(config.adapters),
                 warm_adapters=len(config.adapters),
             )
+            value = state.to_bytes()
+            signed = [(SIGNATURE_HEADER, sign(state_key(key), value))]  # as a replica signs its own
             try:
-                await producer.send(state.topic.name, state.to_bytes(), key=state.key().encode())
+                await producer.send(state.topic.name, value, key=state.key().encode(), headers=signed)
             except Exception:  # noqa: BLE001 - keep serving; the next tick retries
                 log.exception("could not publish replica state")
             with contextlib.suppress(TimeoutError):

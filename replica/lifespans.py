@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from fastapi import FastAPI
 
+from lorafleet.state_signature import state_key
 from replica.config import ReplicaSettings
 from replica.control.drain import Drain
 from replica.control.identity import identity_key
@@ -109,6 +110,7 @@ async def controlled(app: FastAPI) -> AsyncIterator[None]:
             settings.state_interval_s,
             nudge=replica.state_changed,
             dead_letters=replica.metrics.dead_letters,
+            signing_key=state_key(identity_key(settings.identity_key_path())),
         )
         background.run(control, "replica-control")
         warming = warm_up(
@@ -143,6 +145,7 @@ async def merged(app: FastAPI) -> AsyncIterator[None]:
                 background.shutdown,
                 settings.state_interval_s,
                 nudge=replica.state_changed,
+                signing_key=state_key(identity_key(settings.identity_key_path())),
             )
             background.run(state, "replica-merged-state")
         yield

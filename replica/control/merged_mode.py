@@ -47,6 +47,7 @@ async def publish_forever(
     interval_s: float,
     nudge: asyncio.Event | None = None,
     retry_s: float = 2.0,
+    signing_key: str | None = None,
 ) -> None:
     """Publish make_state() every interval (and at once when nudge is set: a new status) until shutdown,
     with a new producer after Kafka fails."""
@@ -54,7 +55,7 @@ async def publish_forever(
         producer = make_producer(platform)
         try:
             await producer.start()
-            await publish_state(producer, make_state, shutdown, interval_s, nudge)
+            await publish_state(producer, make_state, shutdown, interval_s, nudge, signing_key)
         except Exception as exc:  # noqa: BLE001 - Kafka down: keep serving, try again
             log.warning("merged replica state loop failed (%s: %s); retrying", type(exc).__name__, exc)
         finally:

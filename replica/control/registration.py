@@ -14,17 +14,20 @@ import logging
 
 import asyncpg
 
+from lorafleet.state_signature import state_key
+
 log = logging.getLogger(__name__)
 
-REGISTER = "SELECT register_replica($1, $2, $3)"
+REGISTER = "SELECT register_replica($1, $2, $3, $4)"
 
 
 async def register(database_url: str, replica_id: str, url: str, key: str) -> None:
-    """Write (replica_id, url) under key; a restart at another address replaces the old one. Raises
-    asyncpg.InvalidAuthorizationSpecificationError when another key holds the id."""
+    """Write (replica_id, url) and the key its states are signed with, under its identity key; a restart at
+    another address replaces the old one. Raises asyncpg.InvalidAuthorizationSpecificationError when
+    another key holds the id."""
     conn = await asyncpg.connect(database_url, timeout=10)
     try:
-        await conn.execute(REGISTER, replica_id, url, key, timeout=10)
+        await conn.execute(REGISTER, replica_id, url, key, state_key(key), timeout=10)
     finally:
         await conn.close()
 

@@ -30,6 +30,7 @@ async def run_control(
     state_interval_s: float = 1.0,
     nudge: asyncio.Event | None = None,
     letters: DeadLetters | None = None,
+    signing_key: str | None = None,
 ) -> None:
     """Run until stop; each replica reads every command partition in a group of its own and filters by id."""
     producer = make_producer(platform)
@@ -45,7 +46,8 @@ async def run_control(
         tasks = [
             asyncio.create_task(consume_commands(consumer, handler, letters, stop), name="replica-commands"),
             asyncio.create_task(
-                publish_state(producer, make_state, stop, state_interval_s, nudge), name="replica-state"
+                publish_state(producer, make_state, stop, state_interval_s, nudge, signing_key),
+                name="replica-state",
             ),
             asyncio.create_task(events.run(producer, stop), name="replica-events"),
         ]

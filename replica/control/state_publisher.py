@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from lorafleet.state_signature import SIGNATURE_HEADER, sign
 from replica.adapter_cache.cache import AdapterCache
 from schemas.events import ReplicaState, ReplicaStatus
 
@@ -66,15 +67,19 @@ async def publish_state(
     stop: asyncio.Event,
     interval_s: float = 1.0,
     nudge: asyncio.Event | None = None,
+    signing_key: str | None = None,
 ) -> None:
-    """Send make_state() every interval until stop, and at once when nudge is set (a new status); a failed
-    send is logged and retried next tick."""
+    """Send make_state() every interval until stop, and at once when nudge is set (a new status), each
+    signed with signing_key (the gateway drops an unsigned state); a failed send is logged and retried next
+    tick."""
     nudge = nudge or asyncio.Event()
     while not stop.is_set():
         nudge.clear()
         state = make_state()
+        value = state.to_bytes()
+        headers = [(SIGNATURE_HEADER, sign(signing_key, value))] if signing_key else None
         try:
-            await producer.send(state.topic.name, state.to_bytes(), key=state.key().encode())
+            await producer.send(state.topic.name, value, key=state.key().encode(), headers=headers)
         except Exception:  # noqa: BLE001
             log.exception("could not publish replica state")
         waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(nudge.wait())]

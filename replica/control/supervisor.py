@@ -34,6 +34,7 @@ async def supervise_control(
     retry_s: float = 2.0,
     nudge: asyncio.Event | None = None,
     dead_letters: Counter = DEAD_LETTERS,
+    signing_key: str | None = None,
 ) -> None:
     """Run the control loop until shutdown, restarting it retry_s after each failure; nudge sends the
     state at once. Commands that do not decode go to the dead_letters table, counted in dead_letters."""
@@ -52,7 +53,16 @@ async def supervise_control(
             forward = asyncio.create_task(_set_when(shutdown, stop))
             try:
                 await run_control(
-                    platform, replica_id, cache, events, make_state, stop, state_interval_s, nudge, letters
+                    platform,
+                    replica_id,
+                    cache,
+                    events,
+                    make_state,
+                    stop,
+                    state_interval_s,
+                    nudge,
+                    letters,
+                    signing_key,
                 )
             except Exception as exc:  # noqa: BLE001 - Kafka down at start: keep serving, try again
                 log.warning("replica control loop failed (%s: %s); retrying", type(exc).__name__, exc)

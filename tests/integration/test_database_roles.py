@@ -18,6 +18,7 @@ from harness.databases import drop_roles, throwaway_database
 from harness.seed import Alias, ReadyAdapter, Seed, Tenant, write_seed
 from lorafleet.db.logins import ensure_logins
 from lorafleet.db.migrate import migrate
+from lorafleet.state_signature import state_key
 from schemas import principals
 
 pytestmark = pytest.mark.integration
@@ -198,20 +199,24 @@ async def test_a_replica_cannot_register_under_another_replicas_id(db: Database)
     own, other = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
     conn = await _as(db, "replica")
     try:
-        await conn.execute("SELECT register_replica('rp-0', 'http://10.0.0.1:8100', $1)", own)
+        register = "SELECT register_replica($1, $2, $3, $4)"
+        await conn.execute(register, "rp-0", "http://10.0.0.1:8100", own, state_key(own))
         # the same replica at a new address (rescheduled, same key): allowed
-        await conn.execute("SELECT register_replica('rp-0', 'http://10.0.0.2:8100', $1)", own)
+        await conn.execute(register, "rp-0", "http://10.0.0.2:8100", own, state_key(own))
         with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError):
-            await conn.execute("SELECT register_replica('rp-0', 'http://evil:8100', $1)", other)
+            await conn.execute(register, "rp-0", "http://evil:8100", other, state_key(other))
         with pytest.raises(asyncpg.InvalidAuthorizationSpecificationError):
-            await conn.execute("SELECT register_replica('rp-1', 'http://evil:8100', 'short')")
+            await conn.execute(register, "rp-1", "http://evil:8100", "short", None)
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):  # nor read the keys states are signed with
+            await conn.execute("SELECT state_key FROM replica_registrations")
     finally:
         await conn.close()
     owner = await asyncpg.connect(db.owner)
     try:
-        assert await owner.fetchval("SELECT url FROM replica_registrations WHERE replica_id = 'rp-0'") == (
-            "http://10.0.0.2:8100"
+        row = await owner.fetchrow(
+            "SELECT url, state_key FROM replica_registrations WHERE replica_id = 'rp-0'"
         )
+        assert (row["url"], row["state_key"]) == ("http://10.0.0.2:8100", state_key(own))
     finally:
         await owner.close()
 

@@ -66,16 +66,21 @@ async def _bait() -> AsyncIterator[list[bytes]]:
 
 
 async def _forge(bootstrap: str, states: list[ReplicaState], stop: asyncio.Event) -> None:
-    """Publish the forged states every 0.2 s (fresher than any real one) until stop."""
+    """Publish the forged states every 0.2 s (fresher than any real one) until stop, each signed with a
+    replica key of the forger's own (as another replica would sign)."""
     from lorafleet.config import PlatformSettings
+    from lorafleet.state_signature import SIGNATURE_HEADER, sign, state_key
 
+    own_key = state_key("an identity key of the forger's own, not the replica's")
     producer = make_producer(PlatformSettings(kafka_bootstrap=bootstrap))
     await producer.start()
     try:
         while not stop.is_set():
             for state in states:
                 fresh = ReplicaState(**state.model_dump(exclude={"occurred_at", "event_id"}))
-                await producer.send_and_wait(fresh.topic.name, fresh.to_bytes(), key=fresh.key().encode())
+                value, key = fresh.to_bytes(), fresh.key().encode()
+                signed = [(SIGNATURE_HEADER, sign(own_key, value))]
+                await producer.send_and_wait(fresh.topic.name, value, key=key, headers=signed)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.2)
     finally:
@@ -85,15 +90,19 @@ async def _forge(bootstrap: str, states: list[ReplicaState], stop: asyncio.Event
 async def test_forged_replica_states_are_ignored_logged_and_counted(stack: GatewayStack) -> None:
     async with _bait() as seen:
         bait_url = f"http://127.0.0.1:{seen[0].decode()}"
+        real_url = stack.replicas[REAL].url
         forged = [
             ReplicaState(replica_id=EVIL, url=bait_url, gpu_adapters=list(ADAPTERS), gpu_slots=8),
             ReplicaState(replica_id=REAL, url=bait_url, gpu_adapters=list(ADAPTERS), gpu_slots=8),
+            # the real replica's id and address, speaking for it: draining, so the router would drop it
+            ReplicaState(replica_id=REAL, url=real_url, status="draining"),
         ]
         stop = asyncio.Event()
         forger = asyncio.create_task(_forge(stack.env["LORAFLEET_KAFKA_BOOTSTRAP"], forged, stop))
         try:
             async with httpx.AsyncClient(headers={"Authorization": f"Bearer {stack.keys['acme']}"}) as c:
                 await wait_until(lambda: _rejected(stack, "url_mismatch"), "the forged states to arrive", 30)
+                await wait_until(lambda: _rejected(stack, "bad_signature"), "the signed-by-another state", 30)
                 for _ in range(6):
                     resp = await c.post(
                         f"{stack.url}/v1/chat/completions",
@@ -108,6 +117,7 @@ async def test_forged_replica_states_are_ignored_logged_and_counted(stack: Gatew
             await forger
         assert seen[1:] == []  # not one connection: no token, no prompt
     assert await _rejected(stack, "unregistered") and await _rejected(stack, "url_mismatch")
+    assert await _rejected(stack, "bad_signature")
     log = stack.gateway_log.read_text()
     assert f"ignoring replica.state of {EVIL!r}" in log and bait_url in log
 

@@ -1,10 +1,12 @@
 """Where the fleet's replicas registered themselves (replica_registrations), as the router's allow-list.
 
 The public gateway sends a replica its service token and tenants' prompts, so it routes only to an
-address a replica wrote over its authenticated database connection. A replica.state whose (replica_id,
-url) does not match a row is dropped: anyone able to produce to the topic cannot point the router
-anywhere. The rows are cached, re-read every refresh_s and soon after a miss, so a replica that just
-registered is routed to within about min_refresh_s.
+address a replica wrote over its authenticated database connection, under its identity key. A
+replica.state whose (replica_id, url) does not match a row is dropped, and so is one not signed with the
+state key registered for its id (lorafleet/state_signature.py): anyone able to produce to the topic, the
+other replicas included, can neither point the router anywhere nor speak for another replica. The rows
+are cached, re-read every refresh_s and soon after a miss, so a replica that just registered is routed to
+within about min_refresh_s.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ from typing import Literal
 
 import asyncpg
 
+from lorafleet.state_signature import verify
+
 log = logging.getLogger(__name__)
 
-Verdict = Literal["registered", "unregistered", "url_mismatch"]
+Verdict = Literal["registered", "unregistered", "url_mismatch", "bad_signature"]
 
 
 class ReplicaRegistry:
-    """replica_id -> registered url, for the replicas whose id starts with prefix."""
+    """replica_id -> registered url and state key, for the replicas whose id starts with prefix."""
 
     def __init__(
         self, pool: asyncpg.Pool, prefix: str = "", refresh_s: float = 2.0, min_refresh_s: float = 0.5
@@ -31,23 +35,28 @@ class ReplicaRegistry:
         self.refresh_s = refresh_s
         self.min_refresh_s = min_refresh_s
         self._urls: dict[str, str] = {}
+        self._keys: dict[str, str | None] = {}
         self._missed = asyncio.Event()
 
-    def check(self, replica_id: str, url: str) -> Verdict:
-        """Whether this (replica_id, url) is registered; a miss asks for an early refresh."""
+    def check(self, replica_id: str, url: str, value: bytes, signature: bytes | None) -> Verdict:
+        """Whether this (replica_id, url) is registered and the state's value bytes carry that replica's
+        signature; a miss asks for an early refresh (a replica may have registered again since)."""
         registered = self._urls.get(replica_id)
-        if registered == url:
+        if registered == url and verify(self._keys.get(replica_id), value, signature):
             return "registered"
         self._missed.set()
-        return "unregistered" if registered is None else "url_mismatch"
+        if registered is None:
+            return "unregistered"
+        return "url_mismatch" if registered != url else "bad_signature"
 
     async def refresh(self) -> None:
         rows = await self.pool.fetch(
-            "SELECT replica_id, url FROM replica_registrations WHERE starts_with(replica_id, $1)",
+            "SELECT replica_id, url, state_key FROM replica_registrations WHERE starts_with(replica_id, $1)",
             self.prefix,
             timeout=10,
         )
         self._urls = {r["replica_id"]: r["url"] for r in rows}
+        self._keys = {r["replica_id"]: r["state_key"] for r in rows}
 
     async def run(self) -> None:
         """Refresh every refresh_s, or min_refresh_s after a miss; a failed read keeps the last rows."""

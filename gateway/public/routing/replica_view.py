@@ -21,6 +21,7 @@ from gateway.public.routing.replica_allowlist import ReplicaRegistry
 from lorafleet.config import PlatformSettings
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer, seek_to_times
+from lorafleet.state_signature import header
 from schemas import topics
 from schemas.events import ReplicaState
 
@@ -106,15 +107,15 @@ class ReplicaView:
 
 
 class StateRejections:
-    """Counts and logs replica.state messages whose address is not registered (once per address)."""
+    """Counts and logs replica.state messages that are not routed on (once per address and reason)."""
 
     def __init__(self, count: Callable[[str], None]) -> None:
         self.count = count
-        self._logged: set[tuple[str, str]] = set()
+        self._logged: set[tuple[str, str, str]] = set()
 
     def __call__(self, state: ReplicaState, verdict: str) -> None:
         self.count(verdict)
-        key = (state.replica_id, state.url)
+        key = (state.replica_id, state.url, verdict)
         if key not in self._logged and len(self._logged) < 10_000:
             self._logged.add(key)
             log.warning(
@@ -135,8 +136,8 @@ async def consume_states(
 ) -> None:
     """Read replica.state from the newest offsets of every partition (no group: every gateway sees all).
 
-    With a registry, a state is applied only if its (replica_id, url) is registered; others go to
-    rejected. A record that does not decode goes to letters."""
+    With a registry, a state is applied only if its (replica_id, url) is registered and it carries that
+    replica's signature; others go to rejected. A record that does not decode goes to letters."""
     consumer = make_consumer(platform, group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
@@ -153,7 +154,12 @@ async def consume_states(
             assert isinstance(event, ReplicaState)
             if not event.replica_id.startswith(view.replica_id_prefix):
                 continue  # another fleet's replica on the same Kafka
-            verdict = registry.check(event.replica_id, event.url) if registry is not None else "registered"
+            signature = header(msg.headers)
+            verdict = (
+                registry.check(event.replica_id, event.url, msg.value or b"", signature)
+                if registry is not None
+                else "registered"
+            )
             if verdict != "registered":
                 if rejected is not None:
                     rejected(event, verdict)
