@@ -90,6 +90,21 @@ def engine(
     emit(result, out)
 
 
+@app.command("engine-ab")
+def engine_ab_cmd(
+    before: str = typer.Option(..., help="the commit to compare against (a worktree is made of it)"),
+    after: str | None = typer.Option(None, help="the other commit (default: this working tree)"),
+    rounds: int = typer.Option(3, help="rounds of one process per side, the sides alternating"),
+    reps: int = typer.Option(2, help="timed runs per adapter count in each process"),
+    new_tokens: int = typer.Option(16, help="tokens generated per request"),
+    out: Path | None = typer.Option(None, help="also write the JSON here"),
+) -> None:
+    """Our engine's decode tokens/s at 0/1/8/32 adapters, at two commits side by side (CPU, fp32)."""
+    from bench.engine_ab import engine_ab
+
+    emit(engine_ab(before, after, rounds, reps, new_tokens), out)
+
+
 @app.command("load")
 def load_cmd(
     model: str = typer.Option("smollm2-135m", help="adapter shapes: smollm2-135m | llama-7b"),
