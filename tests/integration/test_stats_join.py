@@ -47,7 +47,7 @@ async def test_a_window_the_stream_stored_first_still_raises_the_owner_count(poo
     await worker.tick()  # the first look plans the fleet: the default two owners
     assert len(await _owners(pool, adapter)) == settings.default_owners
 
-    # 2,000 tok/s needs ceil(2000 / 640) = 4 owners (BRIEF.md sizing).
+    # 2,000 tok/s needs ceil(2000 / 640) = 4 owners (the brief's 640 tok/s per replica).
     window = AdapterStats(
         adapter_id=adapter,
         window_start=now.replace(microsecond=0),

@@ -1,6 +1,6 @@
 """A limit on failed authentications per source address, shared by every public gateway through Redis.
 
-Contract (README, "Auth-failure limit"):
+Contract (docs/api.md, "Errors"):
 - A source is the client address the server sees (uvicorn puts a trusted proxy's X-Forwarded-For there).
 - Each failed authentication (a missing, malformed, unknown or revoked key) counts one in the source's
   window, which opens at its first failure and lasts window_s. Once a window holds `limit` failures, every
