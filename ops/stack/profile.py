@@ -15,7 +15,7 @@ LOCAL_LORA_SLOTS: dict[int, int] = {8: 4, 16: 4, 32: 2, 64: 1}
 LOCAL_REPLICA_ENV: dict[str, str] = {
     "LORAFLEET_REPLICA_MAX_NUM_SEQS": "8",
     "LORAFLEET_REPLICA_MAX_MODEL_LEN": "1024",
-    "LORAFLEET_REPLICA_MAX_NUM_BATCHED_TOKENS": "2048",
+    "LORAFLEET_REPLICA_MAX_NUM_BATCHED_TOKENS": "512",  # docs/benchmarks.md#the-paged-kv-cache
     "LORAFLEET_REPLICA_KV_CACHE_BYTES": str(384 << 20),  # about 8,500 tokens of SmolLM2's K and V in fp32
     "LORAFLEET_REPLICA_LORA_SLOTS": json.dumps(LOCAL_LORA_SLOTS),
     "LORAFLEET_REPLICA_RAM_BUDGET_BYTES": str(512 << 20),
