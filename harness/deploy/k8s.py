@@ -44,6 +44,9 @@ class Doc:
     def name(self) -> str:
         return str(self.body["metadata"]["name"])
 
+    def __str__(self) -> str:
+        return f"{self.file}:{self.kind}/{self.name}"
+
 
 def applied_documents(folder: Path) -> list[Doc]:
     """Every document of the files the folder's kustomization lists (what `kubectl apply -k` creates)."""

@@ -11,29 +11,13 @@ from typing import Any
 
 import yaml
 
+from harness.deploy.k8s import Doc
 from tests.project.project_files import ROOT
 
 K8S = ROOT / "infra/k8s"
 # Files in infra/k8s that `kubectl apply -k` leaves out: a template copied per use, the Secret's example.
 TEMPLATES = {"replica-merged.yaml", "secret.example.yaml"}
 WORKLOAD_KINDS = {"Deployment", "StatefulSet", "Job"}
-
-
-@dataclass(frozen=True)
-class Doc:
-    file: str
-    body: dict[str, Any]
-
-    @property
-    def kind(self) -> str:
-        return str(self.body["kind"])
-
-    @property
-    def name(self) -> str:
-        return str(self.body["metadata"]["name"])
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.kind}/{self.name}"
 
 
 @functools.cache
