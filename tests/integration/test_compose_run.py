@@ -1,8 +1,9 @@
 """docker-compose.yml runs as written: `services init` and every long-running service built from the project
 (the relay, the stats stream, both gateways, the registry validator, the placement worker, two replicas and
 the autoscaler) start natively with exactly the command and environment the file gives them, ready on
-their health checks. Then a registration, an alias, chats through the public gateway, and an idempotent
-replay, which only Redis (with its password) can give.
+their health checks. Then a registration, an alias and its move to a new version, chats through the
+public gateway, the second replica joining and draining while chats go on, and an idempotent replay, which
+only Redis (with its password) can give.
 
 What running containers natively changes is harness/deploy/network.py's: each container's listeners and
 every `<service>:<port>` in the file move to loopback ports of their own, and the `data` volume is a
@@ -25,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+import asyncpg
+import httpx
 import pytest
 
 from harness.databases import throwaway_database
@@ -56,9 +59,9 @@ LONG_RUNNING = (
     "gateway",
     "public-gateway",
     "replica-0",
-    "replica-1",
     "autoscaler",
 )
+JOINS_LATER = "replica-1"  # started by the test, as a second replica joining, then drained
 
 
 @dataclass
@@ -145,12 +148,28 @@ async def compose(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIt
             pool.submit(kafka.down, broker).result()
 
 
-async def test_the_compose_file_serves_a_registration_an_alias_chats_and_an_idempotent_replay(
+async def _routed(public_url: str) -> list[str]:
+    """The replicas the public gateway routes to now."""
+    async with httpx.AsyncClient() as c:
+        return list((await c.get(f"{public_url}/ready", timeout=5)).json().get("replicas", []))
+
+
+async def _placed_on(owner_url: str, replica_id: str) -> set[str]:
+    conn = await asyncpg.connect(owner_url)
+    try:
+        rows = await conn.fetch("SELECT adapter_id FROM placements WHERE replica_id = $1", replica_id)
+        return {r["adapter_id"] for r in rows}
+    finally:
+        await conn.close()
+
+
+async def test_the_compose_file_serves_a_registration_an_alias_move_a_join_a_drain_and_a_replay(
     compose: ComposeRun,
 ) -> None:
     internal, public = compose.url("gateway", 18081), compose.url("public-gateway", 18080)
     token = compose.env("gateway").get("LORAFLEET_GATEWAY_SERVICE_TOKEN", DEV_TOKEN)  # the dev profile's
-    adapter = f"globex-compose-{uuid.uuid4().hex[:6]}-v1"
+    run_id = uuid.uuid4().hex[:6]
+    adapter, v2 = f"globex-compose-{run_id}-v1", f"globex-compose-{run_id}-v2"
     alias = "globex/compose:prod"
     key = await scenario.tenant_with_key(compose.owner_url, "globex")
     model_dir = ensure_default_model()
@@ -162,11 +181,36 @@ async def test_the_compose_file_serves_a_registration_an_alias_chats_and_an_idem
     )
     base_hash = await asyncio.to_thread(base_model_hash, model_dir)
     await scenario.register_versions(
-        internal, token, store, model_dir, base_hash, compose.work, "globex", [adapter]
+        internal, token, store, model_dir, base_hash, compose.work, "globex", [adapter, v2]
     )
     await scenario.move_alias(internal, token, alias, adapter)
     for _ in range(3):
         await scenario.served_by(public, key, alias, adapter, 120)
+    await scenario.move_alias(internal, token, alias, v2)
+    await scenario.served_by(public, key, alias, v2, 60)
+
+    # the second replica joins: it warms what placement gives it and is routed to
+    compose.running[JOINS_LATER] = await run.start(compose.project.spec(JOINS_LATER), compose.work)
+
+    async def joined() -> bool:
+        return JOINS_LATER in await _routed(public)
+
+    await wait_until(joined, "the public gateway to route to replica-1", 180)
+    assert await _placed_on(compose.owner_url, JOINS_LATER) >= {v2}, "nothing was placed on the new replica"
+    for _ in range(3):
+        await scenario.served_by(public, key, alias, v2, 60)
+
+    # `docker compose stop replica-1` (SIGTERM): it drains, its placements move away, chats go on
+    await asyncio.to_thread(compose.running.pop(JOINS_LATER).stop)
+
+    async def left() -> bool:
+        return JOINS_LATER not in await _routed(public) and not await _placed_on(
+            compose.owner_url, JOINS_LATER
+        )
+
+    await wait_until(left, "the drained replica to leave the router and the placements", 60)
+    for _ in range(3):
+        await scenario.served_by(public, key, alias, v2, 60)
 
     # Idempotency-Key: the answer is kept in Redis (behind its password) and replayed to the retry
     retry_key = f"compose-{uuid.uuid4().hex}"
