@@ -4,12 +4,15 @@ preStop hook), a long-running one until its probes hold."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from pathlib import Path
 
+from harness.ports import free_port
 from harness.readiness import ProcessExited, wait_ready
 from harness.running import Running
 from harness.spec import ProcessSpec
+from ops.stack.redis import ping, server_argv
 
 
 class OneShotFailed(RuntimeError):
@@ -51,3 +54,23 @@ async def start(spec: ProcessSpec, work: Path) -> Running:
         if not process.alive:
             raise ProcessExited(f"{spec.name} exited at start\n--- {process.log}\n{process.tail()}")
     return process
+
+
+async def start_redis(
+    work: Path, password: str, within_s: float = 30.0
+) -> tuple[subprocess.Popen[bytes], int]:
+    """A redis-server of the run's own on a free port, asking for password (the one a deployment file
+    gives it), answering within within_s; the process and its port."""
+    port = free_port()
+    (work / "redis").mkdir()
+    with open(work / "redis.log", "wb") as log:
+        proc = subprocess.Popen(server_argv(port, work / "redis", password), stdout=log, stderr=log)
+    deadline = time.monotonic() + within_s
+    while not ping(port, password=password):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise OneShotFailed(
+                f"redis-server on {port} did not answer: {(work / 'redis.log').read_text()[-2000:]}"
+            )
+        await asyncio.sleep(0.1)
+    return proc, port

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +43,6 @@ from lorafleet.model.base_hash import base_model_hash
 from lorafleet.model.prepare import DEFAULT_MODEL_NAME, ensure_default_model
 from lorafleet.profile import DEV_TOKEN
 from ops.stack import kafka
-from ops.stack.redis import ping, server_argv
 from tests.integration import deployment_scenario as scenario
 from tests.integration.waiting import wait_until
 
@@ -93,18 +91,7 @@ async def compose(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIt
     with ThreadPoolExecutor(1) as pool:
         pool.submit(kafka.up, broker, 240.0, users).result()
     redis_argv = [str(a) for a in doc_env.service("redis")["command"]]
-    redis_password = redis_argv[redis_argv.index("--requirepass") + 1]
-    redis_port = free_port()
-    (work / "redis").mkdir()
-    with open(work / "redis.log", "wb") as log:
-        redis = subprocess.Popen(
-            server_argv(redis_port, work / "redis", redis_password), stdout=log, stderr=log
-        )
-
-    async def redis_answers() -> bool:
-        return ping(redis_port, password=redis_password)
-
-    await wait_until(redis_answers, "redis to answer", 30)
+    redis, redis_port = await run.start_redis(work, redis_argv[redis_argv.index("--requirepass") + 1])
     # the file's PostgreSQL and object store are the local ones: their owner and keys must be the file's
     pg_env = doc_env.service("postgres")["environment"]
     owner = urlparse(services.database_url)

@@ -25,7 +25,6 @@ import json
 import os
 import re
 import secrets
-import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +49,6 @@ from lorafleet.config import PlatformSettings
 from lorafleet.model.base_hash import base_model_hash
 from lorafleet.model.prepare import ensure_default_model
 from ops.stack import kafka
-from ops.stack.redis import ping, server_argv
 from schemas import principals
 from tests.integration import deployment_scenario as scenario
 from tests.integration.waiting import wait_until
@@ -140,17 +138,7 @@ async def deployment(services, tmp_path_factory: pytest.TempPathFactory) -> Asyn
     with ThreadPoolExecutor(1) as pool:
         pool.submit(kafka.up, broker, 240.0, users).result()
     # Redis: one of this run's own, on the Secret's password
-    redis_port, redis_password = free_port(), urlparse(secret["redis-url"]).password
-    (work / "redis").mkdir()
-    with open(work / "redis.log", "wb") as log:
-        redis = subprocess.Popen(
-            server_argv(redis_port, work / "redis", redis_password), stdout=log, stderr=log
-        )
-
-    async def redis_answers() -> bool:
-        return ping(redis_port, password=redis_password)
-
-    await wait_until(redis_answers, "redis to answer", 30)
+    redis, redis_port = await run.start_redis(work, urlparse(secret["redis-url"]).password or "")
     db_name = f"k8srun_{run_id}"
     pg = urlparse(services.database_url)
     s3 = urlparse(store.s3_endpoint)
