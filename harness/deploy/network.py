@@ -29,6 +29,20 @@ HOST_PORT = re.compile(
 HOST_PORT_TUPLE = re.compile(r"\((?P<q>['\"])(?P<host>[A-Za-z0-9_.-]+)(?P=q),\s*(?P<port>\d{2,5})\)")
 
 
+def backing_services(
+    kafka_bootstrap: str, database_url: str, s3_endpoint: str, redis_port: int
+) -> dict[tuple[str, int], tuple[str, int]]:
+    """Where the files' kafka:9092, postgres:5432, objectstore:9000 and redis:6379 are natively: a run's own
+    broker and Redis, the local PostgreSQL and object store."""
+    pg, s3 = urlparse(database_url), urlparse(s3_endpoint)
+    return {
+        ("kafka", 9092): (LOOPBACK, int(kafka_bootstrap.rsplit(":", 1)[1])),
+        ("postgres", 5432): (pg.hostname or LOOPBACK, pg.port or 5432),
+        ("objectstore", 9000): (s3.hostname or LOOPBACK, s3.port or 80),
+        ("redis", 6379): (LOOPBACK, redis_port),
+    }
+
+
 @dataclass
 class Network:
     """Names and ports the files use -> loopback ports, and the backing services' addresses."""

@@ -33,7 +33,7 @@ from harness.databases import throwaway_database
 from harness.deploy import run
 from harness.deploy.compose import Project
 from harness.deploy.k8s import seed_from_cache
-from harness.deploy.network import LOOPBACK, Network
+from harness.deploy.network import LOOPBACK, Network, backing_services
 from harness.env import QUIET_ENV
 from harness.ports import free_port
 from harness.processes import stop
@@ -102,17 +102,9 @@ async def compose(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIt
         minio["MINIO_ROOT_USER"],
         minio["MINIO_ROOT_PASSWORD"],
     )
-    s3 = urlparse(store.s3_endpoint)
     db_name = f"composerun_{uuid.uuid4().hex[:8]}"
-    network = Network(
-        database=db_name,
-        backing={
-            ("kafka", 9092): (LOOPBACK, int(broker.kafka_bootstrap.rsplit(":", 1)[1])),
-            ("postgres", 5432): (owner.hostname or LOOPBACK, owner.port or 5432),
-            ("objectstore", 9000): (s3.hostname or LOOPBACK, s3.port or 80),
-            ("redis", 6379): (LOOPBACK, redis_port),
-        },
-    )
+    backing = backing_services(broker.kafka_bootstrap, services.database_url, store.s3_endpoint, redis_port)
+    network = Network(database=db_name, backing=backing)
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("LORAFLEET_")} | QUIET_ENV
     project = Project.load(COMPOSE, network, work, base_env=base_env)
     project.prepare()

@@ -40,7 +40,7 @@ import yaml
 from harness.databases import drop_roles, throwaway_database
 from harness.deploy import run
 from harness.deploy.k8s import Cluster, Pod, applied_documents, secret_data, seed_from_cache
-from harness.deploy.network import LOOPBACK, Network
+from harness.deploy.network import LOOPBACK, Network, backing_services
 from harness.env import QUIET_ENV
 from harness.ports import free_port
 from harness.processes import stop
@@ -140,18 +140,8 @@ async def deployment(services, tmp_path_factory: pytest.TempPathFactory) -> Asyn
     # Redis: one of this run's own, on the Secret's password
     redis, redis_port = await run.start_redis(work, urlparse(secret["redis-url"]).password or "")
     db_name = f"k8srun_{run_id}"
-    pg = urlparse(services.database_url)
-    s3 = urlparse(store.s3_endpoint)
-    network = Network(
-        namespace="lorafleet",
-        database=db_name,
-        backing={
-            ("kafka", 9092): (LOOPBACK, int(broker.kafka_bootstrap.rsplit(":", 1)[1])),
-            ("postgres", 5432): (pg.hostname or LOOPBACK, pg.port or 5432),
-            ("objectstore", 9000): (s3.hostname or LOOPBACK, s3.port or 80),
-            ("redis", 6379): (LOOPBACK, redis_port),
-        },
-    )
+    backing = backing_services(broker.kafka_bootstrap, services.database_url, store.s3_endpoint, redis_port)
+    network = Network(namespace="lorafleet", database=db_name, backing=backing)
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("LORAFLEET_")} | QUIET_ENV
     cluster = Cluster(
         applied_documents(K8S),
