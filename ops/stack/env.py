@@ -28,6 +28,11 @@ def dev_login_url(owner_url: str, process: str) -> str:
     return url._replace(netloc=f"{user}:{dev_database_password(process)}@{host}").geturl()
 
 
+def dev_logins(owner_url: str) -> dict[str, str]:
+    """Every process's local-stack database URL on owner_url's database (what `services up` makes)."""
+    return {p: dev_login_url(owner_url, p) for p in principals.DATABASE_LOGINS}
+
+
 def database_env(process: str, owner_url: str | None = None) -> dict[str, str]:
     """A local process's database login (its role's, not the owner's) on owner_url's database (by default
     the environment's)."""

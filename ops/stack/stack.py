@@ -14,7 +14,7 @@ from lorafleet.kafka import ensure_topics
 from ops.autoscale import view as autoscale_view
 from ops.kafka_acl_admin import apply_acls
 from ops.stack import kafka, objectstore, postgres, prometheus, redis, supervisor
-from ops.stack.env import database_env, dev_login_url, kafka_env, process_env
+from ops.stack.env import database_env, dev_logins, kafka_env, process_env
 from ops.stack.memory import format_bytes, rss_bytes, tree_rss_bytes
 from ops.stack.paths import REPO_ROOT, log_dir, run_dir
 from ops.stack.process import ManagedProcess, wait_until
@@ -135,8 +135,7 @@ def infra_up(settings: PlatformSettings, report: Callable[[str], None]) -> None:
     for svc in INFRA:
         report(f"{svc.name}: {svc.up(settings)} ({svc.address(settings)})")
     # the local broker's admin; each process's database login with its dev password
-    logins = {p: dev_login_url(settings.database_url, p) for p in principals.DATABASE_LOGINS}
-    prepare(kafka.admin_settings(settings), report, logins)
+    prepare(kafka.admin_settings(settings), report, dev_logins(settings.database_url))
 
 
 def prepare(

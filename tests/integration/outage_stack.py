@@ -27,9 +27,8 @@ from lorafleet.db.migrate import migrate
 from lorafleet.kafka import ensure_topics
 from lorafleet.pids import pid_alive
 from ops.stack import kafka, postgres, supervisor
-from ops.stack.env import dev_login_url
+from ops.stack.env import dev_logins
 from ops.stack.paths import REPO_ROOT
-from schemas import principals
 
 SERVICE_TOKEN = "outage-test-service-token"
 APPS = ("relay", "gateway", "registry-validator", "placement-worker", "public-gateway")
@@ -118,8 +117,7 @@ def _infra_up(settings: PlatformSettings) -> None:
     postgres.up(settings)
     kafka.up(settings)
     asyncio.run(migrate(settings.database_url))
-    logins = {p: dev_login_url(settings.database_url, p) for p in principals.DATABASE_LOGINS}
-    asyncio.run(ensure_logins(settings.database_url, logins))
+    asyncio.run(ensure_logins(settings.database_url, dev_logins(settings.database_url)))
     asyncio.run(ensure_topics(settings))
 
 
