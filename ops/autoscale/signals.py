@@ -4,10 +4,6 @@ A signal is a level (the desired count now), so only the newest one matters. Com
 replay every signal since the last commit after a restart, and `latest` would drop the current one until
 the next window closes; instead each start seeks to the first offset written `max_age_s` ago, reads forward
 and keeps the newest signal, and a signal older than `max_age_s` is never acted on.
-
-A window's slot demand counts the adapters requested in it, so a quiet window undercounts: the demand
-handed on is the largest any signal younger than `max_age_s` reported, and a replica a thrash still needs is
-not drained on one quiet window.
 """
 
 from __future__ import annotations
@@ -31,7 +27,6 @@ class SignalFollower:
     def __init__(self, platform: PlatformSettings, fleet: str, max_age_s: float) -> None:
         self.platform, self.fleet, self.max_age_s = platform, fleet, max_age_s
         self.latest: AutoscaleSignal | None = None
-        self.recent: list[AutoscaleSignal] = []  # younger than max_age_s when last taken, oldest first
 
     def desired(self, now: float | None = None) -> int | None:
         """The newest signal's desired count, or None when there is none younger than max_age_s."""
@@ -39,13 +34,11 @@ class SignalFollower:
         return demand.replicas if demand is not None else None
 
     def demand(self, now: float | None = None) -> Demand | None:
-        """The newest signal's demand, with the largest slot demand of the signals younger than max_age_s;
-        None when there is none."""
-        s, now = self.latest, now or time.time()
-        if s is None or now - s.occurred_at.timestamp() > self.max_age_s:
+        """The newest signal's demand, or None when there is none younger than max_age_s."""
+        s = self.latest
+        if s is None or (now or time.time()) - s.occurred_at.timestamp() > self.max_age_s:
             return None
-        fresh = (r.slot_demand for r in self.recent if now - r.occurred_at.timestamp() <= self.max_age_s)
-        return Demand(s.desired_replicas, s.thrashing_replicas, max(fresh, default=s.slot_demand))
+        return Demand(s.desired_replicas, s.thrashing_replicas, s.slot_demand)
 
     def take(self, event: Event | None) -> AutoscaleSignal | None:
         """Keep event if it is a newer signal of our fleet; the signal when it was taken."""
@@ -54,8 +47,6 @@ class SignalFollower:
         if self.latest is not None and event.occurred_at < self.latest.occurred_at:
             return None
         self.latest = event
-        horizon = event.occurred_at.timestamp() - self.max_age_s
-        self.recent = [r for r in self.recent if r.occurred_at.timestamp() >= horizon] + [event]
         return event
 
     async def run(self) -> None:
