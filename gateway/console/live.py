@@ -19,11 +19,11 @@ from aiokafka.structs import TopicPartition
 
 from gateway.config import GatewayConfig
 from gateway.console.feed import ConsoleFeed, consume_console_topics
-from gateway.public.routing.replica_allowlist import ReplicaRegistry
 from gateway.public.routing.replica_view import ReplicaView, consume_states
 from lorafleet.config import PlatformSettings
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer, seek_to_times
+from lorafleet.replica_registry import ReplicaRegistry
 from schemas import topics
 from schemas.events import RequestCompleted
 

@@ -38,8 +38,7 @@ from gateway.public.metrics import GatewayMetrics
 from gateway.public.online import Online
 from gateway.public.routes import chat, health, models
 from gateway.public.routing.alias_cache import AliasCache, consume_alias_changes
-from gateway.public.routing.replica_allowlist import ReplicaRegistry
-from gateway.public.routing.replica_view import ReplicaView, StateRejections, consume_states
+from gateway.public.routing.replica_view import ReplicaView, consume_states
 from gateway.public.store_guard import StoreGuard
 from gateway.public.tenant_metrics import build_tenant_metrics_app, serve_tenant_metrics
 from gateway.public.upstream.replica_client import ReplicaClient
@@ -47,6 +46,7 @@ from gateway.public.usage_events import CompletionPublisher
 from lorafleet.db.pool import create_pool
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.profile import REDIS_URL_SETTING, refuse_dev_tokens, url_password
+from lorafleet.replica_registry import ReplicaRegistry, StateRejections
 from schemas import principals
 
 log = logging.getLogger(__name__)

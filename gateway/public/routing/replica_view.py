@@ -17,10 +17,10 @@ from aiokafka.structs import TopicPartition
 
 from gateway.public.routing.hit_window import HitWindow
 from gateway.public.routing.policy import ReplicaLoad
-from gateway.public.routing.replica_allowlist import ReplicaRegistry
 from lorafleet.config import PlatformSettings
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer, seek_to_times
+from lorafleet.replica_registry import ReplicaRegistry
 from lorafleet.state_signature import header
 from schemas import topics
 from schemas.events import ReplicaState
@@ -104,26 +104,6 @@ class ReplicaView:
                 )
             )
         return out
-
-
-class StateRejections:
-    """Counts and logs replica.state messages that are not routed on (once per address and reason)."""
-
-    def __init__(self, count: Callable[[str], None]) -> None:
-        self.count = count
-        self._logged: set[tuple[str, str, str]] = set()
-
-    def __call__(self, state: ReplicaState, verdict: str) -> None:
-        self.count(verdict)
-        key = (state.replica_id, state.url, verdict)
-        if key not in self._logged and len(self._logged) < 10_000:
-            self._logged.add(key)
-            log.warning(
-                "ignoring replica.state of %r at %r: %s (only registered addresses are routed to)",
-                state.replica_id[:100],
-                state.url[:200],
-                verdict,
-            )
 
 
 async def consume_states(

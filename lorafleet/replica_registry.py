@@ -1,23 +1,25 @@
-"""Where the fleet's replicas registered themselves (replica_registrations), as the router's allow-list.
+"""Where the fleet's replicas registered themselves (replica_registrations): which replica.state to believe.
 
 The public gateway sends a replica its service token and tenants' prompts, so it routes only to an
-address a replica wrote over its authenticated database connection, under its identity key. A
-replica.state whose (replica_id, url) does not match a row is dropped, and so is one not signed with the
-state key registered for its id (lorafleet/state_signature.py): anyone able to produce to the topic, the
-other replicas included, can neither point the router anywhere nor speak for another replica. The rows
-are cached, re-read every refresh_s and soon after a miss, so a replica that just registered is routed to
-within about min_refresh_s.
+address a replica wrote over its authenticated database connection, under its identity key; the placement
+worker gives adapters only to such replicas. A replica.state whose (replica_id, url) does not match a row
+is dropped by both, and so is one not signed with the state key registered for its id
+(lorafleet/state_signature.py): anyone able to produce to the topic, the other replicas included, can
+neither point the router anywhere nor speak for another replica. The rows are cached, re-read every
+refresh_s and soon after a miss, so a replica that just registered is believed within about min_refresh_s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Literal
 
 import asyncpg
 
 from lorafleet.state_signature import verify
+from schemas.events import ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -71,3 +73,23 @@ class ReplicaRegistry:
             except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
                 log.warning("could not re-read replica_registrations (%r); keeping the last rows", exc)
             await asyncio.sleep(self.min_refresh_s)
+
+
+class StateRejections:
+    """Counts and logs the replica.state messages a process drops (once per id, address and reason)."""
+
+    def __init__(self, count: Callable[[str], None]) -> None:
+        self.count = count
+        self._logged: set[tuple[str, str, str]] = set()
+
+    def __call__(self, state: ReplicaState, verdict: str) -> None:
+        self.count(verdict)
+        key = (state.replica_id, state.url, verdict)
+        if key not in self._logged and len(self._logged) < 10_000:
+            self._logged.add(key)
+            log.warning(
+                "ignoring replica.state of %r at %r: %s (not a registered replica's signed state)",
+                state.replica_id[:100],
+                state.url[:200],
+                verdict,
+            )
