@@ -14,7 +14,8 @@ log = logging.getLogger(__name__)
 
 EVENTS_HANDLED = Counter(
     "lorafleet_events_handled_total",
-    "Kafka records a worker handled, by process, topic and outcome (applied, duplicate, invalid).",
+    "Kafka records a worker handled, by process, topic and outcome "
+    "(handled, invalid, rejected: a replica.state not signed by its registered replica).",
     ["process", "topic", "outcome"],
 )
 OUTBOX_PUBLISHED = Counter("lorafleet_outbox_published_total", "Outbox rows published to Kafka.")

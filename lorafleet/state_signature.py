@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Mapping
 
 SIGNATURE_HEADER = "lorafleet-state-signature"
 _PURPOSE = b"lorafleet replica.state"
@@ -34,8 +35,9 @@ def verify(key: str | None, value: bytes, signature: bytes | None) -> bool:
 
 
 def header(headers: object) -> bytes | None:
-    """The signature among a Kafka record's headers ((name, value) pairs), if any."""
-    for name, value in headers or ():  # type: ignore[attr-defined]
+    """The signature among a Kafka record's headers ((name, value) pairs, or a mapping), if any."""
+    pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
+    for name, value in pairs:  # type: ignore[attr-defined]
         if name == SIGNATURE_HEADER:
             return bytes(value)
     return None

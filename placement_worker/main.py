@@ -1,6 +1,10 @@
 """`lorafleet placement-worker`: consume validated adapters, alias changes, replica state, adapter stats and
 completed requests; keep placements and emit replica commands. Offsets are committed after each batch;
-a record that does not decode is dead-lettered (lorafleet.dead_letters) and committed past with it."""
+a record that does not decode is dead-lettered (lorafleet.dead_letters) and committed past with it.
+
+A replica.state is believed only from a registered replica at its registered address, signed with that
+replica's state key (lorafleet.replica_registry), as the gateway believes it: no principal that can write
+the topic, another replica included, can make a replica leave or join the fleet, or take its adapters."""
 
 from __future__ import annotations
 
@@ -13,11 +17,14 @@ from lorafleet.db.pool import close_pool, create_pool
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer
 from lorafleet.profile import refuse_dev_tokens
+from lorafleet.replica_registry import ReplicaRegistry, StateRejections
 from lorafleet.retry import run_with_retry
+from lorafleet.state_signature import header
 from lorafleet.worker import run_until_signal
 from placement_worker.config import PlacementConfig
 from placement_worker.consumer import PlacementWorker
 from schemas import topics
+from schemas.events import ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +46,16 @@ async def run_worker(
     consumer = make_consumer(config.platform, *(t.name for t in TOPICS), group_id=settings.group_id)
     worker = PlacementWorker(pool, settings)
     letters = DeadLetters("placement-worker", pool)
+    registry = ReplicaRegistry(pool, settings.replica_id_prefix)
+    rejected = StateRejections(
+        lambda _: metrics.EVENTS_HANDLED.labels(
+            "placement-worker", topics.REPLICA_STATE.name, "rejected"
+        ).inc()
+    )
+    refreshing: asyncio.Task[None] | None = None
     try:
+        await registry.refresh()
+        refreshing = asyncio.create_task(registry.run())
         await consumer.start()
         while not consumer.assignment():  # the group join runs in aiokafka's background task
             await asyncio.sleep(0.05)
@@ -59,6 +75,13 @@ async def run_worker(
                     if event is None:
                         metrics.EVENTS_HANDLED.labels("placement-worker", tp.topic, "invalid").inc()
                         continue
+                    if isinstance(event, ReplicaState):
+                        verdict = registry.check(
+                            event.replica_id, event.url, record.value, header(record.headers)
+                        )
+                        if verdict != "registered":
+                            rejected(event, verdict)
+                            continue
                     await worker.handle(event)
                     metrics.EVENTS_HANDLED.labels("placement-worker", tp.topic, "handled").inc()
                 await consumer.commit({tp: records[-1].offset + 1})
@@ -66,6 +89,9 @@ async def run_worker(
                 await worker.tick()
                 next_tick = time.monotonic() + settings.tick_s
     finally:
+        if refreshing is not None:
+            refreshing.cancel()
+            await asyncio.gather(refreshing, return_exceptions=True)
         await consumer.stop()
         await close_pool(pool)
 

@@ -18,6 +18,7 @@ from stats_stream.catchup import CatchUp
 from stats_stream.config import StatsStreamSettings
 from stats_stream.keeper import WindowKeeper
 from stats_stream.sinks import Sinks
+from stats_stream.trust import StateCheck
 
 
 def broker_credentials(platform: PlatformSettings) -> faust.SASLCredentials | None:
@@ -53,7 +54,8 @@ def build_app(platform: PlatformSettings, settings: StatsStreamSettings) -> faus
     catchup = CatchUp()
     letters = DeadLetters.own_pool("stats-stream", platform)
     keeper = WindowKeeper(tables.declare(app), sinks, settings, catchup)
-    forward.register(app, topics, catchup, letters)
+    states = StateCheck(platform, settings.replica_id_prefix)
+    forward.register(app, topics, catchup, letters, states)
     fleet.register(app, topics, keeper, catchup, settings.tick_s)
 
     @app.on_partitions_revoked.connect
@@ -75,5 +77,6 @@ def build_app(platform: PlatformSettings, settings: StatsStreamSettings) -> faus
     async def close_sinks(app: faust.App, /, *args: Any, **kwargs: Any) -> None:
         await sinks.close()
         await letters.close()
+        await states.close()
 
     return app

@@ -30,8 +30,10 @@ class Sent:
     offset: int
 
 
-async def send(producer: AIOKafkaProducer, topic: str, value: bytes, key: bytes) -> Sent:
-    meta = await producer.send_and_wait(topic, value, key=key)
+async def send(
+    producer: AIOKafkaProducer, topic: str, value: bytes, key: bytes, headers: list | None = None
+) -> Sent:
+    meta = await producer.send_and_wait(topic, value, key=key, headers=headers)
     return Sent(topic, meta.partition, meta.offset)
 
 
@@ -81,10 +83,12 @@ async def poison_then_valid(
     key: bytes,
     valid: Event,
     timeout: float = 60.0,
+    headers: list | None = None,
 ) -> tuple[Sent, Sent, dict[Sent, asyncpg.Record]]:
     """Undecodable bytes (until the consumer reads them), valid at a future schema version, then valid
-    itself: (the raw record, the future one, both records' dead_letters rows)."""
+    itself (with headers, e.g. a state's signature): (the raw record, the future one, both records'
+    dead_letters rows)."""
     raw = await poison_until_read(producer, pool, consumer, topic, key, timeout)
     future = await send(producer, topic, future_version(valid), key)
-    await send(producer, topic, valid.to_bytes(), key)
+    await send(producer, topic, valid.to_bytes(), key, headers)
     return raw, future, await wait_dead_lettered(pool, consumer, [raw, future])

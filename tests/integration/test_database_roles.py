@@ -110,12 +110,15 @@ REFUSED = [
     ("placement-worker", "read API keys", "SELECT key_hash FROM api_keys"),
     ("placement-worker", "mark a version ready", "UPDATE adapters SET status = 'ready'"),
     ("placement-worker", "move an alias", "UPDATE aliases SET adapter_id = 'acme-a-v2'"),
+    ("placement-worker", "read identity key hashes", "SELECT key_hash FROM replica_registrations"),
+    ("placement-worker", "write a registration", "DELETE FROM replica_registrations"),
     ("relay", "read tenants", "SELECT tenant_id FROM tenants"),
     ("relay", "read API keys", "SELECT key_hash FROM api_keys"),
     ("relay", "write placements", "DELETE FROM placements"),
     ("stats-stream", "move an alias", "UPDATE aliases SET adapter_id = 'acme-a-v2'"),
     ("stats-stream", "read API keys", "SELECT key_hash FROM api_keys"),
     ("stats-stream", "write the outbox", "DELETE FROM outbox"),
+    ("stats-stream", "read identity key hashes", "SELECT key_hash FROM replica_registrations"),
     ("autoscaler", "read anything", "SELECT adapter_id FROM adapters"),
     ("autoscaler", "read dead letters", "SELECT value FROM dead_letters"),
 ]
@@ -153,12 +156,22 @@ ALLOWED = [
         "INSERT INTO placements (adapter_id, replica_id, role, tier) "
         "VALUES ('acme-a-v1', 'r0', 'owner', 'ram')",
     ),
+    (
+        "placement-worker",
+        "read the registrations and state keys",
+        "SELECT replica_id, url, state_key FROM replica_registrations",
+    ),
     ("relay", "mark a row sent", "UPDATE outbox SET sent_at = now()"),
     (
         "stats-stream",
         "store a window",
         "INSERT INTO adapter_stats (adapter_id, window_start, requests, "
         "tokens_per_s, gpu_hit_rate) VALUES ('acme-a-v1', now(), 1, 1, 1)",
+    ),
+    (
+        "stats-stream",
+        "read the registrations and state keys",
+        "SELECT replica_id, url, state_key FROM replica_registrations",
     ),
     (
         "autoscaler",

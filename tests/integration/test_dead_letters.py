@@ -33,6 +33,7 @@ from tests.integration.poison import (
     Sent,
     poison_then_valid,
 )
+from tests.integration.signed_states import SignedReplicas
 from tests.integration.waiting import wait_until
 from tests.replica.adapter_cache.helpers import make_env
 
@@ -125,15 +126,20 @@ async def test_the_placement_worker_dead_letters_poison_and_applies_the_next_sta
     run = uuid.uuid4().hex[:6]
     settings = PlacementSettings(group_id=f"test-placement-{run}", replica_id_prefix=f"t{run}-r", tick_s=0.2)
     before = count(consumer, topic)
+    valid = ReplicaState(replica_id=f"t{run}-r0", url="http://127.0.0.1:1", gpu_slots=4)
+    signed = SignedReplicas(platform.database_url)
+    await signed.register(valid.replica_id, valid.url)
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(
         run_worker(PlacementConfig(platform, settings), stop, ready=ready, from_end=True)
     )
     try:
         await asyncio.wait_for(ready.wait(), 60)
-        valid = ReplicaState(replica_id=f"t{run}-r0", url="http://127.0.0.1:1", gpu_slots=4)
         key = valid.key().encode()
-        raw, future, rows = await poison_then_valid(producer, pool, consumer, topic, key, valid)
+        headers = signed.headers(valid, valid.to_bytes())
+        raw, future, rows = await poison_then_valid(
+            producer, pool, consumer, topic, key, valid, headers=headers
+        )
         _assert_rows(rows, consumer, raw, future)
 
         async def member() -> bool:

@@ -22,6 +22,7 @@ from relay.publisher import Relay
 from schemas.events import AdapterStats, AdapterValidated, AliasChanged, Event, ReplicaState
 from schemas.rendezvous import owners
 from tests.integration.kafka_helpers import collect
+from tests.integration.signed_states import SignedReplicas
 from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -63,9 +64,12 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
     producer = make_producer(platform)
     await producer.start()
     alive = set(replicas)
+    signed = SignedReplicas(migrated_db)
+    for r in replicas:
+        await signed.register(r, f"http://{r}")
 
     async def send(event: Event) -> None:
-        await producer.send_and_wait(event.topic.name, event.to_bytes(), key=event.key().encode())
+        await signed.send(producer, event)
 
     async def heartbeat() -> None:
         while not stop.is_set():
@@ -101,13 +105,33 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
         for event in validated[:10]:
             await send(event)
         await send(
-            ReplicaState(replica_id=replicas[0], url="x", occurred_at=datetime(2020, 1, 1, tzinfo=UTC))
+            ReplicaState(
+                replica_id=replicas[0],
+                url=f"http://{replicas[0]}",
+                status="draining",
+                occurred_at=datetime(2020, 1, 1, tzinfo=UTC),
+            )
         )
         await asyncio.sleep(1.0)
         assert await _placements(pool) == before and await _commands(pool) == n_commands
 
+        # Forged states (unsigned, or for an id nobody registered) move nothing: a replica made to drain, or
+        # one that was never started, would take or give placements.
+        for forged in (
+            ReplicaState(replica_id=replicas[0], url=f"http://{replicas[0]}", status="draining"),
+            ReplicaState(replica_id=f"{prefix}forged", url="http://127.0.0.1:1", gpu_slots=16),
+        ):
+            for _ in range(3):
+                await producer.send_and_wait(forged.topic.name, forged.to_bytes(), key=forged.key().encode())
+        await asyncio.sleep(1.5)
+        assert await _placements(pool) == before and await _commands(pool) == n_commands
+        assert not await pool.fetchval(
+            "SELECT count(*) FROM replicas WHERE replica_id = $1", f"{prefix}forged"
+        )
+
         # A replica joins: only the placements it wins move, and they move to it.
         new = f"{prefix}new"
+        await signed.register(new, f"http://{new}")
         alive.add(new)
         grown = [*replicas, new]
         gains = [a for a in adapters if new in owners(a, grown, 2)]

@@ -18,6 +18,7 @@ from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
 from schemas.events import ReplicaState, ReplicaStatus
 from schemas.rendezvous import owners
+from tests.integration.signed_states import SignedReplicas
 from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -66,12 +67,15 @@ async def test_warming_restarting_and_draining_replicas(services, migrated_db, p
     producer = make_producer(platform)
     await producer.start()
     status: dict[str, ReplicaStatus] = {}
+    signed = SignedReplicas(migrated_db)
+    for replica_id in (a, b):
+        await signed.register(replica_id, f"http://{replica_id}")
 
     async def heartbeat() -> None:
         while not stop.is_set():
             for replica_id, s in sorted(status.items()):
                 state = ReplicaState(replica_id=replica_id, url=f"http://{replica_id}", status=s, gpu_slots=4)
-                await producer.send_and_wait(state.topic.name, state.to_bytes(), key=state.key().encode())
+                await signed.send(producer, state)
             await asyncio.sleep(0.3)
 
     worker = asyncio.create_task(

@@ -21,6 +21,7 @@ from placement_worker.main import run_worker
 from relay.publisher import Relay
 from schemas.events import AdapterValidated, Event, ReplicaState, RequestCompleted
 from schemas.rendezvous import owners
+from tests.integration.signed_states import SignedReplicas
 from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -57,8 +58,12 @@ async def test_spill_copies_are_recorded_kept_by_use_and_cleaned_up(
     producer = make_producer(platform)
     await producer.start()
 
+    signed = SignedReplicas(migrated_db)
+    for r in replicas:
+        await signed.register(r, f"http://{r}")
+
     async def send(event: Event) -> None:
-        await producer.send_and_wait(event.topic.name, event.to_bytes(), key=event.key().encode())
+        await signed.send(producer, event)
 
     async def heartbeat() -> None:
         while not stop.is_set():
@@ -95,7 +100,11 @@ async def test_spill_copies_are_recorded_kept_by_use_and_cleaned_up(
         await wait_until(lambda: _last_used(pool, hot, owner_ids[0], served), "the owner's last use")
 
         # A replayed old state that does not list it changes nothing; the copy moving to RAM is seen.
-        await send(ReplicaState(replica_id=spill, url="x", occurred_at=datetime(2020, 1, 1, tzinfo=UTC)))
+        await send(
+            ReplicaState(
+                replica_id=spill, url=f"http://{spill}", occurred_at=datetime(2020, 1, 1, tzinfo=UTC)
+            )
+        )
         holds[spill] = ([], [hot])
         await wait_until(lambda: _roles(pool, hot, {**want, spill: ("spill", "ram")}), "the spill row at RAM")
 

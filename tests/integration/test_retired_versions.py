@@ -26,6 +26,7 @@ from relay.publisher import Relay
 from schemas.api import CanaryTarget
 from schemas.events import AdapterValidated, Event, ReplicaState
 from schemas.rendezvous import owners
+from tests.integration.signed_states import SignedReplicas
 from tests.integration.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -149,8 +150,12 @@ async def test_a_replan_never_places_a_retired_version_and_a_rollback_places_it_
     producer = make_producer(platform)
     await producer.start()
 
+    signed = SignedReplicas(migrated_db)
+    for r in replicas:
+        await signed.register(r, f"http://{r}")
+
     async def send(event: Event) -> None:
-        await producer.send_and_wait(event.topic.name, event.to_bytes(), key=event.key().encode())
+        await signed.send(producer, event)
 
     async def heartbeat() -> None:
         while not stop_all.is_set():

@@ -15,7 +15,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import asyncpg
@@ -40,6 +40,7 @@ from stats_stream.closing import output_id
 from stats_stream.windows import from_ms, to_ms, window_start
 from tests.integration.kafka_helpers import collect
 from tests.integration.poison import future_version, poison_until_read, send, wait_dead_lettered
+from tests.integration.signed_states import SignedReplicas
 
 pytestmark = pytest.mark.integration
 
@@ -123,15 +124,32 @@ def stream(services, migrated_db, tmp_path) -> Iterator[tuple[Stream, str]]:
         s.stop()
 
 
-async def publish(bootstrap: str, events: list[Event]) -> None:
+async def publish(bootstrap: str, events: list[Event], signed: SignedReplicas | None = None) -> None:
+    """The events in order; with signed, each replica.state signed by its registered replica."""
     producer = make_producer(PlatformSettings(kafka_bootstrap=bootstrap))
     await producer.start()
     try:
         for e in events:
-            await producer.send(e.topic.name, e.to_bytes(), key=e.key().encode())
+            value = e.to_bytes()
+            headers = signed.headers(e, value) if signed and isinstance(e, ReplicaState) else None
+            await producer.send(e.topic.name, value, key=e.key().encode(), headers=headers)
         await producer.flush()
     finally:
         await producer.stop()
+
+
+async def until_believed(
+    s: Stream, bootstrap: str, signed: SignedReplicas, states: list[ReplicaState], timeout: float = 60.0
+) -> None:
+    """Once the stream has read the states' fresh registrations (it re-reads them soon after an unknown
+    id): an hour-old copy of each, signed, is believed and set aside as late, counting nothing."""
+    late = 'lorafleet_stats_events_total{outcome="late",topic="replica.state"'
+    before, deadline = s.metric(late), time.monotonic() + timeout
+    old = [st.model_copy(update={"occurred_at": st.occurred_at - timedelta(hours=1)}) for st in states]
+    while s.metric(late) < before + len(old):
+        assert time.monotonic() < deadline, s.tail()
+        await publish(bootstrap, old, signed)
+        await asyncio.sleep(0.5)
 
 
 def requests_for(
@@ -214,8 +232,19 @@ async def test_a_window_becomes_stats_rows_alerts_and_an_autoscale_signal_counti
         ReplicaState(occurred_at=at, replica_id=f"r-{run}-{i}", url=f"http://r{i}", queue_depth=30)
         for i in (1, 2)
     ]
+    signed = SignedReplicas(migrated_db)
+    for state in states:
+        await signed.register(state.replica_id, state.url)
+    await until_believed(s, services.kafka_bootstrap, signed, states)
     batch: list[Event] = slow + hot + evictions + states
-    await publish(services.kafka_bootstrap, batch + batch)  # every event delivered twice
+    await publish(services.kafka_bootstrap, batch + batch, signed)  # every event delivered twice
+    # Forged states, unsigned or for an id nobody registered, count for nothing: they would add a replica
+    # and its queue to the signal.
+    forged = [
+        ReplicaState(occurred_at=at, replica_id=f"r-{run}-1", url="http://r1", queue_depth=500),
+        ReplicaState(occurred_at=at, replica_id=f"r-{run}-9", url="http://r9", queue_depth=500),
+    ]
+    await publish(services.kafka_bootstrap, forged)
 
     window = from_ms(window_start(to_ms(at), int(WINDOW_S * 1000)))
     row_slow = await stats_row(migrated_db, f"a-{run}-slow", window)
@@ -251,8 +280,9 @@ async def test_a_window_becomes_stats_rows_alerts_and_an_autoscale_signal_counti
     )
     sig = next(e for e in (parse_event(r.value) for r in records) if e.event_id == signal_id)
     assert isinstance(sig, AutoscaleSignal)
-    assert sig.current_replicas >= 2
-    assert sig.desired_replicas >= 12  # ceil(2 replicas x 30 queued / 5 per replica)
+    assert sig.current_replicas == 2  # r-1 and r-2, not the forged r-9
+    assert sig.desired_replicas == 12  # ceil(2 replicas x 30 queued / 5 per replica), no forged queue
+    assert s.metric('lorafleet_stats_events_total{outcome="rejected",topic="replica.state"') >= len(forged)
     assert (f"a-{run}-hot", 2) in {(h.adapter_id, h.owners) for h in sig.hot_adapters}
     assert s.metric('lorafleet_stats_events_total{outcome="duplicate"') >= len(batch)
 

@@ -23,3 +23,4 @@ def test_the_state_key_is_fixed_by_the_identity_key() -> None:
 def test_the_signature_is_read_from_the_records_headers() -> None:
     assert header([("other", b"x"), (SIGNATURE_HEADER, b"abc")]) == b"abc"
     assert header([("other", b"x")]) is None and header(None) is None
+    assert header({SIGNATURE_HEADER: b"abc"}) == b"abc"  # faust may hand the headers over as a mapping
