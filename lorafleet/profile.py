@@ -11,6 +11,7 @@ real secrets and leave the profile at its default.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from urllib.parse import urlparse
 
@@ -73,12 +74,21 @@ class DevTokenRefused(SystemExit):
     """A process would run with a well-known token outside the dev profile (exits with its message)."""
 
 
+def token_digest(token: str) -> str:
+    """The sha256 (hex) a listener may hold in place of the token it checks (a replica's _SHA256 setting)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+# a digest of a well-known secret is as well known as the secret
+WELL_KNOWN_DIGESTS: frozenset[str] = frozenset(token_digest(s) for s in WELL_KNOWN_SECRETS)
+
+
 def dev_tokens(tokens: Mapping[str, str | SecretStr]) -> list[str]:
-    """The setting names (of secrets) that hold a well-known dev secret or nothing."""
+    """The setting names (of secrets, or of their digests) that hold a well-known dev secret or nothing."""
     out = []
     for name, value in tokens.items():
         secret = value.get_secret_value() if isinstance(value, SecretStr) else value
-        if not secret or secret in WELL_KNOWN_SECRETS:
+        if not secret or secret in WELL_KNOWN_SECRETS or secret in WELL_KNOWN_DIGESTS:
             out.append(name)
     return sorted(out)
 

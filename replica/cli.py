@@ -46,7 +46,8 @@ def serve(
     }
     # The flags given beat the environment; model_validate still reads LORAFLEET_REPLICA_* for the rest.
     settings = ReplicaSettings.model_validate({k: v for k, v in flags.items() if v is not None})
-    tokens = {"LORAFLEET_REPLICA_SERVICE_TOKEN": settings.service_token}
+    # the credential it checks callers with: the digest, taken from the token when only that is set
+    tokens = {"LORAFLEET_REPLICA_SERVICE_TOKEN_SHA256": settings.service_token_digest()}
     if settings.registry_url is not None:
         tokens["LORAFLEET_REPLICA_REGISTRY_TOKEN"] = settings.registry_token
     settings = settings.model_copy(update={"platform": settings.platform.as_service(principals.REPLICA)})

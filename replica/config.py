@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from lorafleet.config import PlatformSettings
 from lorafleet.model.prepare import DEFAULT_MODEL_DIR
-from lorafleet.profile import DEV_REGISTRY_READ_TOKEN, DEV_TOKEN
+from lorafleet.profile import DEV_REGISTRY_READ_TOKEN, DEV_TOKEN, token_digest
 from lorafleet.sizing import PRODUCTION
+
+SHUTDOWN_GRACE_S = 5.0  # after a drain, how long uvicorn waits for connections to close
 
 
 class ReplicaSettings(BaseSettings):
@@ -23,6 +25,9 @@ class ReplicaSettings(BaseSettings):
     host: str = "127.0.0.1"  # the HTTP listener (generate, load/unload, state, drain, /ready, /metrics)
     port: int = 8100
     service_token: str = DEV_TOKEN  # the bearer token callers of its /internal routes present
+    # Its sha256 (hex) instead: checked in place of service_token, so that a replica holds no token that
+    # another replica's routes accept (infra/k8s gives replicas only this; docs/security.md)
+    service_token_sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
 
     model_dir: Path = DEFAULT_MODEL_DIR  # the base: a Llama checkpoint in Hugging Face layout
     # float32 | bfloat16 | float16 | auto: the production profile's (bf16) on CUDA, float32 on the CPU
@@ -134,3 +139,14 @@ class ReplicaSettings(BaseSettings):
     def tenant_row_cap(self) -> int:
         """Rows one tenant may hold at once under fair admission."""
         return self.max_rows_per_tenant or max(1, self.max_num_seqs * 3 // 4)
+
+    @field_validator("service_token_sha256", mode="before")
+    @classmethod
+    def _empty_digest_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+    def service_token_digest(self) -> str:
+        """The sha256 (lower-case hex) of the token its /internal routes accept ("" when it has none)."""
+        if self.service_token_sha256:
+            return self.service_token_sha256.lower()
+        return token_digest(self.service_token) if self.service_token else ""

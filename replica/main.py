@@ -11,13 +11,11 @@ from types import FrameType
 
 import uvicorn
 
-from replica.config import ReplicaSettings
+from replica.config import SHUTDOWN_GRACE_S, ReplicaSettings
 from replica.runtime import build_replica
 from replica.server import create_app
 
 log = logging.getLogger(__name__)
-
-SHUTDOWN_GRACE_S = 5.0  # after a drain, how long uvicorn waits for connections to close
 
 
 class DrainingServer(uvicorn.Server):

@@ -7,16 +7,19 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
+from lorafleet.profile import token_digest
 from replica.control.drain import Drain
 from replica.errors import UnauthorizedError, WrongReplicaError
 from replica.runtime import Replica
 
 
 def service_authorized(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
-    """A valid service token."""
+    """A valid service token: one whose sha256 is the replica's (it may hold only the digest)."""
     settings = request.app.state.replica.settings
-    expected = f"Bearer {settings.service_token}"
-    if authorization is None or not hmac.compare_digest(authorization.encode(), expected.encode()):
+    scheme, _, token = (authorization or "").partition(" ")
+    presented = token_digest(token) if scheme == "Bearer" and token else ""
+    expected = settings.service_token_digest()
+    if not presented or not expected or not hmac.compare_digest(presented.encode(), expected.encode()):
         raise UnauthorizedError("missing or invalid service token")
 
 

@@ -21,13 +21,13 @@ from harness.ports import free_port
 from harness.processes import stop, wait_http
 from lorafleet.db.logins import ensure_logins
 from lorafleet.db.migrate import migrate
-from lorafleet.profile import DEV_TOKEN, dev_kafka_password
+from lorafleet.profile import DEV_TOKEN, dev_kafka_password, token_digest
 from schemas import principals
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-SETTING = re.compile(r"\bLORAFLEET_[A-Z_]+\b")
+SETTING = re.compile(r"\bLORAFLEET_[A-Z0-9_]+\b")
 DATABASE, KAFKA, REDIS = "LORAFLEET_DATABASE_URL", "LORAFLEET_KAFKA_PASSWORD", "LORAFLEET_REDIS_URL"
 
 # process -> (argv, extra environment, every credential it holds)
@@ -56,7 +56,7 @@ PROCESSES: dict[str, tuple[list[str], dict[str, str], set[str]]] = {
     "replica": (
         ["replica", "serve", "--replica-id", "profile-test"],
         {},
-        {"LORAFLEET_REPLICA_SERVICE_TOKEN", "LORAFLEET_REPLICA_REGISTRY_TOKEN", KAFKA, DATABASE},
+        {"LORAFLEET_REPLICA_SERVICE_TOKEN_SHA256", "LORAFLEET_REPLICA_REGISTRY_TOKEN", KAFKA, DATABASE},
     ),
     "autoscaler": (
         ["autoscale", "--local"],
@@ -78,6 +78,7 @@ TOKENS = {
     "LORAFLEET_GATEWAY_REGISTRY_READ_TOKEN",
     "LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN",
     "LORAFLEET_REPLICA_SERVICE_TOKEN",
+    "LORAFLEET_REPLICA_SERVICE_TOKEN_SHA256",
     "LORAFLEET_REPLICA_REGISTRY_TOKEN",
     "LORAFLEET_AUTOSCALE_REPLICA_SERVICE_TOKEN",
     "LORAFLEET_STATS_METRICS_TOKEN",
@@ -125,6 +126,7 @@ def test_a_process_refuses_each_dev_credential_it_holds(services, name: str) -> 
     argv, extra, holds = PROCESSES[name]
     env = _base_env(services) | extra
     env |= dict.fromkeys(holds & TOKENS, DEV_TOKEN)  # each token it holds on the dev default
+    env |= {n: token_digest(DEV_TOKEN) for n in holds & TOKENS if n.endswith("_SHA256")}  # or its digest
     env[KAFKA] = dev_kafka_password(principals.ADMIN)  # a well-known one, whoever logs in
     env[REDIS] = "redis://:dev-redis-password@127.0.0.1:16379/0"
     # services.env()'s database URL is the local owner's, on its dev password

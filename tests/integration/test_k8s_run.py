@@ -1,14 +1,15 @@
 """infra/k8s runs as written: every workload `kubectl apply -k` creates is started natively with exactly the
 command, arguments and environment its manifest gives it, its Secret the example shipped beside the
-manifests (infra/k8s/secret.example.yaml), its probes and preStop hook as the kubelet runs them. Then a
-registration, an alias move, chats through the public gateway, a second replica joining and a drain.
+manifests (infra/k8s/secret.example.yaml), its probes, preStop hook and termination grace as the kubelet
+runs them. Then a registration, an alias move, chats through the public gateway, a second replica joining
+and a drain (the replica drains on the SIGTERM of its scale-down).
 
 What running pods natively on one machine changes (harness/deploy/network.py): each pod's ports and every
 name for it move to loopback, a volume is a folder, and the backing services are the ones this test runs:
 a Kafka broker of its own whose SCRAM users are the Secret's, the local PostgreSQL (a throwaway database,
 named where the files name `lorafleet`), the local S3 store, and a Redis of its own with the Secret's
-password. The example Secret's values are filled in: each <secret> a random value of this run's own, the
-database owner and the store's keys those of the local services, and each process's database login named
+password. The example Secret's values are filled in: each <secret> a random value of this run's own, each
+<sha256 of KEY> the hex digest of KEY's value, the database owner and the store's keys those of the local services, and each process's database login named
 with this run's id (PostgreSQL roles belong to the whole cluster, which other runs share).
 
 Sizes the test overrides, for the replica only, because the manifest's are a GPU's and this is a CPU
@@ -21,10 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import os
 import re
 import secrets
+import time
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +60,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 K8S = Path(__file__).resolve().parents[2] / "infra" / "k8s"
 PLACEHOLDER = re.compile(r"<([^>]+)>")
+DIGEST_OF = re.compile(r"sha256 of (\S+)")
 REPLICAS = "lora-replica-pool-default"
 # the test's overrides for the replica: the hardware and two sizes that only matter for memory (see above)
 REPLICA_SIZES = {
@@ -77,9 +81,16 @@ def filled_secret(run_id: str, owner_url: str, store: PlatformSettings) -> dict[
         "the object store's access key": store.s3_access_key,
         "the object store's secret key": store.s3_secret_key,
     }
-    out = {}
+    out: dict[str, str] = {}
+
+    def fill(placeholder: re.Match[str]) -> str:
+        digest_of = DIGEST_OF.fullmatch(placeholder[1])
+        if digest_of is not None:
+            return hashlib.sha256(out[digest_of[1]].encode()).hexdigest()
+        return known.get(placeholder[1]) or secrets.token_urlsafe(24)
+
     for key, value in secret_data(doc).items():
-        filled = PLACEHOLDER.sub(lambda m: known.get(m[1]) or secrets.token_urlsafe(24), value)
+        filled = PLACEHOLDER.sub(fill, value)
         if key.startswith("database-url-"):  # a login of this run's own: roles are the cluster's
             url = urlparse(filled)
             filled = url._replace(
@@ -112,11 +123,15 @@ class Deployment:
         return pod
 
     async def stop_pod(self, pod: Pod) -> None:
-        """A scale-down: the preStop hook to its end, then SIGTERM within the grace period."""
+        """A scale-down: the preStop hook (if any) to its end, then SIGTERM, and SIGKILL at the end of the
+        termination grace period."""
+        grace = float(pod.spec.get("terminationGracePeriodSeconds", 30))
+        started = time.monotonic()
         hook = self.cluster.pre_stop(pod)
         if hook is not None:
-            await run.run_to_end(hook, self.work, float(pod.spec.get("terminationGracePeriodSeconds", 30)))
-        await asyncio.to_thread(self.running.pop(pod.name).stop)
+            await run.run_to_end(hook, self.work, grace)
+        left = max(1.0, grace - (time.monotonic() - started))
+        await asyncio.to_thread(self.running.pop(pod.name).stop, left)
 
     def tails(self) -> str:
         return "\n".join(f"--- {name}\n{p.tail(2000)}" for name, p in self.running.items())

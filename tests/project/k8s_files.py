@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -77,12 +78,16 @@ class Container:
         return env
 
     def settings_env(self) -> dict[str, str]:
-        """literal_env() plus a stand-in for each variable read from a Secret (its value is the Secret's)."""
+        """literal_env() plus a stand-in for each variable read from a Secret (its value is the Secret's; a
+        digest's stand-in is a digest)."""
         env = self.literal_env()
         for name, entry in self.env_entries().items():
             ref = entry.get("valueFrom", {}).get("secretKeyRef")
             if ref:
-                env[name] = f"secret-{ref['key']}"
+                stand_in = f"secret-{ref['key']}"
+                env[name] = (
+                    hashlib.sha256(stand_in.encode()).hexdigest() if name.endswith("_SHA256") else stand_in
+                )
         return env
 
     def port(self, name: str) -> int:

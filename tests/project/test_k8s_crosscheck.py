@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 import pytest
 from pydantic import SecretStr
 
-from replica.config import ReplicaSettings
+from replica.config import SHUTDOWN_GRACE_S, ReplicaSettings
 from replica.metrics import EngineLoad, ReplicaMetrics
 from schemas import principals
 from tests.project.deploy_files import (
@@ -70,7 +70,7 @@ REQUIRED_SECRETS: dict[str, set[str]] = {
     "replica serve": {
         "LORAFLEET_DATABASE_URL",
         "LORAFLEET_KAFKA_PASSWORD",
-        "LORAFLEET_REPLICA_SERVICE_TOKEN",
+        "LORAFLEET_REPLICA_SERVICE_TOKEN_SHA256",
         "LORAFLEET_REPLICA_REGISTRY_TOKEN",
         "LORAFLEET_S3_ACCESS_KEY",
         "LORAFLEET_S3_SECRET_KEY",
@@ -79,12 +79,15 @@ REQUIRED_SECRETS: dict[str, set[str]] = {
 # The same secret on both ends of a call: (caller's variable, caller), (callee's variable, callee).
 TOKEN_PAIRS = [
     (
-        ("LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN", "public-gateway"),
-        ("LORAFLEET_REPLICA_SERVICE_TOKEN", "replica serve"),
-    ),
-    (
         ("LORAFLEET_REPLICA_REGISTRY_TOKEN", "replica serve"),
         ("LORAFLEET_GATEWAY_REGISTRY_READ_TOKEN", "gateway"),
+    ),
+]
+# The callee holds only the digest of the caller's secret, under the caller's key + "-sha256".
+DIGEST_PAIRS = [
+    (
+        ("LORAFLEET_GATEWAY_REPLICA_SERVICE_TOKEN", "public-gateway"),
+        ("LORAFLEET_REPLICA_SERVICE_TOKEN_SHA256", "replica serve"),
     ),
 ]
 # URL settings -> the process that must answer behind them.
@@ -106,7 +109,7 @@ def secret_settings() -> set[str]:
         prefix = str(cls.model_config.get("env_prefix", ""))
         for name, field in cls.model_fields.items():
             secret = field.annotation in (SecretStr, SecretStr | None)
-            if secret or name.endswith(("token", "secret_key", "access_key", "password")):
+            if secret or name.endswith(("token", "token_sha256", "secret_key", "access_key", "password")):
                 out.add((prefix + name).upper())
     return out | {"LORAFLEET_DATABASE_URL", "LORAFLEET_REDIS_URL"}
 
@@ -254,6 +257,16 @@ def test_both_ends_of_each_authenticated_call_read_the_same_secret() -> None:
     for (caller_var, caller), (callee_var, callee) in TOKEN_PAIRS:
         (caller_key,) = keys(caller_var, caller)
         assert keys(callee_var, callee) == {caller_key}
+    for (caller_var, caller), (callee_var, callee) in DIGEST_PAIRS:
+        (caller_key,) = keys(caller_var, caller)
+        assert caller_key is not None
+        assert keys(callee_var, callee) == {(caller_key[0], f"{caller_key[1]}-sha256")}
+
+
+def test_no_replica_holds_a_token_another_replicas_routes_accept() -> None:
+    for c in replicas():
+        assert "LORAFLEET_REPLICA_SERVICE_TOKEN" not in c.env_entries(), c
+        assert secret_ref(c, "LORAFLEET_REPLICA_SERVICE_TOKEN_SHA256") is not None, c
 
 
 def replicas() -> list[Container]:
@@ -261,20 +274,17 @@ def replicas() -> list[Container]:
 
 
 @pytest.mark.parametrize("container", replicas(), ids=str)
-def test_replicas_are_ready_only_when_ready_and_drain_before_they_stop(container: Container) -> None:
+def test_replicas_are_ready_only_when_ready_and_drain_on_sigterm_before_they_stop(
+    container: Container,
+) -> None:
     spec, settings = container.spec, settings_from(ReplicaSettings, container.literal_env())
     assert spec["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert spec["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert spec["startupProbe"]["httpGet"]["path"] == spec["livenessProbe"]["httpGet"]["path"] == "/health"
-    hook = spec["lifecycle"]["preStop"]["exec"]["command"]
-    assert hook[0] == "lorafleet"
-    drain = resolve_cli(hook[1:])
-    assert hook[1:3] == ["replica", "drain"]
-    assert urlparse(drain["url"]).port == settings.port
-    deadline = drain.get("deadline_s") or settings.drain_deadline_s
-    # The kubelet kills at the grace period: after the drain deadline, and after the hook's own wait.
-    hook_wait = deadline + drain.get("wait_extra_s", 0) if drain.get("wait") else 0
-    assert container.pod["terminationGracePeriodSeconds"] > max(deadline, hook_wait)
+    # The replica drains on SIGTERM (replica/main.py); a preStop drain would need the token it doesn't hold.
+    assert "preStop" not in spec.get("lifecycle", {})
+    # The kubelet kills at the grace period: after the drain deadline and the server's own shutdown.
+    assert container.pod["terminationGracePeriodSeconds"] > settings.drain_deadline_s + SHUTDOWN_GRACE_S
     assert urlparse(settings.url()).port == settings.port
     assert (
         container.env_entries()["LORAFLEET_REPLICA_REPLICA_ID"]["valueFrom"]["fieldRef"]["fieldPath"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -128,6 +129,26 @@ async def test_internal_routes_need_the_service_token(
     for headers in ({}, {"Authorization": "Bearer wrong"}):
         resp = await client.request(method, BASE + path, headers=headers, json={"prompt_token_ids": [1]})
         assert resp.status_code == 401 and resp.json()["error"]["code"] == "invalid_service_token"
+
+
+async def test_a_replica_holding_only_the_digest_accepts_the_token_and_nothing_else(
+    replica: Replica, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What infra/k8s gives a replica: the token's sha256, not the token, so a replica that reads its own
+    settings learns nothing another replica's routes accept; the digest itself is not a token."""
+    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    settings = replica.settings.model_copy(update={"service_token": "", "service_token_sha256": digest})
+    monkeypatch.setattr(replica, "settings", settings)
+    state = BASE + "/state"
+    assert (await client.get(state, headers=AUTH)).status_code == 200
+    for token in (digest, "", "wrong", digest.upper()):
+        resp = await client.get(state, headers={"Authorization": f"Bearer {token}"})
+        assert resp.status_code == 401 and resp.json()["error"]["code"] == "invalid_service_token"
+    assert (await client.get(state, headers={"Authorization": TOKEN})).status_code == 401  # no scheme
+    # a replica with neither accepts nothing, not even an empty token
+    monkeypatch.setattr(replica, "settings", settings.model_copy(update={"service_token_sha256": None}))
+    for headers in (AUTH, {"Authorization": "Bearer "}, {}):
+        assert (await client.get(state, headers=headers)).status_code == 401
 
 
 async def test_bad_input_gets_error_json_not_500(client: httpx.AsyncClient) -> None:
