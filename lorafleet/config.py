@@ -11,6 +11,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import principals
 
+DEV_S3_ACCESS_KEY = "lorafleet"  # the local object store's keys (`lorafleet services up`)
+DEV_S3_SECRET_KEY = "lorafleet-secret"
+
 
 class PlatformSettings(BaseSettings):
     """Addresses of Kafka, PostgreSQL and the object store; every one can be overridden by env."""
@@ -58,8 +61,10 @@ class PlatformSettings(BaseSettings):
     redis_port: int = 16379  # the local server's port (`lorafleet services up`)
 
     s3_endpoint: str = "http://127.0.0.1:19000"  # the S3-compatible store that holds adapter files
-    s3_access_key: str = "lorafleet"  # the object store's access key
-    s3_secret_key: str = "lorafleet-secret"  # and its secret key
+    # the object store's keys; the defaults are the local store's dev ones (lorafleet.profile refuses them
+    # outside the dev profile)
+    s3_access_key: str = DEV_S3_ACCESS_KEY
+    s3_secret_key: str = DEV_S3_SECRET_KEY
     s3_region: str = "us-east-1"  # the region the S3 client signs for
     s3_bucket: str = "lorafleet-adapters"  # where `lorafleet adapters register` uploads adapter files
     # Adapter downloads (the replica's cache, the registry validator): a total deadline per download, a

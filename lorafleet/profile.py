@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 from pydantic import SecretStr
 
-from lorafleet.config import PlatformSettings
+from lorafleet.config import DEV_S3_ACCESS_KEY, DEV_S3_SECRET_KEY, PlatformSettings
 from schemas import principals
 
 DEV_TOKEN = "dev-service-token"
@@ -51,10 +51,20 @@ WELL_KNOWN_SECRETS: frozenset[str] = frozenset(
         DEV_METRICS_TOKEN,
         DEV_REDIS_PASSWORD,
         DEV_DATABASE_OWNER_PASSWORD,
+        DEV_S3_ACCESS_KEY,
+        DEV_S3_SECRET_KEY,
         *(dev_kafka_password(name) for name in principals.ALL),
         *(dev_database_password(name) for name in principals.DATABASE_LOGINS),
     }
 )
+
+
+def object_store_keys(platform: PlatformSettings) -> dict[str, str]:
+    """The object store's keys, as credentials for refuse_dev_tokens (the local store's are well known)."""
+    return {
+        "LORAFLEET_S3_ACCESS_KEY": platform.s3_access_key,
+        "LORAFLEET_S3_SECRET_KEY": platform.s3_secret_key,
+    }
 
 
 def url_password(url: str) -> str:
@@ -94,14 +104,19 @@ def dev_tokens(tokens: Mapping[str, str | SecretStr]) -> list[str]:
 
 
 def refuse_dev_tokens(
-    platform: PlatformSettings, process: str, tokens: Mapping[str, str | SecretStr]
+    platform: PlatformSettings,
+    process: str,
+    tokens: Mapping[str, str | SecretStr],
+    database_url: bool = True,
 ) -> None:
-    """Raise DevTokenRefused unless the profile is dev or every token (and the database URL's password, and
-    the Kafka password when the platform authenticates to Kafka) is a real secret."""
+    """Raise DevTokenRefused unless the profile is dev or every token (and the database URL's password unless
+    database_url is False, and the Kafka password when the platform authenticates to Kafka) is a real
+    secret."""
     if platform.profile == "dev":
         return
     secrets = dict(tokens)
-    secrets[DATABASE_URL_SETTING] = url_password(platform.database_url)
+    if database_url:
+        secrets[DATABASE_URL_SETTING] = url_password(platform.database_url)
     if platform.kafka_security_protocol != "PLAINTEXT":
         secrets[KAFKA_PASSWORD_SETTING] = kafka_password(platform)
     found = dev_tokens(secrets)

@@ -31,7 +31,7 @@ def serve(
 ) -> None:
     """Serve generate, adapter load/unload and state over HTTP (LORAFLEET_REPLICA_* settings; flags win)."""
     from lorafleet.model.prepare import DEFAULT_MODEL_DIR, ensure_default_model
-    from lorafleet.profile import refuse_dev_tokens
+    from lorafleet.profile import object_store_keys, refuse_dev_tokens
     from replica.config import ReplicaSettings
     from schemas import principals
 
@@ -51,6 +51,7 @@ def serve(
     if settings.registry_url is not None:
         tokens["LORAFLEET_REPLICA_REGISTRY_TOKEN"] = settings.registry_token
     settings = settings.model_copy(update={"platform": settings.platform.as_service(principals.REPLICA)})
+    tokens |= object_store_keys(settings.platform)  # adapters, and a merged replica's one, come from there
     refuse_dev_tokens(settings.platform, "replica", tokens)
     if settings.model_dir == DEFAULT_MODEL_DIR and not (DEFAULT_MODEL_DIR / "config.json").is_file():
         settings = settings.model_copy(update={"model_dir": ensure_default_model()})

@@ -7,6 +7,7 @@ import json
 import typer
 
 from lorafleet.config import DatabaseLoginSettings, get_settings
+from lorafleet.profile import object_store_keys, refuse_dev_tokens, url_password
 from ops.stack import stack, supervisor
 from ops.stack.paths import REPO_ROOT
 
@@ -40,8 +41,20 @@ def supervise(only: list[str] = typer.Option([], "--only", help=ONLY_HELP)) -> N
 def init() -> None:
     """Migrate, make the processes' database logins (LORAFLEET_DB_LOGIN_<PROCESS>), create the topics, the
     Kafka ACLs and the bucket on services that run elsewhere (containers, Kubernetes), as the database owner
-    (LORAFLEET_DATABASE_URL) and the Kafka admin (LORAFLEET_KAFKA_USERNAME, LORAFLEET_KAFKA_PASSWORD)."""
-    stack.prepare(get_settings(), typer.echo, DatabaseLoginSettings().logins())
+    (LORAFLEET_DATABASE_URL) and the Kafka admin (LORAFLEET_KAFKA_USERNAME, LORAFLEET_KAFKA_PASSWORD).
+
+    Outside the dev profile it refuses, before it changes anything, a login it would make with a dev
+    password or none, the object store's dev keys, and a dev Kafka password. The owner's password is the
+    database server's own, not one this project ships or makes, so it is not checked."""
+    settings = get_settings()
+    logins = DatabaseLoginSettings().logins()
+    login_passwords = {
+        f"LORAFLEET_DB_LOGIN_{p.upper().replace('-', '_')}": url_password(u) for p, u in logins.items()
+    }
+    refuse_dev_tokens(
+        settings, "services init", object_store_keys(settings) | login_passwords, database_url=False
+    )
+    stack.prepare(settings, typer.echo, logins)
 
 
 @app.command()

@@ -27,6 +27,9 @@ from schemas import principals
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
+S3 = ("LORAFLEET_S3_ACCESS_KEY", "LORAFLEET_S3_SECRET_KEY")
+# the init Job makes this login: a dev password for it is refused (the owner's own URL is not checked)
+INIT_LOGIN = "LORAFLEET_DB_LOGIN_RELAY"
 SETTING = re.compile(r"\bLORAFLEET_[A-Z0-9_]+\b")
 DATABASE, KAFKA, REDIS = "LORAFLEET_DATABASE_URL", "LORAFLEET_KAFKA_PASSWORD", "LORAFLEET_REDIS_URL"
 
@@ -56,7 +59,7 @@ PROCESSES: dict[str, tuple[list[str], dict[str, str], set[str]]] = {
     "replica": (
         ["replica", "serve", "--replica-id", "profile-test"],
         {},
-        {"LORAFLEET_REPLICA_SERVICE_TOKEN_SHA256", "LORAFLEET_REPLICA_REGISTRY_TOKEN", KAFKA, DATABASE},
+        {"LORAFLEET_REPLICA_SERVICE_TOKEN_SHA256", "LORAFLEET_REPLICA_REGISTRY_TOKEN", *S3, KAFKA, DATABASE},
     ),
     "autoscaler": (
         ["autoscale", "--local"],
@@ -64,9 +67,14 @@ PROCESSES: dict[str, tuple[list[str], dict[str, str], set[str]]] = {
         {"LORAFLEET_AUTOSCALE_REPLICA_SERVICE_TOKEN", KAFKA, DATABASE},
     ),
     "relay": (["relay"], {}, {KAFKA, DATABASE}),
-    "registry-validator": (["registry-validator"], {}, {KAFKA, DATABASE}),
+    "registry-validator": (["registry-validator"], {}, {*S3, KAFKA, DATABASE}),
     "placement-worker": (["placement-worker"], {}, {KAFKA, DATABASE}),
     "stats-stream": (["stats-stream"], {}, {KAFKA, DATABASE}),
+    "services init": (
+        ["services", "init"],
+        {INIT_LOGIN: "postgresql://lf_relay:dev-db-relay@127.0.0.1:15432/lorafleet"},
+        {INIT_LOGIN, *S3, KAFKA},
+    ),
     "stats-stream beyond loopback": (
         ["stats-stream"],
         {"LORAFLEET_STATS_METRICS_HOST": "0.0.0.0"},
@@ -82,6 +90,7 @@ TOKENS = {
     "LORAFLEET_REPLICA_REGISTRY_TOKEN",
     "LORAFLEET_AUTOSCALE_REPLICA_SERVICE_TOKEN",
     "LORAFLEET_STATS_METRICS_TOKEN",
+    *S3,
 }
 
 

@@ -7,10 +7,11 @@ and a drain (the replica drains on the SIGTERM of its scale-down).
 What running pods natively on one machine changes (harness/deploy/network.py): each pod's ports and every
 name for it move to loopback, a volume is a folder, and the backing services are the ones this test runs:
 a Kafka broker of its own whose SCRAM users are the Secret's, the local PostgreSQL (a throwaway database,
-named where the files name `lorafleet`), the local S3 store, and a Redis of its own with the Secret's
-password. The example Secret's values are filled in: each <secret> a random value of this run's own, each
-<sha256 of KEY> the hex digest of KEY's value, the database owner and the store's keys those of the local services, and each process's database login named
-with this run's id (PostgreSQL roles belong to the whole cluster, which other runs share).
+named where the files name `lorafleet`), an S3 store and a Redis of its own on the Secret's keys and
+password. The example Secret's values are filled in: each <secret> (the object store's keys included) a
+random value of this run's own, each <sha256 of KEY> the hex digest of KEY's value, the database owner
+that of the local PostgreSQL, and each process's database login named with this run's id (PostgreSQL roles
+belong to the whole cluster, which other runs share).
 
 Sizes the test overrides, for the replica only, because the manifest's are a GPU's and this is a CPU
 (nothing here is a credential, an address or a setting whose absence the run would catch):
@@ -51,7 +52,7 @@ from harness.running import Running
 from lorafleet.config import PlatformSettings
 from lorafleet.model.base_hash import base_model_hash
 from lorafleet.model.prepare import ensure_default_model
-from ops.stack import kafka
+from ops.stack import kafka, objectstore
 from schemas import principals
 from tests.integration import deployment_scenario as scenario
 from tests.integration.waiting import wait_until
@@ -71,15 +72,13 @@ REPLICA_SIZES = {
 }
 
 
-def filled_secret(run_id: str, owner_url: str, store: PlatformSettings) -> dict[str, str]:
+def filled_secret(run_id: str, owner_url: str) -> dict[str, str]:
     """The example Secret with each <...> filled in for this run (the module docstring says how)."""
     (doc,) = [d for d in yaml.safe_load_all((K8S / "secret.example.yaml").read_text()) if d]
     owner = urlparse(owner_url)
     known = {
         "owner": owner.username or "",
         "owner-password": owner.password or "",
-        "the object store's access key": store.s3_access_key,
-        "the object store's secret key": store.s3_secret_key,
     }
     out: dict[str, str] = {}
 
@@ -141,8 +140,7 @@ class Deployment:
 async def deployment(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Deployment]:
     run_id = uuid.uuid4().hex[:8]
     work = tmp_path_factory.mktemp("k8s-run")
-    store = services.settings()
-    secret = filled_secret(run_id, services.database_url, store)
+    secret = filled_secret(run_id, services.database_url)
     # Kafka: a broker of this run's own, its SCRAM users the Secret's
     users = {p: secret[f"kafka-{p}-password"] for p in principals.ALL if f"kafka-{p}-password" in secret}
     broker = PlatformSettings(
@@ -152,6 +150,15 @@ async def deployment(services, tmp_path_factory: pytest.TempPathFactory) -> Asyn
     )
     with ThreadPoolExecutor(1) as pool:
         pool.submit(kafka.up, broker, 240.0, users).result()
+    # The object store: one of this run's own, on the Secret's keys
+    store = PlatformSettings(
+        data_dir=work / "objectstore",
+        s3_endpoint=f"http://{LOOPBACK}:{free_port()}",
+        s3_access_key=secret["s3-access-key"],
+        s3_secret_key=secret["s3-secret-key"],
+    )
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(objectstore.up, store, 120.0).result()
     # Redis: one of this run's own, on the Secret's password
     redis, redis_port = await run.start_redis(work, urlparse(secret["redis-url"]).password or "")
     db_name = f"k8srun_{run_id}"
@@ -188,6 +195,7 @@ async def deployment(services, tmp_path_factory: pytest.TempPathFactory) -> Asyn
         stop(redis)
         with ThreadPoolExecutor(1) as pool:
             pool.submit(kafka.down, broker).result()
+            pool.submit(objectstore.down, store).result()
 
 
 async def _placed_on(d: Deployment, replica_id: str) -> set[str]:
@@ -275,9 +283,6 @@ def _secret_variables() -> list[tuple[str, str]]:
     return out
 
 
-# The object store's keys are not refused yet when they are missing or the dev ones (docs/security.md,
-# "Gaps the table shows"): a process without them runs on the defaults, the local store's own keys.
-NOT_REFUSED_YET = {"LORAFLEET_S3_ACCESS_KEY", "LORAFLEET_S3_SECRET_KEY"}
 # Needed only beyond loopback, where this run never listens (it moves every listener to loopback); there the
 # stats stream refuses to start without it: tests/stats_stream/test_metrics_listener.py.
 LOOPBACK_ONLY_HERE = {"LORAFLEET_STATS_METRICS_TOKEN"}
@@ -285,7 +290,7 @@ LOOPBACK_ONLY_HERE = {"LORAFLEET_STATS_METRICS_TOKEN"}
 
 @pytest.mark.parametrize(
     ("workload", "variable"),
-    [c for c in _secret_variables() if c[1] not in NOT_REFUSED_YET | LOOPBACK_ONLY_HERE],
+    [c for c in _secret_variables() if c[1] not in LOOPBACK_ONLY_HERE],
     ids=str,
 )
 async def test_a_process_missing_a_secret_its_manifest_gives_it_refuses_to_start(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
-from lorafleet.config import PlatformSettings
+from lorafleet.config import DEV_S3_ACCESS_KEY, DEV_S3_SECRET_KEY, PlatformSettings
 from lorafleet.profile import (
     DEV_TOKEN,
     DevTokenRefused,
@@ -13,7 +13,9 @@ from lorafleet.profile import (
     dev_kafka_password,
     dev_tokens,
     kafka_password,
+    object_store_keys,
     refuse_dev_tokens,
+    token_digest,
     url_password,
 )
 from schemas import principals
@@ -25,6 +27,17 @@ REAL_DATABASE = "postgresql://lf_relay:a-real-db-secret@db:5432/lorafleet"
 def test_the_dev_token_and_an_empty_one_are_found_by_setting_name() -> None:
     tokens = {"B": SecretStr(DEV_TOKEN), "A": "", "C": "a-real-secret"}
     assert dev_tokens(tokens) == ["A", "B"]
+
+
+def test_a_digest_of_a_dev_token_is_as_well_known_as_the_token() -> None:
+    assert dev_tokens({"D": token_digest(DEV_TOKEN), "E": token_digest("a-real-secret")}) == ["D"]
+
+
+def test_the_local_object_stores_keys_are_dev_keys_and_real_ones_are_not() -> None:
+    local = PlatformSettings(s3_access_key=DEV_S3_ACCESS_KEY, s3_secret_key=DEV_S3_SECRET_KEY)
+    assert dev_tokens(object_store_keys(local)) == ["LORAFLEET_S3_ACCESS_KEY", "LORAFLEET_S3_SECRET_KEY"]
+    real = PlatformSettings(s3_access_key="AKIAEXAMPLE", s3_secret_key="a-real-s3-secret")
+    assert dev_tokens(object_store_keys(real)) == []
 
 
 def test_outside_the_dev_profile_a_dev_token_stops_the_process() -> None:

@@ -22,7 +22,7 @@ from lorafleet.db.pool import close_pool, create_pool
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.fetch_retry import FetchPolicy
 from lorafleet.kafka import make_consumer
-from lorafleet.profile import refuse_dev_tokens
+from lorafleet.profile import object_store_keys, refuse_dev_tokens
 from lorafleet.retry import run_with_retry
 from lorafleet.s3 import async_client
 from lorafleet.worker import run_until_signal
@@ -105,7 +105,7 @@ def registry_validator() -> None:
     """Validate adapter registrations (both doors) and mark each version ready or rejected."""
 
     config = GatewayConfig.from_env(principals.REGISTRY_VALIDATOR)
-    refuse_dev_tokens(config.platform, "registry-validator", {})
+    refuse_dev_tokens(config.platform, "registry-validator", object_store_keys(config.platform))
     metrics.serve(config.gateway.validator_metrics_port, config.gateway.validator_metrics_host)
     run_until_signal(
         lambda stop: run_with_retry(
