@@ -103,15 +103,25 @@ def dev_tokens(tokens: Mapping[str, str | SecretStr]) -> list[str]:
     return sorted(out)
 
 
+def local_addresses(platform: PlatformSettings, object_store: bool) -> list[str]:
+    """The backing-service addresses left unset, so on the local stack's defaults: Kafka's, and the object
+    store's for a process that uses it. (The database and Redis URLs' defaults carry dev passwords.)"""
+    fields = {"kafka_bootstrap": "LORAFLEET_KAFKA_BOOTSTRAP"}
+    if object_store:
+        fields["s3_endpoint"] = "LORAFLEET_S3_ENDPOINT"
+    return sorted(name for field, name in fields.items() if field not in platform.model_fields_set)
+
+
 def refuse_dev_tokens(
     platform: PlatformSettings,
     process: str,
     tokens: Mapping[str, str | SecretStr],
     database_url: bool = True,
 ) -> None:
-    """Raise DevTokenRefused unless the profile is dev or every token (and the database URL's password unless
-    database_url is False, and the Kafka password when the platform authenticates to Kafka) is a real
-    secret."""
+    """Raise DevTokenRefused unless the profile is dev, or every token (and the database URL's password unless
+    database_url is False, and the Kafka password when the platform authenticates to Kafka) is a real secret
+    and no backing service's address is left on its local default (a process holding the object store's keys
+    uses the store)."""
     if platform.profile == "dev":
         return
     secrets = dict(tokens)
@@ -119,9 +129,17 @@ def refuse_dev_tokens(
         secrets[DATABASE_URL_SETTING] = url_password(platform.database_url)
     if platform.kafka_security_protocol != "PLAINTEXT":
         secrets[KAFKA_PASSWORD_SETTING] = kafka_password(platform)
+    reasons = []
     found = dev_tokens(secrets)
     if found:
+        reasons.append(
+            f"{', '.join(found)} still hold a well-known dev secret or none. Set a secret of its own for each"
+        )
+    unset = local_addresses(platform, object_store="LORAFLEET_S3_ACCESS_KEY" in tokens)
+    if unset:
+        names = ", ".join(unset)
+        reasons.append(f"{names} unset: each would be the local stack's address. Set where each runs")
+    if reasons:
         raise DevTokenRefused(
-            f"{process}: {', '.join(found)} still hold a well-known dev secret or none. Set a secret of its"
-            " own for each, or set LORAFLEET_PROFILE=dev on a single-machine dev stack."
+            f"{process}: {'; '.join(reasons)}; or set LORAFLEET_PROFILE=dev on a single-machine dev stack."
         )

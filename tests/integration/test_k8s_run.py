@@ -288,16 +288,33 @@ def _secret_variables() -> list[tuple[str, str]]:
 LOOPBACK_ONLY_HERE = {"LORAFLEET_STATS_METRICS_TOKEN"}
 
 
+def _address_variables() -> list[tuple[str, str]]:
+    """(workload, variable): a backing service's address each long-running workload takes from the
+    ConfigMap (envFrom): Kafka's for every one, the object store's for those given its keys."""
+    out = []
+    for doc in applied_documents(K8S):
+        if doc.kind in ("Deployment", "StatefulSet"):
+            for container in doc.body["spec"]["template"]["spec"]["containers"]:
+                if not any("configMapRef" in source for source in container.get("envFrom", [])):
+                    continue
+                names = {e["name"] for e in container.get("env", [])}
+                out.append((doc.name, "LORAFLEET_KAFKA_BOOTSTRAP"))
+                if "LORAFLEET_S3_ACCESS_KEY" in names:
+                    out.append((doc.name, "LORAFLEET_S3_ENDPOINT"))
+    return out
+
+
 @pytest.mark.parametrize(
     ("workload", "variable"),
-    [c for c in _secret_variables() if c[1] not in LOOPBACK_ONLY_HERE],
+    [c for c in _secret_variables() if c[1] not in LOOPBACK_ONLY_HERE] + _address_variables(),
     ids=str,
 )
-async def test_a_process_missing_a_secret_its_manifest_gives_it_refuses_to_start(
+async def test_a_process_missing_a_secret_or_address_its_manifest_gives_it_refuses_to_start(
     d: Deployment, workload: str, variable: str
 ) -> None:
-    """Delete one variable from the container's environment as the manifest builds it: the process exits
-    at start, naming it, instead of falling back to a default (a dev secret, a local address)."""
+    """Delete one variable from the container's environment as the manifest builds it (from the Secret, or a
+    backing service's address from the ConfigMap): the process exits at start, naming it, instead of
+    falling back to a default (a dev secret, the local stack's address)."""
     pod = d.cluster.pod(workload, ordinal=90)
     spec = d.cluster.spec(pod)
     assert variable in spec.env, f"{workload} has no {variable}"

@@ -22,6 +22,7 @@ from schemas import principals
 
 REAL_KAFKA = SecretStr("a-real-kafka-secret")
 REAL_DATABASE = "postgresql://lf_relay:a-real-db-secret@db:5432/lorafleet"
+KAFKA = "kafka.lorafleet.svc:9092"
 
 
 def test_the_dev_token_and_an_empty_one_are_found_by_setting_name() -> None:
@@ -41,7 +42,9 @@ def test_the_local_object_stores_keys_are_dev_keys_and_real_ones_are_not() -> No
 
 
 def test_outside_the_dev_profile_a_dev_token_stops_the_process() -> None:
-    production = PlatformSettings(profile="production", kafka_password=REAL_KAFKA, database_url=REAL_DATABASE)
+    production = PlatformSettings(
+        profile="production", kafka_bootstrap=KAFKA, kafka_password=REAL_KAFKA, database_url=REAL_DATABASE
+    )
     with pytest.raises(DevTokenRefused, match="X_TOKEN"):
         refuse_dev_tokens(production, "gateway", {"X_TOKEN": DEV_TOKEN})
     refuse_dev_tokens(production, "gateway", {"X_TOKEN": "s3cret"})
@@ -53,6 +56,7 @@ def test_outside_the_dev_profile_a_dev_or_missing_kafka_password_stops_the_proce
     for password in (SecretStr(dev_kafka_password(principal)), SecretStr(dev_kafka_password("admin")), None):
         settings = PlatformSettings(
             profile="production",
+            kafka_bootstrap=KAFKA,
             kafka_username=principal,
             kafka_password=password,
             database_url=REAL_DATABASE,
@@ -60,7 +64,10 @@ def test_outside_the_dev_profile_a_dev_or_missing_kafka_password_stops_the_proce
         with pytest.raises(DevTokenRefused, match="LORAFLEET_KAFKA_PASSWORD"):
             refuse_dev_tokens(settings, "relay", {})
     plaintext = PlatformSettings(
-        profile="production", kafka_security_protocol="PLAINTEXT", database_url=REAL_DATABASE
+        profile="production",
+        kafka_bootstrap=KAFKA,
+        kafka_security_protocol="PLAINTEXT",
+        database_url=REAL_DATABASE,
     )
     refuse_dev_tokens(plaintext, "relay", {})  # a broker without authentication: no password to check
 
@@ -75,13 +82,17 @@ def test_outside_the_dev_profile_a_dev_or_missing_kafka_password_stops_the_proce
     ],
 )
 def test_outside_the_dev_profile_a_dev_or_missing_database_password_stops_the_process(url: str) -> None:
-    settings = PlatformSettings(profile="production", kafka_password=REAL_KAFKA, database_url=url)
+    settings = PlatformSettings(
+        profile="production", kafka_bootstrap=KAFKA, kafka_password=REAL_KAFKA, database_url=url
+    )
     with pytest.raises(DevTokenRefused, match="LORAFLEET_DATABASE_URL"):
         refuse_dev_tokens(settings, "relay", {})
 
 
 def test_a_url_among_the_tokens_is_judged_by_its_password() -> None:
-    production = PlatformSettings(profile="production", kafka_password=REAL_KAFKA, database_url=REAL_DATABASE)
+    production = PlatformSettings(
+        profile="production", kafka_bootstrap=KAFKA, kafka_password=REAL_KAFKA, database_url=REAL_DATABASE
+    )
     for dev in ("redis://:dev-redis-password@r:6379/0", "redis://r:6379/0"):
         with pytest.raises(DevTokenRefused, match="LORAFLEET_REDIS_URL"):
             refuse_dev_tokens(production, "public-gateway", {"LORAFLEET_REDIS_URL": url_password(dev)})
@@ -102,3 +113,23 @@ def test_a_service_keeps_a_username_the_environment_names() -> None:
     named = PlatformSettings(kafka_username="prod-relay").as_service(principals.RELAY)
     assert named.kafka_principal == "prod-relay"
     assert PlatformSettings().kafka_principal == principals.ADMIN  # tools and tests
+
+
+def test_outside_the_dev_profile_a_backing_services_local_default_address_stops_the_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("LORAFLEET_KAFKA_BOOTSTRAP", raising=False)
+    monkeypatch.delenv("LORAFLEET_S3_ENDPOINT", raising=False)
+    real = {"kafka_password": REAL_KAFKA, "database_url": REAL_DATABASE}
+    keys = {"s3_access_key": "AKIAEXAMPLE", "s3_secret_key": "a-real-s3-secret"}
+    unset = PlatformSettings(profile="production", **real, **keys)
+    with pytest.raises(DevTokenRefused, match="LORAFLEET_KAFKA_BOOTSTRAP unset: each would") as refused:
+        refuse_dev_tokens(unset, "relay", {})
+    assert "S3" not in str(refused.value)  # the relay uses no object store
+    with pytest.raises(DevTokenRefused, match="LORAFLEET_KAFKA_BOOTSTRAP, LORAFLEET_S3_ENDPOINT unset"):
+        refuse_dev_tokens(unset, "registry-validator", object_store_keys(unset))
+    placed = PlatformSettings(
+        profile="production", kafka_bootstrap=KAFKA, s3_endpoint="http://objectstore:9000", **real, **keys
+    )
+    refuse_dev_tokens(placed, "registry-validator", object_store_keys(placed))
+    refuse_dev_tokens(PlatformSettings(profile="dev"), "relay", {})  # the dev stack's defaults are its own
