@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import UTC, datetime
 
 import asyncpg
 
@@ -132,14 +133,22 @@ class PlacementWorker:
             return
         if event.merged_adapter_id is not None:  # serves only its merged adapter: never a placement target
             return
+        received = datetime.now(UTC)  # membership is timed on this worker's clock, never the replica's
         async with self._pool.acquire() as conn, conn.transaction():
             newer = await store.upsert_heartbeat(
-                conn, event.replica_id, event.url, event.status, event.occurred_at, event.gpu_slots
+                conn,
+                event.replica_id,
+                event.url,
+                event.status,
+                reported_at=event.occurred_at,
+                received_at=received,
+                gpu_slots=event.gpu_slots,
+                stale_s=self._s.membership_ttl_s,
             )
             if newer:  # a replayed or reordered older state must not bring back an evicted copy
                 held = resident_tiers(event.gpu_adapters, event.ram_adapters, event.disk_adapters)
                 await store.sync_spills(
-                    conn, event.replica_id, held if event.status == "ready" else {}, event.occurred_at
+                    conn, event.replica_id, held if event.status == "ready" else {}, received
                 )
         await self.tick()
 

@@ -26,29 +26,45 @@ async def take_plan_lock(conn: Connection, wait_s: float) -> None:
 
 
 async def upsert_heartbeat(
-    conn: Connection, replica_id: str, url: str, status: str, at: datetime, gpu_slots: int = 0
+    conn: Connection,
+    replica_id: str,
+    url: str,
+    status: str,
+    reported_at: datetime,
+    received_at: datetime,
+    gpu_slots: int = 0,
+    stale_s: float = 10.0,
 ) -> bool:
-    """Record a replica.state; an older (replayed) one changes nothing. True when the row changed.
-    warming_since keeps the first heartbeat of a warming run (NULL outside one)."""
+    """Record a replica.state that arrived at received_at (this worker's clock), sent at reported_at (the
+    replica's). A report older by the replica's own clock than the one held changes nothing while the held
+    one is fresh (received within stale_s); once that is stale, the next report wins whatever its time, so a
+    report dated in the future (its clock stepped back since) holds the row for stale_s at most. True when
+    the row changed. warming_since keeps the first heartbeat of a warming run (NULL outside one)."""
     return bool(
         await conn.fetchval(
-            """INSERT INTO replicas (replica_id, url, last_seen, status, gpu_slots, warming_since)
-               VALUES ($1, $2, $3, $4, $5, CASE WHEN $4 = 'warming' THEN $3::timestamptz END)
+            """INSERT INTO replicas
+                   (replica_id, url, last_seen, reported_at, status, gpu_slots, warming_since)
+               VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $5 = 'warming' THEN $3::timestamptz END)
                ON CONFLICT (replica_id) DO UPDATE
-                   SET url = EXCLUDED.url, last_seen = EXCLUDED.last_seen, status = EXCLUDED.status,
+                   SET url = EXCLUDED.url, last_seen = EXCLUDED.last_seen,
+                       reported_at = EXCLUDED.reported_at, status = EXCLUDED.status,
                        gpu_slots = EXCLUDED.gpu_slots,
                        warming_since = CASE
                            WHEN EXCLUDED.status <> 'warming' THEN NULL
                            WHEN replicas.status = 'warming'
                                THEN coalesce(replicas.warming_since, EXCLUDED.last_seen)
                            ELSE EXCLUDED.last_seen END
-                   WHERE replicas.last_seen < EXCLUDED.last_seen
+                   WHERE replicas.reported_at IS NULL
+                      OR replicas.reported_at < EXCLUDED.reported_at
+                      OR replicas.last_seen < EXCLUDED.last_seen - make_interval(secs => $7)
                RETURNING true""",
             replica_id,
             url,
-            at,
+            received_at,
+            reported_at,
             status,
             gpu_slots,
+            stale_s,
         )
     )
 

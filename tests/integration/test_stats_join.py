@@ -39,7 +39,7 @@ async def test_a_window_the_stream_stored_first_still_raises_the_owner_count(poo
     await insert_ready_adapters(pool, [ReadyAdapter(adapter, "acme", HASH)])
     now = datetime.now(UTC)
     for i in range(6):
-        await store.upsert_heartbeat(pool, f"{prefix}{i}", f"http://127.0.0.1:{i}", "ready", now, 8)
+        await store.upsert_heartbeat(pool, f"{prefix}{i}", f"http://127.0.0.1:{i}", "ready", now, now, 8)
     settings = PlacementSettings(
         replica_id_prefix=prefix, tick_s=0.01, membership_ttl_s=600, demand_ttl_s=TTL_S, decay_check_s=0.05
     )

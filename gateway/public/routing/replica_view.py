@@ -1,6 +1,7 @@
 """The gateway's live replica table, fed by replica.state (every replica publishes once a second).
 
-A replica is live while its last state is fresher than stale_s and says ready, and it has not failed a
+A replica is live while its last state arrived within stale_s (on this gateway's clock, never the
+sender's) and says ready, and it has not failed a
 connection since that state. Load is the larger of what it reported and the tokens this gateway has in
 flight on it now, so the router sees its own requests between two reports.
 """
@@ -50,14 +51,22 @@ class ReplicaView:
         self._hits = HitWindow()
 
     def apply(self, state: ReplicaState) -> None:
-        """Keep the newest state; its age counts from when the replica sent it, not when it arrived."""
+        """Keep the newest state. Its age counts from when it arrived, on this gateway's clock: a replica
+        whose clock is behind or ahead is as fresh as its last message. Newest is by the replica's own clock
+        (a replay or a late copy of an older report changes nothing), but only while the state held is
+        fresh: once it is stale, the next report wins whatever its time, so a report dated in the future
+        (a clock stepped back since) holds a replica for stale_s at most."""
         if not state.replica_id.startswith(self.replica_id_prefix):
             return
-        age = max(0.0, time.time() - state.occurred_at.timestamp())
+        now = self.clock()
         current = self._entries.get(state.replica_id)
-        if current is not None and current.state.occurred_at > state.occurred_at:
+        if (
+            current is not None
+            and current.state.occurred_at > state.occurred_at
+            and now - current.received <= self.stale_s
+        ):
             return
-        self._entries[state.replica_id] = _Entry(state, self.clock() - age)
+        self._entries[state.replica_id] = _Entry(state, now)
 
     def mark_failed(self, replica_id: str) -> None:
         """A connection to it failed: not live until it reports again."""

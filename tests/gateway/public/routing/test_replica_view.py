@@ -1,5 +1,5 @@
-"""The gateway's live replica table: newest state wins, stale replicas drop out, other fleets are ignored,
-and only ready replicas are routed to."""
+"""The gateway's live replica table: newest state wins, stale replicas drop out (by arrival, on the
+gateway's clock), other fleets are ignored, and only ready replicas are routed to."""
 
 from __future__ import annotations
 
@@ -39,6 +39,32 @@ def test_stale_replicas_drop_out_and_an_older_state_never_replaces_a_newer_one()
     clock.now += 5
     view.apply(state("replica-1", tokens=2))
     assert [r.replica_id for r in view.live()] == ["replica-1"]
+
+
+def test_a_replica_whose_clock_is_behind_is_routed_to_while_its_reports_arrive() -> None:
+    clock = Clock()
+    view = ReplicaView(stale_s=3.0, clock=clock)
+    view.apply(state("replica-0", age_s=60))  # sent "a minute ago" by its own clock: it just arrived
+    assert [r.replica_id for r in view.live()] == ["replica-0"]
+    clock.now += 2
+    view.apply(state("replica-0", tokens=7, age_s=59))
+    clock.now += 2
+    assert [r.tokens_in_flight for r in view.live()] == [7]
+    clock.now += 2  # no report for 4 s on this gateway's clock
+    assert view.live() == []
+
+
+def test_a_future_dated_state_holds_a_replica_for_stale_s_at_most() -> None:
+    clock = Clock()
+    view = ReplicaView(stale_s=3.0, clock=clock)
+    view.apply(state("replica-0", tokens=1, age_s=-3600))  # its clock an hour ahead, then stepped back
+    for _ in range(5):  # it reports every second; the first reports after the step look older
+        clock.now += 1
+        view.apply(state("replica-0", tokens=2))
+    assert [r.tokens_in_flight for r in view.live()] == [2]  # the newest report, not the future one
+    clock.now += 1
+    view.apply(state("replica-0", tokens=3))
+    assert [r.tokens_in_flight for r in view.live()] == [3]
 
 
 def test_replicas_of_another_fleet_are_never_routed_to() -> None:
