@@ -26,7 +26,12 @@ from replica.engine.async_engine import AsyncEngine
 from replica.engine.engine import KvPolicy, LLMEngine
 from replica.engine.model_runner import ModelRunner
 from replica.engine.trace import AdmissionTrace
-from replica.errors import AdapterBaseMismatchError, AdapterNotServedError, InvalidRequestError
+from replica.errors import (
+    AdapterBaseMismatchError,
+    AdapterNotServedError,
+    ContextLengthError,
+    InvalidRequestError,
+)
 from replica.kv.budget import blocks_in, kv_budget_bytes
 from replica.kv.paged_cache import bytes_per_block
 from replica.lifecycle import Lifecycle
@@ -252,12 +257,26 @@ class Replica:
             raise InvalidRequestError(
                 "this replica has no tokenizer; send prompt_token_ids", param="messages"
             )
+        # What can never fit is refused by its length in bytes, before the template or the tokenizer runs.
+        self._refuse_by_bytes(sum(len(str(m.get("content") or "").encode()) for m in messages))
         text = self.tokenizer.render_chat(messages, add_generation_prompt=True)
+        self._refuse_by_bytes(len(text.encode()))
         templated = time.perf_counter()
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if trace is not None:
             trace.templated, trace.tokenized = templated, time.perf_counter()
         return ids
+
+    def _refuse_by_bytes(self, n_bytes: int) -> None:
+        """A text of more bytes than max_model_len tokens could hold has more tokens than fit."""
+        assert self.tokenizer is not None
+        limit = self.settings.max_model_len
+        if n_bytes > limit * self.tokenizer.max_token_bytes:
+            raise ContextLengthError(
+                f"This model's maximum context length is {limit} tokens; the messages have {n_bytes} bytes, "
+                f"more than {limit} tokens of at most {self.tokenizer.max_token_bytes} bytes can hold",
+                param="messages",
+            )
 
     def engine_load(self) -> EngineLoad:
         """The engine's running and waiting requests, copied while the engine thread may be stepping."""

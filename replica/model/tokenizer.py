@@ -73,6 +73,11 @@ class Tokenizer:
         self.eos_token = eos_token
         self.stop_token_ids = stop_token_ids
         self._template = compile_chat_template(chat_template) if chat_template else None
+        # The most UTF-8 bytes one token stands for (decoded alone, plus one for a leading space a decoder may
+        # drop): a text of more than n times this many bytes has more than n tokens.
+        n = backend.get_vocab_size(with_added_tokens=True)
+        decoded = (len(backend.decode([i], skip_special_tokens=False).encode()) for i in range(n))
+        self.max_token_bytes = max(decoded, default=0) + 1
 
     @classmethod
     def from_dir(cls, model_dir: Path) -> Tokenizer:

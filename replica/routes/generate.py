@@ -3,6 +3,7 @@ held in a GPU slot until the response ends."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -37,7 +38,8 @@ async def generate(
     if not replica.lifecycle.accepting:
         raise ReplicaDrainingError("this replica is draining; send the request to another one")
     messages = [m.model_dump() for m in body.messages] if body.messages is not None else None
-    prompt = replica.prompt_ids(messages, body.prompt_token_ids, trace)
+    # the template and the tokenizer run on a worker thread: a long prompt never stalls the event loop
+    prompt = await asyncio.to_thread(replica.prompt_ids, messages, body.prompt_token_ids, trace)
     params = _sampling_params(body, len(prompt), replica.settings.max_model_len)
     replica.engine.engine.check_request(prompt, params)
     timer = replica.metrics.request()

@@ -151,6 +151,25 @@ async def test_a_replica_holding_only_the_digest_accepts_the_token_and_nothing_e
         assert (await client.get(state, headers=headers)).status_code == 401
 
 
+async def test_a_prompt_too_long_in_bytes_is_refused_before_the_template_or_tokenizer_runs(
+    replica: Replica, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 1 MiB message can never fit 256 tokens: 400 context_length_exceeded from its length alone."""
+    tokenizer = replica.tokenizer
+    assert tokenizer is not None and 1 < tokenizer.max_token_bytes <= 128
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the tokenizer or the template ran on a prompt that can never fit")
+
+    monkeypatch.setattr(tokenizer, "encode", never)
+    monkeypatch.setattr(tokenizer, "render_chat", never)
+    for content in ("x" * (1 << 20), "é" * (256 * tokenizer.max_token_bytes // 2 + 1)):
+        body = {"messages": [{"role": "user", "content": content}]}
+        resp = await client.post(BASE + "/generate", json=body, headers=AUTH)
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["code"] == "context_length_exceeded"
+
+
 async def test_bad_input_gets_error_json_not_500(client: httpx.AsyncClient) -> None:
     cases = [
         ("post", f"{BASE}/adapters/smol-bad/load", None, 409, "base_model_mismatch"),
