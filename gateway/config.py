@@ -69,6 +69,11 @@ class GatewaySettings(BaseSettings):
     replica_service_token: SecretStr = SecretStr(DEV_TOKEN)
     replica_connect_timeout_s: float = Field(default=2.0, gt=0)  # opening a connection to a replica
     replica_read_timeout_s: float = Field(default=60.0, gt=0)  # one read from a replica (httpx)
+    # Connections this gateway holds open to all replicas together; a request that finds every one in use
+    # waits this long for one (under first_token_timeout_s), then gets 503 gateway_overloaded: the gateway is
+    # loaded, no replica has failed, and none is marked so.
+    replica_max_connections: int = Field(default=2000, ge=1)
+    replica_pool_timeout_s: float = Field(default=1.0, gt=0)
     # A replica that sends no first token this long after the request went to it is given up on (and
     # marked failed): the next owner gets the request, and past the last the client gets 504.
     first_token_timeout_s: float = Field(default=10.0, gt=0)

@@ -140,6 +140,8 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
                 settings.replica_service_token.get_secret_value(),
                 settings.replica_connect_timeout_s,
                 settings.replica_read_timeout_s,
+                max_connections=settings.replica_max_connections,
+                pool_timeout_s=min(settings.replica_pool_timeout_s, settings.first_token_timeout_s / 2),
             ),
             publisher=publisher,
             metrics=GatewayMetrics(settings.tenant_metrics_max),

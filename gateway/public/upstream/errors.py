@@ -4,7 +4,8 @@ A replica's refusal of the request itself passes through with its code: a bad re
 the tenant's (its cold loads) as 429, anything else as 503, each with the replica's Retry-After. When the
 last owner tried answered 503 because of the adapter's load (it failed, or its cold loads are full), the
 client gets that code and Retry-After. A replica that sent no first token in time is 504; any other end
-(owners unreachable, draining, without a slot) is 503 `no_replica_available`.
+(owners unreachable, draining, without a slot) is 503 `no_replica_available`, and a gateway out of
+connections to replicas is 503 `gateway_overloaded`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ def public_error(exc: ReplicaRejected | ReplicaUnavailable) -> GatewayError:
         if exc.status == 429:
             return Overloaded(code or "replica_overloaded", message, None, retry)
         return ServiceUnavailable(code or "replica_error", message, None, retry)
+    if exc.pool_exhausted:
+        return ServiceUnavailable(
+            "gateway_overloaded", "this gateway is at its connection limit; retry", None, {"Retry-After": "1"}
+        )
     if exc.timed_out:
         return GatewayTimeout(
             "upstream_timeout", "no replica sent a first token in time", None, {"Retry-After": "1"}

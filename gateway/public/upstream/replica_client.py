@@ -8,7 +8,8 @@ busy, not hung. On the last replica to try, one that has answered keeps the requ
 the read timeout: a request queued on a loaded fleet waits rather than fails. A replica that answers with an
 error status is not retried when the request itself is at fault (4xx other than "adapter not here"); a
 replica that cannot take it (503, adapter missing there) passes it on like a failure. Once open, a stream
-whose replica sends nothing for stall_s raises UpstreamStalled.
+whose replica sends nothing for stall_s raises UpstreamStalled. When every pooled connection is in use, the
+request is refused at once as this gateway's overload (pool_exhausted), and no replica is reported failed.
 """
 
 from __future__ import annotations
@@ -40,10 +41,17 @@ class ReplicaUnavailable(Exception):
     """No replica of the plan could take the request; timed_out when the last one tried sent no first
     event within the first-token deadline."""
 
-    def __init__(self, message: str, timed_out: bool = False, refusal: Refusal | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        timed_out: bool = False,
+        refusal: Refusal | None = None,
+        pool_exhausted: bool = False,
+    ) -> None:
         super().__init__(message)
         self.timed_out = timed_out
         self.refusal = refusal  # the last replica's own 5xx answer, when it refused rather than failed
+        self.pool_exhausted = pool_exhausted  # this gateway had no free connection: its load, no replica's
 
 
 @dataclass(frozen=True)
@@ -136,12 +144,19 @@ class ReplicaClient:
     """One pooled httpx client for every replica."""
 
     def __init__(
-        self, service_token: str, connect_timeout_s: float = 2.0, read_timeout_s: float = 60.0
+        self,
+        service_token: str,
+        connect_timeout_s: float = 2.0,
+        read_timeout_s: float = 60.0,
+        max_connections: int = 2000,
+        pool_timeout_s: float = 1.0,
     ) -> None:
         self.http = httpx.AsyncClient(
             headers={"Authorization": f"Bearer {service_token}"},
-            timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=2000, max_keepalive_connections=200),
+            timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s, pool=pool_timeout_s),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=min(200, max_connections)
+            ),
         )
 
     async def aclose(self) -> None:
@@ -179,6 +194,13 @@ class ReplicaClient:
                     # gets what the read timeout allows, so a loaded fleet queues the request, not fails it.
                     await upstream.prefetch()
                 return upstream
+            except httpx.PoolTimeout as exc:
+                # every connection of this gateway's pool is in use: its own load, not the replica's fault,
+                # and the next replica would wait on the same pool
+                log.warning("no free connection to replicas: %r", exc)
+                raise ReplicaUnavailable(
+                    "this gateway has no free connection to a replica", pool_exhausted=True
+                ) from exc
             except (TimeoutError, httpx.HTTPError, _NoFirstLine) as exc:
                 timed_out = isinstance(exc, TimeoutError | httpx.TimeoutException)
                 if timed_out and response is not None:

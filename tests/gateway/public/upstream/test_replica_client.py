@@ -226,3 +226,30 @@ async def test_a_503_not_about_the_adapters_load_is_no_replica_available(servers
         assert public_error(exc.value).code == "no_replica_available"
     finally:
         await client.aclose()
+
+
+async def test_a_gateway_out_of_connections_is_overloaded_and_marks_no_replica_failed(servers) -> None:
+    """Both connections of the pool hold streams: the third request waits the pool timeout, then is the
+    gateway's own 503 gateway_overloaded; the replicas are healthy and none is reported failed."""
+    a, b = await servers(_one_line_then_silent), await servers(_one_line_then_silent)
+    failed: list[str] = []
+    client = ReplicaClient("t", max_connections=2, pool_timeout_s=0.2)
+    held = []
+    try:
+        for replica in (a, b):
+            held.append(await client.open([replica], GenerateRequest(prompt_token_ids=[1]), failed.append))
+        started = time.monotonic()
+        with pytest.raises(ReplicaUnavailable) as exc:
+            await client.open([a, b], GenerateRequest(prompt_token_ids=[1]), failed.append, first_token_s=5)
+        assert exc.value.pool_exhausted and time.monotonic() - started < 2
+        assert failed == []
+        error = public_error(exc.value)
+        assert (error.status, error.code) == (503, "gateway_overloaded")
+        await held.pop().aclose()  # a connection comes back: the next request is served
+        upstream = await client.open([b], GenerateRequest(prompt_token_ids=[1]), failed.append)
+        held.append(upstream)
+        assert failed == []
+    finally:
+        for upstream in held:
+            await upstream.aclose()
+        await client.aclose()
