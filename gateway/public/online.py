@@ -111,6 +111,15 @@ class Online:
             self.metrics.refused(caller.tenant_id, decision.limit or "unknown")
         return decision
 
+    async def charge_request(self, caller: Caller) -> Decision:
+        """One request of the caller's requests-per-second bucket, no tokens: what a route that serves no
+        completion (a model lookup, an unknown model) costs, so that none of them goes unlimited."""
+        limits = Limits(caller.requests_per_s, caller.tokens_per_min)
+        decision = (await self.limiter.reserve(caller.tenant_id, limits, 0)).decision
+        if not decision.admitted:
+            self.metrics.refused(caller.tenant_id, decision.limit or "unknown")
+        return decision
+
     def replica_failed(self, replica_id: str) -> None:
         """A replica was given up on: count it and keep the router off it until it reports again."""
         self.metrics.replica_failures.labels(replica_id).inc()

@@ -249,6 +249,39 @@ async def test_burst_over_the_limit_gets_429_and_other_tenant_is_unaffected(stac
     assert [r.status_code for r in results[n:]] == [200, 200, 200]
 
 
+async def test_unknown_models_and_model_lookups_count_against_the_tenants_request_rate(
+    stack: GatewayStack,
+) -> None:
+    """Each would read the database: a tenant asking for endless unknown names, or listing its models in a
+    loop, gets 429 past its request rate like any chat; another tenant's lookups are unaffected."""
+    rate, _ = TENANT_LIMITS["globex"]
+    capacity, n = max(1.0, rate), 12
+    await asyncio.sleep(capacity / rate)  # a full bucket to start from
+    globex = _auth(stack, "globex")
+    async with httpx.AsyncClient(base_url=stack.url, timeout=60) as c:
+        started = time.monotonic()
+        lookups = [
+            c.post(
+                "/v1/chat/completions",
+                json={"model": f"globex/nothing-{i}:prod", "messages": [{"role": "user", "content": "Hi"}]},
+                headers=globex,
+            )
+            for i in range(n)
+        ] + [c.get("/v1/models", headers=globex) for _ in range(n)]
+        others = [c.get("/v1/models", headers=_auth(stack)) for _ in range(3)]
+        results = await asyncio.gather(*lookups, *others)
+        elapsed = time.monotonic() - started
+    ours = results[: 2 * n]
+    served = [r for r in ours if r.status_code in (200, 404)]
+    limited = [r for r in ours if r.status_code == 429]
+    assert len(served) + len(limited) == 2 * n, [r.status_code for r in ours]
+    assert len(served) <= capacity + rate * elapsed, (len(served), elapsed)
+    for r in limited:
+        assert r.json()["error"]["code"] == "rate_limit_exceeded" and int(r.headers["retry-after"]) >= 1
+    assert all(r.json()["error"]["code"] == "model_not_found" for r in served if r.status_code == 404)
+    assert [r.status_code for r in results[2 * n :]] == [200, 200, 200]
+
+
 async def test_client_disconnect_aborts_the_generation_on_the_replica(stack: GatewayStack) -> None:
     """Counted in tokens, not seconds: the replica stops within a few steps of the disconnect, however slow
     each step is, where a generation left running would go on to its 400 tokens."""

@@ -22,7 +22,7 @@ from gateway.errors import (
     PayloadTooLarge,
     RateLimited,
 )
-from gateway.public.admission.rate_limit import retry_after_header
+from gateway.public.admission.rate_limit import Decision, retry_after_header
 from gateway.public.idempotency import HEADER as IDEMPOTENCY_HEADER
 from gateway.public.idempotent_chat import begin
 from gateway.public.online import Online, RequestRecord
@@ -124,26 +124,20 @@ async def _serve(request: Request, online: Online, caller: Caller, body: ChatCom
     )
     rec.alias = body.model
     target = await online.aliases.resolve(caller.tenant_id, body.model)
-    if target is None:
+    if target is None:  # no completion to admit, yet the lookup counts against the tenant's request rate
+        refuse_if_limited(await online.charge_request(caller), caller)
         raise NotFound("model_not_found", MODEL_NOT_FOUND, "model")
     adapter_id = target.pick(body.model, body.user or rec.request_id)  # a canary takes its weight
     rec.adapter_id = adapter_id
     max_tokens = body.completion_limit(settings.default_max_tokens)
     decision = await online.admit(caller, rec, estimate_prompt_tokens(body) + max_tokens)
-    if not decision.admitted:
-        if decision.retry_after_s == float("inf"):
-            raise BadRequest(
-                "tokens_exceed_limit",
-                "prompt plus max_completion_tokens is more than your tokens-per-minute limit",
-                "max_completion_tokens",
-            )
-        kind = "requests" if decision.limit == "requests_per_s" else "tokens"
-        wait = retry_after_header(decision.retry_after_s)
-        raise RateLimited(
-            kind,
-            f"Rate limit reached for {caller.tenant_id} on {decision.limit}; try again in {wait}s.",
-            {"Retry-After": wait, "retry-after-ms": str(max(1, int(decision.retry_after_s * 1000)))},
+    if not decision.admitted and decision.retry_after_s == float("inf"):
+        raise BadRequest(
+            "tokens_exceed_limit",
+            "prompt plus max_completion_tokens is more than your tokens-per-minute limit",
+            "max_completion_tokens",
         )
+    refuse_if_limited(decision, caller)
     try:
         upstream = await online.open_upstream(
             rec, replica_body(body, adapter_id, rec.request_id, max_tokens, caller.tenant_id)
@@ -174,3 +168,16 @@ async def _serve(request: Request, online: Online, caller: Caller, body: ChatCom
             on_cut=online.metrics.streams_cut.inc,
         )
     return await completion_response(rec, upstream, body.model, headers, online.finish)
+
+
+def refuse_if_limited(decision: Decision, caller: Caller) -> None:
+    """Raise the 429 in OpenAI's shape for a refused admission, with Retry-After."""
+    if decision.admitted:
+        return
+    kind = "requests" if decision.limit == "requests_per_s" else "tokens"
+    wait = retry_after_header(decision.retry_after_s)
+    raise RateLimited(
+        kind,
+        f"Rate limit reached for {caller.tenant_id} on {decision.limit}; try again in {wait}s.",
+        {"Retry-After": wait, "retry-after-ms": str(max(1, int(decision.retry_after_s * 1000)))},
+    )

@@ -1,4 +1,5 @@
-"""GET /v1/models and /v1/models/{model}: the caller's own aliases, as OpenAI model objects."""
+"""GET /v1/models and /v1/models/{model}: the caller's own aliases, as OpenAI model objects. Each call is one
+request of the tenant's requests-per-second limit (429 past it), since each may read the database."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from fastapi import APIRouter, Request
 
 from gateway.deps import PublicCaller
 from gateway.errors import NotFound
-from gateway.public.routes.chat import MODEL_NOT_FOUND
+from gateway.public.routes.chat import MODEL_NOT_FOUND, refuse_if_limited
 from schemas.openai import ModelCard, ModelList
 
 router = APIRouter()
@@ -15,6 +16,7 @@ router = APIRouter()
 @router.get("/v1/models", response_model=ModelList)
 async def list_models(request: Request, caller: PublicCaller) -> ModelList:
     online = request.app.state.online
+    refuse_if_limited(await online.charge_request(caller), caller)  # each lookup is one request
     rows = await online.aliases.list_aliases(caller.tenant_id)
     base = request.app.state.base_model_name
     return ModelList(
@@ -25,6 +27,7 @@ async def list_models(request: Request, caller: PublicCaller) -> ModelList:
 @router.get("/v1/models/{model:path}", response_model=ModelCard)
 async def get_model(model: str, request: Request, caller: PublicCaller) -> ModelCard:
     online = request.app.state.online
+    refuse_if_limited(await online.charge_request(caller), caller)
     for alias, ts in await online.aliases.list_aliases(caller.tenant_id):
         if alias == model:
             return ModelCard(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 
 import asyncpg
 
@@ -30,20 +31,26 @@ log = logging.getLogger(__name__)
 
 
 class AliasCache:
-    """(tenant, alias) -> (expires, target | None), read from the aliases table."""
+    """(tenant, alias) -> (expires, target | None), read from the aliases table.
+
+    Aliases that exist are bounded by the table. Names that do not (negative entries) are kept per tenant,
+    at most max_missing_per_tenant each, the oldest dropped first: a tenant asking for endless unknown names
+    only ever evicts its own misses, never another tenant's entries (which the store-outage fallback
+    answers from)."""
 
     def __init__(
         self,
         pool: asyncpg.Pool,
         ttl_s: float = 10.0,
-        max_entries: int = 100_000,
+        max_missing_per_tenant: int = 1_000,
         guard: StoreGuard | None = None,
     ) -> None:
         self.pool = pool
         self.guard = guard or StoreGuard(deadline_s=2.0, pause_s=1.0)
         self.ttl_s = ttl_s
-        self.max_entries = max_entries
+        self.max_missing_per_tenant = max_missing_per_tenant
         self._entries: dict[tuple[str, str], tuple[float, AliasTarget | None]] = {}
+        self._missing: dict[str, OrderedDict[str, None]] = {}  # tenant -> its cached misses, oldest first
         self._changes = 0  # events applied so far
         self._listed: dict[str, list[tuple[str, float]]] = {}  # tenant -> its last alias listing
 
@@ -74,15 +81,27 @@ class AliasCache:
         if row is not None:
             target = AliasTarget(row["adapter_id"], row["canary_adapter_id"], row["canary_weight"] or 0.0)
         if changes == self._changes:  # an event during the read: the row may predate it, answer uncached
-            if len(self._entries) >= self.max_entries:
-                self._entries.clear()
-            self._entries[key] = (time.monotonic() + self.ttl_s, target)
+            self._store(key, target)
         return target
+
+    def _store(self, key: tuple[str, str], target: AliasTarget | None) -> None:
+        tenant_id, alias = key
+        missing = self._missing.setdefault(tenant_id, OrderedDict())
+        if target is None:
+            missing[alias] = None
+            missing.move_to_end(alias)
+            while len(missing) > self.max_missing_per_tenant:
+                oldest, _ = missing.popitem(last=False)
+                self._entries.pop((tenant_id, oldest), None)
+        else:
+            missing.pop(alias, None)
+        self._entries[key] = (time.monotonic() + self.ttl_s, target)
 
     def apply(self, event: AliasChanged) -> None:
         """An alias moved (here or in a fleet sharing the topic): read it again on its next request."""
         self._changes += 1
         self._entries.pop((event.tenant_id, event.alias), None)
+        self._missing.get(event.tenant_id, {}).pop(event.alias, None)
 
     async def list_aliases(self, tenant_id: str) -> list[tuple[str, float]]:
         """(alias, updated_at unix) of the tenant's aliases; the last listing while the store is down."""
@@ -97,9 +116,7 @@ class AliasCache:
                 raise
             return self._listed[tenant_id]
         listed = [(r["alias"], r["updated_at"].timestamp()) for r in rows]
-        if len(self._listed) >= self.max_entries:
-            self._listed.clear()
-        self._listed[tenant_id] = listed
+        self._listed[tenant_id] = listed  # one per tenant that authenticated: bounded by the tenants table
         return listed
 
 

@@ -1,0 +1,56 @@
+"""The alias cache keeps each tenant's misses apart: endless unknown names from one tenant evict only that
+tenant's own misses, and every other tenant's cached answers stay (the store-outage fallback serves them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.errors import StoreUnavailable
+from gateway.public.routing.alias_cache import AliasCache
+from schemas.events import AliasChanged
+
+
+class Store:
+    """fetchrow over {(tenant, alias): adapter_id}; `down` makes every read fail as an outage does."""
+
+    def __init__(self, rows: dict[tuple[str, str], str]) -> None:
+        self.rows = rows
+        self.reads = 0
+        self.down = False
+
+    async def fetchrow(self, sql: str, alias: str, tenant_id: str) -> dict[str, Any] | None:
+        self.reads += 1
+        if self.down:
+            raise OSError("connection refused")
+        adapter = self.rows.get((tenant_id, alias))
+        return (
+            None
+            if adapter is None
+            else {"adapter_id": adapter, "canary_adapter_id": None, "canary_weight": 0}
+        )
+
+
+async def test_one_tenants_unknown_names_never_evict_another_tenants_entries() -> None:
+    store = Store({("acme", "acme/support:prod"): "acme-support-v1"})
+    cache = AliasCache(store, ttl_s=0.0, max_missing_per_tenant=50)  # type: ignore[arg-type]
+    assert (await cache.resolve("acme", "acme/support:prod")).adapter_id == "acme-support-v1"  # type: ignore[union-attr]
+    for i in range(5_000):
+        assert await cache.resolve("evil", f"evil/n{i}:x") is None
+    assert len(cache._missing["evil"]) == 50 and len(cache._entries) == 51
+    store.down = True  # an outage: acme's expired entry still answers
+    assert (await cache.resolve("acme", "acme/support:prod")).adapter_id == "acme-support-v1"  # type: ignore[union-attr]
+    with pytest.raises(StoreUnavailable):
+        await cache.resolve("evil", "evil/n0:x")  # long evicted: nothing to answer from
+
+
+async def test_a_cached_miss_is_read_again_once_the_alias_exists() -> None:
+    store = Store({})
+    cache = AliasCache(store, ttl_s=60.0, max_missing_per_tenant=10)  # type: ignore[arg-type]
+    assert await cache.resolve("acme", "acme/new:prod") is None
+    assert await cache.resolve("acme", "acme/new:prod") is None and store.reads == 1  # the miss is cached
+    store.rows[("acme", "acme/new:prod")] = "acme-new-v1"
+    cache.apply(AliasChanged(tenant_id="acme", alias="acme/new:prod", adapter_id="acme-new-v1", revision=1))
+    assert (await cache.resolve("acme", "acme/new:prod")).adapter_id == "acme-new-v1"  # type: ignore[union-attr]
+    assert "acme/new:prod" not in cache._missing["acme"]
