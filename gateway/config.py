@@ -94,6 +94,9 @@ class GatewaySettings(BaseSettings):
     # "local" keeps them in this process only (one gateway). While Redis does not answer, each gateway
     # admits limit / public_gateways on its own and tries Redis again after redis_retry_s.
     rate_limit_store: Literal["redis", "local"] = "redis"
+    # Requests one tenant may have open at once (streams included, until they end), across the public
+    # gateways: each admits ceil(this / public_gateways) of its own; past it, 429 concurrency_limit_exceeded.
+    max_concurrent_requests_per_tenant: int = Field(default=256, ge=1)
     public_gateways: int = Field(default=1, ge=1)
     redis_timeout_s: float = Field(default=0.25, gt=0)
     redis_retry_s: float = Field(default=2.0, gt=0)

@@ -4,6 +4,7 @@ admission (rate limit), upstream choice (router + replica client) and the one co
 from __future__ import annotations
 
 import logging
+import math
 import random
 import secrets
 import time
@@ -43,6 +44,7 @@ class RequestRecord:
     tier: Tier | None = None
     reserved_tokens: int = 0
     reserved_in: Store = "local"
+    holds_concurrency: bool = False  # it counts among its tenant's open requests until finished
     max_tokens: int = 0
     completion_tokens_seen: int = 0
     ttft_s: float | None = None
@@ -96,6 +98,30 @@ class Online:
             slot_cost_s=settings.slot_cost_s,
         )
         self.rng = random.Random()
+        self._open: dict[str, int] = {}  # tenant -> requests open on this gateway
+        self.concurrency_cap = math.ceil(
+            settings.max_concurrent_requests_per_tenant / settings.public_gateways
+        )
+
+    def open_request(self, caller: Caller, rec: RequestRecord) -> bool:
+        """Count rec among its tenant's open requests, unless the tenant is at this gateway's share of
+        max_concurrent_requests_per_tenant (then False). finish() or close_request() gives it back."""
+        held = self._open.get(caller.tenant_id, 0)
+        if held >= self.concurrency_cap:
+            self.metrics.refused(caller.tenant_id, "concurrent_requests")
+            return False
+        self._open[caller.tenant_id] = held + 1
+        rec.holds_concurrency = True
+        return True
+
+    def close_request(self, rec: RequestRecord) -> None:
+        if rec.holds_concurrency:
+            rec.holds_concurrency = False
+            left = self._open.get(rec.tenant_id, 1) - 1
+            if left > 0:
+                self._open[rec.tenant_id] = left
+            else:
+                self._open.pop(rec.tenant_id, None)
 
     async def admit(self, caller: Caller, rec: RequestRecord, tokens: int) -> Decision:
         limits = Limits(caller.requests_per_s, caller.tokens_per_min)
@@ -146,6 +172,7 @@ class Online:
         if rec.finished:
             return
         rec.finished = True
+        self.close_request(rec)
         total = time.perf_counter() - rec.started
         prompt = rec.usage.prompt_tokens if rec.usage else 0
         completion = rec.usage.completion_tokens if rec.usage else rec.completion_tokens_seen

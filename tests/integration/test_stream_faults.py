@@ -47,6 +47,8 @@ async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
         "LORAFLEET_GATEWAY_STREAM_BUFFER_BYTES": "16384",
         "LORAFLEET_GATEWAY_CLIENT_SEND_TIMEOUT_S": "5",
         "LORAFLEET_GATEWAY_SOCKET_SEND_BUFFER_BYTES": "4096",
+        # each tenant may have two requests open at once (the other tests here open one at a time)
+        "LORAFLEET_GATEWAY_MAX_CONCURRENT_REQUESTS_PER_TENANT": "2",
     }
     async with fault_stack(services, tmp_path_factory, "sft", settings, returned_s=60) as s:
         yield s
@@ -152,6 +154,39 @@ async def test_a_client_that_stops_reading_is_cut_its_row_freed_and_others_strea
     finally:
         slow.close()
     await wait_until(lambda: reservations_returned(stack), "the stream's reservation to be returned", 60)
+
+
+async def test_a_tenant_past_its_open_requests_gets_429_and_another_tenant_is_served(
+    stack: GatewayStack,
+) -> None:
+    """Two acme streams sit in their prefill (the fault delay): a third acme request is refused at once with
+    429 concurrency_limit_exceeded in OpenAI's shape, globex is served meanwhile, and once the two end acme
+    is served again."""
+    body = {**CHAT, "max_tokens": 4, "stream": True}
+
+    async def stream(c: httpx.AsyncClient, headers: dict[str, str]) -> int:
+        async with c.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+            await r.aread()
+            return r.status_code
+
+    async def open_requests(n: float) -> bool:
+        return (await gateway_metrics(stack)).get(("gateway_inflight_requests", ()), 0.0) == n
+
+    globex = {"Authorization": f"Bearer {stack.keys['globex']}"}
+    async with httpx.AsyncClient(base_url=stack.url, timeout=120) as c:
+        held = [asyncio.create_task(stream(c, auth(stack))) for _ in range(2)]
+        await wait_until(lambda: open_requests(2), "two acme requests admitted", 30)
+        refused = await c.post("/v1/chat/completions", json={**body, "stream": False}, headers=auth(stack))
+        assert refused.status_code == 429, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "concurrency_limit_exceeded" and refused.headers["retry-after"] == "1"
+        other = {**body, "model": "globex/sales:prod"}
+        async with c.stream("POST", "/v1/chat/completions", json=other, headers=globex) as r:
+            assert r.status_code == 200
+            await r.aread()
+        assert await asyncio.gather(*held) == [200, 200]
+        assert await stream(c, auth(stack)) == 200
+    await wait_until(lambda: reservations_returned(stack), "every reservation returned", 60)
 
 
 async def _completed_events(stack: GatewayStack, request_id: str) -> list[RequestCompleted]:

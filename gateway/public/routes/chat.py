@@ -16,13 +16,8 @@ from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
 from gateway.deps import PublicCaller
-from gateway.errors import (
-    BadRequest,
-    NotFound,
-    PayloadTooLarge,
-    RateLimited,
-)
-from gateway.public.admission.rate_limit import Decision, retry_after_header
+from gateway.errors import BadRequest, NotFound, PayloadTooLarge
+from gateway.public.admission.refusals import refuse_concurrency, refuse_if_limited
 from gateway.public.idempotency import HEADER as IDEMPOTENCY_HEADER
 from gateway.public.idempotent_chat import begin
 from gateway.public.online import Online, RequestRecord
@@ -116,6 +111,25 @@ async def chat_completions(request: Request, caller: PublicCaller) -> Response:
     return response
 
 
+async def _admit(online: Online, caller: Caller, rec: RequestRecord, tokens: int) -> None:
+    """Count the request among its tenant's open ones, then reserve its rate; either refused raises its 429
+    (or 400 for a request larger than the token limit itself) with nothing held."""
+    if not online.open_request(caller, rec):
+        refuse_concurrency(caller, online.concurrency_cap)
+    try:
+        decision = await online.admit(caller, rec, tokens)
+        if not decision.admitted and decision.retry_after_s == float("inf"):
+            raise BadRequest(
+                "tokens_exceed_limit",
+                "prompt plus max_completion_tokens is more than your tokens-per-minute limit",
+                "max_completion_tokens",
+            )
+        refuse_if_limited(decision, caller)
+    except BaseException:
+        online.close_request(rec)  # refused before anything was reserved: nothing else to give back
+        raise
+
+
 async def _serve(request: Request, online: Online, caller: Caller, body: ChatCompletionRequest) -> Response:
     """Resolve, admit, route and relay one parsed request."""
     settings = online.settings
@@ -130,14 +144,7 @@ async def _serve(request: Request, online: Online, caller: Caller, body: ChatCom
     adapter_id = target.pick(body.model, body.user or rec.request_id)  # a canary takes its weight
     rec.adapter_id = adapter_id
     max_tokens = body.completion_limit(settings.default_max_tokens)
-    decision = await online.admit(caller, rec, estimate_prompt_tokens(body) + max_tokens)
-    if not decision.admitted and decision.retry_after_s == float("inf"):
-        raise BadRequest(
-            "tokens_exceed_limit",
-            "prompt plus max_completion_tokens is more than your tokens-per-minute limit",
-            "max_completion_tokens",
-        )
-    refuse_if_limited(decision, caller)
+    await _admit(online, caller, rec, estimate_prompt_tokens(body) + max_tokens)
     try:
         upstream = await online.open_upstream(
             rec, replica_body(body, adapter_id, rec.request_id, max_tokens, caller.tenant_id)
@@ -168,16 +175,3 @@ async def _serve(request: Request, online: Online, caller: Caller, body: ChatCom
             on_cut=online.metrics.streams_cut.inc,
         )
     return await completion_response(rec, upstream, body.model, headers, online.finish)
-
-
-def refuse_if_limited(decision: Decision, caller: Caller) -> None:
-    """Raise the 429 in OpenAI's shape for a refused admission, with Retry-After."""
-    if decision.admitted:
-        return
-    kind = "requests" if decision.limit == "requests_per_s" else "tokens"
-    wait = retry_after_header(decision.retry_after_s)
-    raise RateLimited(
-        kind,
-        f"Rate limit reached for {caller.tenant_id} on {decision.limit}; try again in {wait}s.",
-        {"Retry-After": wait, "retry-after-ms": str(max(1, int(decision.retry_after_s * 1000)))},
-    )
