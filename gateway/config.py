@@ -49,6 +49,8 @@ class GatewaySettings(BaseSettings):
     public_port: int = 18080
     public_url: str | None = None  # where tools reach the public API; defaults to the local listener
     max_body_bytes: int = Field(default=1 << 20, ge=1024)  # a larger request body gets 413
+    # the whole request body must arrive within this long of its headers, or 408 request_timeout
+    body_read_timeout_s: float = Field(default=30.0, gt=0)
     default_max_tokens: int = Field(default=256, ge=1)  # a chat request's budget when it names none
     key_cache_ttl_s: float = Field(default=5.0, ge=0)  # how long an API key's lookup is reused
     alias_cache_ttl_s: float = Field(default=10.0, ge=0)  # how long a resolved alias is reused

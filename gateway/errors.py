@@ -119,6 +119,12 @@ class PayloadTooLarge(GatewayError):
     status = 413
 
 
+class RequestTimeout(GatewayError):
+    """The client did not send its whole request body in time."""
+
+    status = 408
+
+
 class RateLimited(GatewayError):
     """A tenant limit; type names it (requests | tokens), as OpenAI does; Retry-After in headers."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -79,6 +79,13 @@ class PlatformSettings(BaseSettings):
 
     prometheus_port: int = 19090  # the local stack's Prometheus (`lorafleet services up`)
 
+    # Every HTTP listener (the gateways, the replicas): a request's headers must arrive within this long of
+    # the connection opening (or of the first byte after the previous response), one client address holds
+    # at most this many connections, and the listener this many in all (lorafleet/http_limits.py).
+    http_header_timeout_s: float = Field(default=10.0, gt=0)
+    http_max_connections_per_client: int = Field(default=256, ge=1)
+    http_max_connections: int = Field(default=10_000, ge=1)
+
     # Object-store prefixes adapters may be registered from; file:// is the single-machine default.
     object_store_prefixes: list[str] = Field(default_factory=lambda: ["s3://lorafleet-adapters/"])
 
@@ -89,6 +96,17 @@ class PlatformSettings(BaseSettings):
     @property
     def kafka_principal(self) -> str:
         return self.kafka_username or principals.ADMIN
+
+    def listener_options(self) -> dict[str, Any]:
+        """uvicorn.Config keyword arguments that apply the listener limits above."""
+        from lorafleet.http_limits import ListenerLimits, uvicorn_options
+
+        limits = ListenerLimits(
+            header_timeout_s=self.http_header_timeout_s,
+            max_connections_per_client=self.http_max_connections_per_client,
+            max_connections=self.http_max_connections,
+        )
+        return uvicorn_options(limits)
 
     def as_service(self, principal: str) -> PlatformSettings:
         """These settings for a service: its own Kafka principal unless LORAFLEET_KAFKA_USERNAME names one."""

@@ -63,6 +63,7 @@ def serve(settings: ReplicaSettings) -> None:
         port=settings.port,
         log_level="info",
         timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
+        **settings.platform.listener_options(),
     )
     server = DrainingServer(config, lambda: app.state.drain.start())
     server.run()

@@ -172,6 +172,7 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
                 build_tenant_metrics_app(online.metrics, token),
                 settings.tenant_metrics_host,
                 settings.tenant_metrics_port,
+                config.platform.listener_options(),
             )
             tasks.append(task)
         profiler = cProfile.Profile(time.process_time) if settings.profile_path is not None else None
@@ -221,5 +222,7 @@ def serve_public() -> None:
     refuse_dev_tokens(config.platform, "public-gateway", tokens)
     settings = config.gateway
     sock = bind_listener(settings.public_host, settings.public_port, settings.socket_send_buffer_bytes)
-    server = uvicorn.Server(uvicorn.Config(build_public_app(config), log_level="warning", access_log=False))
+    app = build_public_app(config)
+    options = config.platform.listener_options()
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, **options))
     server.run(sockets=[sock])

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
@@ -48,11 +49,12 @@ class _EmbeddedServer(uvicorn.Server):
 
 
 async def serve_tenant_metrics(
-    app: FastAPI, host: str, port: int
+    app: FastAPI, host: str, port: int, options: dict[str, Any] | None = None
 ) -> tuple[asyncio.Task[None], uvicorn.Server]:
     """Bind host:port now (a taken port fails the gateway's start) and serve app on it in a task."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    server = _EmbeddedServer(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", **(options or {}))
+    server = _EmbeddedServer(config)
     return asyncio.create_task(server.serve(sockets=[sock]), name="tenant-metrics"), server

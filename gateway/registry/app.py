@@ -73,4 +73,5 @@ def serve() -> None:
         host=config.gateway.internal_host,
         port=config.gateway.internal_port,
         log_level="info",
+        **config.platform.listener_options(),
     )

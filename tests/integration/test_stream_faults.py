@@ -34,6 +34,7 @@ from tests.integration.waiting import wait_until
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PREFILL_DELAY_S = 3.0
+HEADER_TIMEOUT_S, PER_CLIENT = 2.0, 16
 CHAT = {"model": "acme/support:prod", "messages": [{"role": "user", "content": "Tell me a long story."}]}
 
 
@@ -49,6 +50,10 @@ async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
         "LORAFLEET_GATEWAY_SOCKET_SEND_BUFFER_BYTES": "4096",
         # each tenant may have two requests open at once (the other tests here open one at a time)
         "LORAFLEET_GATEWAY_MAX_CONCURRENT_REQUESTS_PER_TENANT": "2",
+        # short edge deadlines and a small per-address connection cap, for the slowloris test
+        "LORAFLEET_HTTP_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
+        "LORAFLEET_GATEWAY_BODY_READ_TIMEOUT_S": str(HEADER_TIMEOUT_S),
+        "LORAFLEET_HTTP_MAX_CONNECTIONS_PER_CLIENT": str(PER_CLIENT),
     }
     async with fault_stack(services, tmp_path_factory, "sft", settings, returned_s=60) as s:
         yield s
@@ -187,6 +192,84 @@ async def test_a_tenant_past_its_open_requests_gets_429_and_another_tenant_is_se
         assert await asyncio.gather(*held) == [200, 200]
         assert await stream(c, auth(stack)) == 200
     await wait_until(lambda: reservations_returned(stack), "every reservation returned", 60)
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closed sock within seconds (reading what it may send before it does)."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+async def test_slow_headers_a_trickled_body_and_a_socket_hog_are_cut_while_others_are_served(
+    stack: GatewayStack,
+) -> None:
+    """A client sending its headers a byte at a time is disconnected at the header deadline; one trickling
+    its body gets 408 at the body deadline; an address opening more connections than its cap has the extra
+    ones closed as they are accepted. Meanwhile another tenant is served."""
+    host, port = urlsplit(stack.url).hostname or "127.0.0.1", urlsplit(stack.url).port or 80
+
+    def slowloris() -> float:
+        sock = socket.create_connection((host, port))
+        started = time.monotonic()
+        try:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+            sock.settimeout(0.5)
+            for byte in b"X-Slow: " + b"a" * 40:  # one byte every half second: never a whole header block
+                try:
+                    sock.sendall(bytes([byte]))
+                    if sock.recv(1) == b"":
+                        break
+                except TimeoutError:
+                    continue
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+            return time.monotonic() - started
+        finally:
+            sock.close()
+
+    def trickled_body() -> bytes:
+        sock = socket.create_connection((host, port))
+        try:
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Authorization: Bearer {stack.keys['acme']}\r\nContent-Length: 100\r\n\r\n{{".encode()
+            )
+            sock.settimeout(10 * HEADER_TIMEOUT_S)
+            return sock.recv(4096)
+        finally:
+            sock.close()
+
+    hog = asyncio.to_thread(slowloris)
+    body = asyncio.to_thread(trickled_body)
+    async with httpx.AsyncClient(base_url=stack.url, timeout=120) as c:
+        other = {"model": "globex/sales:prod", "messages": CHAT["messages"], "max_tokens": 4}
+        served = c.post(
+            "/v1/chat/completions", json=other, headers={"Authorization": f"Bearer {stack.keys['globex']}"}
+        )
+        held, answer, response = await asyncio.gather(hog, body, served)
+    assert held < 4 * HEADER_TIMEOUT_S, f"the slow-header client held its socket {held:.1f} s"
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"request_timeout" in answer
+    assert response.status_code == 200, response.text
+
+    socks = [socket.create_connection((host, port)) for _ in range(PER_CLIENT + 4)]
+    try:
+        cut = [await asyncio.to_thread(_closed_within, s, 0.5) for s in socks]
+        assert sum(cut) >= 4, cut  # at least the ones past the cap (other local clients may hold a few)
+    finally:
+        for s in socks:
+            s.close()
+    # every socket of the hog is gone (the cap's and the header deadline's): the address is served again
+    await asyncio.sleep(HEADER_TIMEOUT_S + 0.5)
+    async with httpx.AsyncClient(base_url=stack.url, timeout=120) as c:
+        assert (await c.get("/v1/models", headers=auth(stack))).status_code == 200
 
 
 async def _completed_events(stack: GatewayStack, request_id: str) -> list[RequestCompleted]:

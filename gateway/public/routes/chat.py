@@ -8,6 +8,7 @@ once and its 200 is replayed to retries (gateway.public.idempotency).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -16,7 +17,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
 from gateway.deps import PublicCaller
-from gateway.errors import BadRequest, NotFound, PayloadTooLarge
+from gateway.errors import BadRequest, NotFound, PayloadTooLarge, RequestTimeout
 from gateway.public.admission.refusals import refuse_concurrency, refuse_if_limited
 from gateway.public.idempotency import HEADER as IDEMPOTENCY_HEADER
 from gateway.public.idempotent_chat import begin
@@ -35,17 +36,24 @@ router = APIRouter()
 MODEL_NOT_FOUND = "The model does not exist or you do not have access to it."
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body, refused with 413 past limit bytes (declared or actually streamed)."""
+async def read_body(request: Request, limit: int, timeout_s: float = 30.0) -> bytes:
+    """The raw body, refused with 413 past limit bytes (declared or actually streamed), and with 408 when it
+    has not all arrived within timeout_s (a client trickling it holds no connection for long)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge("request_too_large", f"the request body is over {limit} bytes")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge("request_too_large", f"the request body is over {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge("request_too_large", f"the request body is over {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(
+            "request_timeout", f"the request body did not arrive within {timeout_s:g} s"
+        ) from None
     return b"".join(chunks)
 
 
@@ -92,7 +100,7 @@ def replica_body(
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, caller: PublicCaller) -> Response:
     online: Online = request.app.state.online
-    raw = await read_body(request, online.settings.max_body_bytes)
+    raw = await read_body(request, online.settings.max_body_bytes, online.settings.body_read_timeout_s)
     body = parse_request(raw)
     key = request.headers.get(IDEMPOTENCY_HEADER)
     if key is None:
