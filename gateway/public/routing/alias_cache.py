@@ -101,7 +101,9 @@ class AliasCache:
         """An alias moved (here or in a fleet sharing the topic): read it again on its next request."""
         self._changes += 1
         self._entries.pop((event.tenant_id, event.alias), None)
-        self._missing.get(event.tenant_id, {}).pop(event.alias, None)
+        missing = self._missing.get(event.tenant_id)
+        if missing is not None:
+            missing.pop(event.alias, None)
 
     async def list_aliases(self, tenant_id: str) -> list[tuple[str, float]]:
         """(alias, updated_at unix) of the tenant's aliases; the last listing while the store is down."""
