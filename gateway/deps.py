@@ -58,11 +58,13 @@ def valid_alias(alias: str) -> str:
 
 async def public_caller(request: Request, authorization: str | None = Header(default=None)) -> Caller:
     """The tenant behind the bearer API key (401 invalid_api_key for missing, unknown or revoked); a source
-    address past its limit of failed authentications gets 429 before its key is looked at."""
+    address past its limit of failed authentications gets 429 before its key is looked at, unless the key
+    is one this gateway has found valid before (admission/auth.py: so a neighbour behind the same address
+    cannot lock a working tenant out)."""
     online = request.app.state.online
     source = request.client.host if request.client is not None else "unknown"
     wait = await online.auth_failures.blocked_for(source)
-    if wait > 0:
+    if wait > 0 and not online.auth.vouched(authorization):
         online.metrics.auth_refused.inc()
         raise TooManyAuthFailures(retry_after_header(wait))
     try:

@@ -62,15 +62,21 @@ async def test_auth_failures_are_limited_per_source_across_gateways_and_locally_
                     for url in urls:
                         refused = await attacker.get(f"{url}/v1/models", headers=_bearer("sk-bad-again"))
                         _assert_auth_limited(refused)
-                        # refused before the key is looked at: a valid key from that address too
+                        # refused before the key is looked at: a valid key this gateway has not yet seen
+                        # work, from that address, too
                         _assert_auth_limited(await attacker.get(f"{url}/v1/models", headers=_bearer(key)))
                         # another address is unaffected: its valid key works, its bad key is a 401
                         ok = await bystander.get(f"{url}/v1/models", headers=_bearer(key))
                         assert ok.status_code == 200, ok.text
                         other_bad = await bystander.get(f"{url}/v1/models", headers=_bearer("sk-bad-b"))
                         assert other_bad.status_code == 401, other_bad.text
+                        # a tenant behind the locked address whose key has worked here is served: the bad
+                        # client beside it locks out only keys the gateway has not seen work
+                        vouched = await attacker.get(f"{url}/v1/models", headers=_bearer(key))
+                        assert vouched.status_code == 200, vouched.text
+                        _assert_auth_limited(await attacker.get(f"{url}/v1/models", headers=_bearer("sk-x")))
                     metrics = (await bystander.get(f"{urls[0]}/metrics")).text
-                    assert "gateway_auth_refused_total 2.0" in metrics, metrics
+                    assert "gateway_auth_refused_total 3.0" in metrics, metrics
 
                     # Redis stopped: each gateway counts alone, at ceil(LIMIT / 2) failures per source.
                     redis.stop()
@@ -86,10 +92,12 @@ async def test_auth_failures_are_limited_per_source_across_gateways_and_locally_
                         for i in range(share):
                             bad = await third.get(f"{urls[0]}/v1/models", headers=_bearer(f"sk-bad-{i}"))
                             assert bad.status_code == 401, (i, bad.text)
-                        _assert_auth_limited(await third.get(f"{urls[0]}/v1/models", headers=_bearer(key)))
+                        _assert_auth_limited(
+                            await third.get(f"{urls[0]}/v1/models", headers=_bearer("sk-bad-more"))
+                        )
                         # the other gateway has seen none of them: it still authenticates that address
-                        ok = await third.get(f"{urls[1]}/v1/models", headers=_bearer(key))
-                        assert ok.status_code == 200, ok.text
+                        other = await third.get(f"{urls[1]}/v1/models", headers=_bearer("sk-bad-elsewhere"))
+                        assert other.status_code == 401, other.text
 
 
 def _assert_auth_limited(resp: httpx.Response) -> None:

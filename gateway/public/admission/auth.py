@@ -4,6 +4,12 @@ The secret is hashed (sha256) before anything else; the stored hash is compared 
 are cached too, briefly, so a flood of bad keys does not reach PostgreSQL for each try. A revoked key stops
 working within cache_ttl_s. While the store is unavailable an expired entry keeps answering (a known key
 keeps working, a known bad key keeps failing); a key never seen gets StoreUnavailable, a 503.
+
+It also remembers, for vouched_ttl_s, the digests of keys it has found valid: a source address locked out
+for failed authentications (auth_failures.py) may still present one of those, and it is looked up as
+usual (a key revoked since fails), so a bad client behind a shared address locks out only keys this
+gateway has not seen work. A guess is never among them unless it is a valid key, which is as hard to guess
+as any key, and a guess is never looked up.
 """
 
 from __future__ import annotations
@@ -29,12 +35,24 @@ class KeyAuthenticator:
         cache_ttl_s: float = 5.0,
         max_entries: int = 10_000,
         guard: StoreGuard | None = None,
+        vouched_ttl_s: float = 86_400.0,
     ) -> None:
         self.pool = pool
         self.guard = guard or StoreGuard(deadline_s=2.0, pause_s=1.0)
         self.cache_ttl_s = cache_ttl_s
         self.max_entries = max_entries
+        self.vouched_ttl_s = vouched_ttl_s
         self._cache: dict[str, tuple[float, Caller | None]] = {}
+        self._vouched: dict[str, float] = {}  # digest of a key found valid -> until when, oldest first
+
+    def vouched(self, authorization: str | None) -> bool:
+        """Whether this header's key was found valid here within vouched_ttl_s (it may be revoked since)."""
+        _, _, secret = (authorization or "").partition(" ")
+        secret = secret.strip()
+        if not secret or len(secret) > 256:
+            return False
+        until = self._vouched.get(key_hash(secret))
+        return until is not None and until > time.monotonic()
 
     async def authenticate(self, authorization: str | None) -> Caller:
         scheme, _, secret = (authorization or "").partition(" ")
@@ -58,8 +76,16 @@ class KeyAuthenticator:
                     self._cache.clear()
                 self._cache[digest] = (now + self.cache_ttl_s, caller)
         if caller is None:
+            self._vouched.pop(digest, None)
             raise Unauthorized("invalid_api_key", INVALID_KEY)
+        self._vouch(digest, now)
         return caller
+
+    def _vouch(self, digest: str, now: float) -> None:
+        self._vouched.pop(digest, None)
+        self._vouched[digest] = now + self.vouched_ttl_s  # newest last
+        while len(self._vouched) > self.max_entries:
+            del self._vouched[next(iter(self._vouched))]
 
     async def _lookup(self, digest: str) -> Caller | None:
         found = await find_caller(self.pool, digest)

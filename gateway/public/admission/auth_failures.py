@@ -4,8 +4,10 @@ Contract (docs/api.md, "Errors"):
 - A source is the client address the server sees (uvicorn puts a trusted proxy's X-Forwarded-For there).
 - Each failed authentication (a missing, malformed, unknown or revoked key) counts one in the source's
   window, which opens at its first failure and lasts window_s. Once a window holds `limit` failures, every
-  request from that source is refused with 429 until the window ends, before its key is looked at: a valid
-  key from that address is refused too, keys from other addresses are not.
+  request from that source is refused with 429 until the window ends, before its key is looked at, except
+  one bearing a key this gateway has found valid before (KeyAuthenticator.vouched): a bad client behind a
+  shared address (a corporate proxy) does not lock out the tenants working behind it. A key never seen
+  working here is refused from that address too; keys from other addresses are not.
 - Redis holds one counter per source (INCR, PEXPIRE on the first), namespaced by the fleet's database like
   the rate limits, so N gateways together allow `limit` failures, not N times it.
 - While Redis does not answer, each gateway counts alone at ceil(limit / fallback_share) (the number of
