@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from schemas import principals
@@ -33,6 +33,11 @@ class PlatformSettings(BaseSettings):
     kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256"] = "SCRAM-SHA-512"
     kafka_username: str | None = None
     kafka_password: SecretStr | None = None
+    # Topics are created with this many copies, and a write (acks=all) needs this many in sync: 1 and 1 on
+    # the local one-broker stack, 3 and 2 in infra/k8s, so that one broker lost loses no event. An existing
+    # topic keeps its own (changing it is a partition reassignment, done with Kafka's tools).
+    kafka_replication_factor: int = Field(default=1, ge=1)
+    kafka_min_insync_replicas: int = Field(default=1, ge=1)
 
     database_url: str = "postgresql://lorafleet:lorafleet@127.0.0.1:15432/lorafleet"  # PostgreSQL
     postgres_port: int = 15432  # the local cluster's port (`lorafleet services up`)
@@ -88,6 +93,15 @@ class PlatformSettings(BaseSettings):
 
     # Object-store prefixes adapters may be registered from; file:// is the single-machine default.
     object_store_prefixes: list[str] = Field(default_factory=lambda: ["s3://lorafleet-adapters/"])
+
+    @model_validator(mode="after")
+    def _in_sync_within_the_copies(self) -> PlatformSettings:
+        if self.kafka_min_insync_replicas > self.kafka_replication_factor:
+            raise ValueError(
+                "LORAFLEET_KAFKA_MIN_INSYNC_REPLICAS is more than LORAFLEET_KAFKA_REPLICATION_FACTOR: "
+                "no write could ever succeed"
+            )
+        return self
 
     @property
     def data_path(self) -> Path:

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import TopicAlreadyExistsError, for_code
 from aiokafka.helpers import create_ssl_context
 
 from lorafleet.config import PlatformSettings
@@ -99,7 +99,9 @@ async def seek_to_times(consumer: AIOKafkaConsumer, since_ms: Mapping[TopicParti
 
 
 async def ensure_topics(settings: PlatformSettings, topics: tuple[Topic, ...] = ALL_TOPICS) -> list[str]:
-    """Create any missing topic with its partition count; return the names created."""
+    """Create any missing topic with its partition count, the settings' replication factor and
+    min.insync.replicas; return the names created. A cluster with fewer brokers than the replication factor
+    refuses (InvalidReplicationFactorError), naming it."""
     admin = make_admin(settings)
     await admin.start()
     try:
@@ -111,15 +113,20 @@ async def ensure_topics(settings: PlatformSettings, topics: tuple[Topic, ...] = 
             NewTopic(
                 t.name,
                 num_partitions=t.partitions,
-                replication_factor=1,
-                topic_configs={"cleanup.policy": "compact"} if t.compacted else {},
+                replication_factor=settings.kafka_replication_factor,
+                topic_configs={
+                    "min.insync.replicas": str(settings.kafka_min_insync_replicas),
+                    **({"cleanup.policy": "compact"} if t.compacted else {}),
+                },
             )
             for t in missing
         ]
-        try:
-            await admin.create_topics(new)
-        except TopicAlreadyExistsError:
-            pass  # another process created them first
+        response = await admin.create_topics(new)
+        # the broker answers per topic; aiokafka hands the codes back without raising
+        for name, code, *rest in response.topic_errors:
+            if code not in (0, TopicAlreadyExistsError.errno):  # another process may have created it first
+                message = rest[0] if rest and rest[0] else ""
+                raise for_code(code)(f"creating topic {name}: {message}")
         return [t.name for t in missing]
     finally:
         await admin.close()

@@ -42,7 +42,7 @@ def build_app(platform: PlatformSettings, settings: StatsStreamSettings) -> faus
         store=settings.store,
         datadir=str(settings.data_dir),
         topic_partitions=1,
-        topic_replication_factor=1,
+        topic_replication_factor=platform.kafka_replication_factor,  # its own changelog and fleet topics
         web_enabled=False,
         producer_acks=-1,
         consumer_auto_offset_reset="earliest",

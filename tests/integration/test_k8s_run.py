@@ -13,6 +13,9 @@ random value of this run's own, each <sha256 of KEY> the hex digest of KEY's val
 that of the local PostgreSQL, and each process's database login named with this run's id (PostgreSQL roles
 belong to the whole cluster, which other runs share).
 
+Kafka's replication factor and min.insync.replicas (3 and 2 in the ConfigMap) are 1 for the processes that
+create topics (the init Job and the stats stream): the run's broker is one broker.
+
 Sizes the test overrides, for the replica only, because the manifest's are a GPU's and this is a CPU
 (nothing here is a credential, an address or a setting whose absence the run would catch):
 LORAFLEET_REPLICA_DEVICE and _DTYPE (the hardware), and _LORA_SLOTS and _KV_CACHE_BYTES (memory only: the
@@ -63,6 +66,7 @@ K8S = Path(__file__).resolve().parents[2] / "infra" / "k8s"
 PLACEHOLDER = re.compile(r"<([^>]+)>")
 DIGEST_OF = re.compile(r"sha256 of (\S+)")
 REPLICAS = "lora-replica-pool-default"
+ONE_BROKER = {"LORAFLEET_KAFKA_REPLICATION_FACTOR": "1", "LORAFLEET_KAFKA_MIN_INSYNC_REPLICAS": "1"}
 # the test's overrides for the replica: the hardware and two sizes that only matter for memory (see above)
 REPLICA_SIZES = {
     "LORAFLEET_REPLICA_DEVICE": "cpu",
@@ -170,7 +174,11 @@ async def deployment(services, tmp_path_factory: pytest.TempPathFactory) -> Asyn
         secret,
         network,
         work,
-        overrides={"replica serve": REPLICA_SIZES},
+        overrides={
+            "replica serve": REPLICA_SIZES,
+            # the run's Kafka is one broker: its topics can have one copy, not the cluster's three
+            **dict.fromkeys(("services init", "stats-stream"), ONE_BROKER),
+        },
         base_env=base_env,
     )
     logins = [urlparse(v).username or "" for k, v in secret.items() if k.startswith("database-url-")]
