@@ -1,6 +1,7 @@
 """`lorafleet placement-worker`: consume validated adapters, alias changes, replica state, adapter stats and
 completed requests; keep placements and emit replica commands. Offsets are committed after each batch;
-a record that does not decode is dead-lettered (lorafleet.dead_letters) and committed past with it.
+a record that does not decode is dead-lettered (lorafleet.dead_letters) and committed past with it, and so
+is one whose handler keeps failing for another reason than the infrastructure (lorafleet.settle).
 
 A replica.state is believed only from a registered replica at its registered address, signed with that
 replica's state key (lorafleet.replica_registry), as the gateway believes it: no principal that can write
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial
 
 from lorafleet import metrics
 from lorafleet.db.pool import close_pool, create_pool
@@ -19,6 +21,7 @@ from lorafleet.kafka import make_consumer
 from lorafleet.profile import refuse_dev_tokens
 from lorafleet.replica_registry import ReplicaRegistry, StateRejections
 from lorafleet.retry import run_with_retry
+from lorafleet.settle import settle
 from lorafleet.state_signature import header
 from lorafleet.worker import run_until_signal
 from placement_worker.config import PlacementConfig
@@ -82,8 +85,10 @@ async def run_worker(
                         if verdict != "registered":
                             rejected(event, verdict)
                             continue
-                    await worker.handle(event)
-                    metrics.EVENTS_HANDLED.labels("placement-worker", tp.topic, "handled").inc()
+                    where = (tp.topic, tp.partition, record.offset, record.value)
+                    handled = await settle(partial(worker.handle, event), letters, *where)
+                    outcome = "handled" if handled else "dead_lettered"
+                    metrics.EVENTS_HANDLED.labels("placement-worker", tp.topic, outcome).inc()
                 await consumer.commit({tp: records[-1].offset + 1})
             if time.monotonic() >= next_tick:
                 await worker.tick()

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
@@ -18,6 +19,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from harness.seed import ReadyAdapter, insert_ready_adapters
 from lorafleet.config import PlatformSettings
 from lorafleet.dead_letters import DeadLetters, dead_letter_counter
 from lorafleet.kafka import make_producer
@@ -28,11 +30,15 @@ from placement_worker.main import run_worker
 from replica.control.events import EventPublisher
 from replica.control.service import run_control
 from replica.control.state_publisher import Load, build_state
-from schemas.events import AdapterRegistered, AutoscaleSignal, MergedTarget, ReplicaCommand, ReplicaState
-from tests.integration.poison import (
-    Sent,
-    poison_then_valid,
+from schemas.events import (
+    AdapterRegistered,
+    AdapterStats,
+    AutoscaleSignal,
+    MergedTarget,
+    ReplicaCommand,
+    ReplicaState,
 )
+from tests.integration.poison import Sent, poison_then_valid, wait_dead_lettered
 from tests.integration.signed_states import SignedReplicas
 from tests.integration.waiting import wait_until
 from tests.replica.adapter_cache.helpers import make_env
@@ -151,6 +157,61 @@ async def test_the_placement_worker_dead_letters_poison_and_applies_the_next_sta
             member, "the replica of the state after the poison in the replicas table", timeout=60
         )
         assert count(consumer, topic) - before >= 2
+    finally:
+        await _stop(stop, task)
+
+
+POISON_STATS = """
+CREATE FUNCTION poison_stats() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.adapter_id LIKE 'poison-%' THEN
+        RAISE EXCEPTION 'injected fault' USING ERRCODE = '22023';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER poison_stats BEFORE INSERT ON adapter_stats FOR EACH ROW EXECUTE FUNCTION poison_stats();
+"""
+
+
+async def test_an_event_whose_handler_keeps_failing_is_dead_lettered_and_the_next_applies(
+    platform: PlatformSettings, producer: AIOKafkaProducer, pool: asyncpg.Pool
+) -> None:
+    """Well-formed, but the database refuses its effect (a fault injected into the real PostgreSQL: a data
+    exception, not an outage): the real placement worker tries it three times, dead-letters it with the
+    error and commits past it, so the stats after it on the same partition still apply."""
+    run = uuid.uuid4().hex[:6]
+    poison, fine = f"poison-{run}", f"acme-{run}-fine"
+    await pool.execute("INSERT INTO tenants (tenant_id) VALUES ('acme') ON CONFLICT DO NOTHING")
+    await insert_ready_adapters(pool, [ReadyAdapter(poison, "acme", HASH), ReadyAdapter(fine, "acme", HASH)])
+    await pool.execute(POISON_STATS)
+    settings = PlacementSettings(group_id=f"test-placement-{run}", replica_id_prefix=f"t{run}-r", tick_s=0.2)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(
+        run_worker(PlacementConfig(platform, settings), stop, ready=ready, from_end=True)
+    )
+    try:
+        await asyncio.wait_for(ready.wait(), 60)
+        window = datetime.now(UTC).replace(microsecond=0)
+        sent = []
+        for adapter in (poison, fine):  # one key, so one partition, in this order
+            stats = AdapterStats(
+                adapter_id=adapter,
+                window_start=window,
+                window_seconds=60,
+                requests=5,
+                tokens_per_s=9.0,
+                gpu_hit_rate=1.0,
+            )
+            meta = await producer.send_and_wait(stats.topic.name, stats.to_bytes(), key=b"one-key")
+            sent.append(Sent(stats.topic.name, meta.partition, meta.offset))
+
+        async def fine_applied() -> bool:
+            return bool(await pool.fetchval("SELECT count(*) FROM adapter_stats WHERE adapter_id = $1", fine))
+
+        await wait_until(fine_applied, "the stats after the failing one applied", timeout=60)
+        rows = await wait_dead_lettered(pool, "placement-worker", sent[:1])
+        reason = rows[sent[0]]["reason"]
+        assert "failed 3 times" in reason and "injected fault" in reason, reason
     finally:
         await _stop(stop, task)
 

@@ -1,14 +1,17 @@
 """`lorafleet registry-validator`: consume adapters.registered (both doors) and settle each version.
 
 Offsets are committed only after an event is settled, so a crash redelivers it (a no-op by event_id).
-A record that does not decode is dead-lettered (lorafleet.dead_letters) and committed past; an
-object-store outage retries the same record with backoff.
+A record that does not decode is dead-lettered (lorafleet.dead_letters) and committed past, and so is one
+whose handler keeps failing for another reason than the infrastructure (lorafleet.settle); an object-store
+outage retries the same record with backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
+from typing import Literal
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -25,6 +28,7 @@ from lorafleet.kafka import make_consumer
 from lorafleet.profile import object_store_keys, refuse_dev_tokens
 from lorafleet.retry import run_with_retry
 from lorafleet.s3 import async_client
+from lorafleet.settle import settle
 from lorafleet.worker import run_until_signal
 from schemas import principals
 from schemas.events import AdapterRegistered
@@ -34,21 +38,31 @@ log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 10.0
 
+Where = tuple[str, int, int, bytes | None]  # a record's topic, partition, offset and value
+Outcome = Literal["handled", "dead_lettered", "invalid"]
+
 
 async def _handle_with_retry(
-    validator: RegistryValidator, event: AdapterRegistered, stop: asyncio.Event
-) -> bool:
-    """True once handled; False when stopped while the object store was still failing."""
+    validator: RegistryValidator,
+    event: AdapterRegistered,
+    stop: asyncio.Event,
+    letters: DeadLetters,
+    where: Where,
+) -> Outcome | None:
+    """How the event settled: handled, or dead-lettered once its handler kept failing for another reason
+    than the infrastructure (lorafleet.settle); None when stopped while the object store was still failing
+    (that is retried with backoff, never dead-lettered)."""
     delay = 0.2
     while not stop.is_set():
         try:
-            await validator.handle(event)
-            return True
+            handle = partial(validator.handle, event)
+            applied = await settle(handle, letters, *where, transient=(TransientFetchError,))
+            return "handled" if applied else "dead_lettered"
         except TransientFetchError as exc:
             log.warning("adapter %s: %s; retrying in %.1fs", event.adapter_id, exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, MAX_BACKOFF_S)
-    return False
+    return None
 
 
 async def run_validator(
@@ -81,9 +95,12 @@ async def run_validator(
                     for record in records:
                         event = await letters.parse(tp.topic, tp.partition, record.offset, record.value)
                         assert event is None or isinstance(event, AdapterRegistered)  # the topic's one type
-                        if event is not None and not await _handle_with_retry(validator, event, stop):
-                            return
-                        outcome = "handled" if event is not None else "invalid"
+                        where = (tp.topic, tp.partition, record.offset, record.value)
+                        outcome: Outcome | None = "invalid"
+                        if event is not None:
+                            outcome = await _handle_with_retry(validator, event, stop, letters, where)
+                            if outcome is None:
+                                return
                         metrics.EVENTS_HANDLED.labels("registry-validator", tp.topic, outcome).inc()
                         await consumer.commit({tp: record.offset + 1})
     finally:
