@@ -154,6 +154,15 @@ def _gateway_commands() -> None:
 _gateway_commands()
 
 
+def _edge_command() -> None:
+    from bench.edge import edge
+
+    app.command("edge")(edge)
+
+
+_edge_command()
+
+
 def _scaleup_command() -> None:
     from bench.scaleup import scaleup
 

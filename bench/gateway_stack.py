@@ -94,13 +94,14 @@ class Stack:
     standin: subprocess.Popen
     layout: Layout
     logs: Path
+    keys: dict[str, str]  # every seeded tenant's API key
 
 
-def _seed() -> Seed:
-    """The bench tenant with limits no run reaches, its adapter row and alias."""
+def _seed(others: tuple[Tenant, ...] = ()) -> Seed:
+    """The bench tenant with limits no run reaches, its adapter row and alias; other tenants beside it."""
     no_weights = "sha256:" + hashlib.sha256(b"the stand-in serves no weights").hexdigest()
     return Seed(
-        (Tenant(TENANT, 1_000_000.0, 2_000_000_000),),
+        (Tenant(TENANT, 1_000_000.0, 2_000_000_000), *others),
         (ReadyAdapter(ADAPTER_ID, TENANT, no_weights, checksum=no_weights),),
         (Alias(ALIAS, TENANT, ADAPTER_ID),),
     )
@@ -110,7 +111,14 @@ def _pinned(cpus: tuple[int, ...] | None) -> tuple[str, ...]:
     return () if cpus is None else ("taskset", "-c", ",".join(map(str, cpus)))
 
 
-def bench_spec(layout: Layout, token_rate: float, ttft_ms: float, profile: Path | None) -> StackSpec:
+def bench_spec(
+    layout: Layout,
+    token_rate: float,
+    ttft_ms: float,
+    profile: Path | None,
+    others: tuple[Tenant, ...] = (),
+    gateway_env: dict[str, str] | None = None,
+) -> StackSpec:
     """The stand-in, then the gateway routing only to it, each pinned as the layout says."""
     run = uuid.uuid4().hex[:8]
     replica_id = f"gwbench-{run}"
@@ -132,7 +140,7 @@ def bench_spec(layout: Layout, token_rate: float, ttft_ms: float, profile: Path 
         wrapper=_pinned(layout.standin),
         stop_grace_s=STOP_GRACE_S,
     )
-    gateway_env = {"LORAFLEET_GATEWAY_PUBLIC_PORT": str(gateway_port)}
+    gateway_env = {**(gateway_env or {}), "LORAFLEET_GATEWAY_PUBLIC_PORT": str(gateway_port)}
     if profile is not None:
         gateway_env["LORAFLEET_GATEWAY_PROFILE_PATH"] = str(profile.resolve())
     gateway = ProcessSpec(
@@ -147,7 +155,7 @@ def bench_spec(layout: Layout, token_rate: float, ttft_ms: float, profile: Path 
     return StackSpec(
         processes=(standin, gateway),
         database=f"gwbench_{run}",
-        seed=_seed(),
+        seed=_seed(others),
         prefix=replica_id,
         replica_token=TOKEN,
         env={"PYTHONPATH": str(REPO)},
@@ -156,14 +164,23 @@ def bench_spec(layout: Layout, token_rate: float, ttft_ms: float, profile: Path 
 
 @contextlib.asynccontextmanager
 async def bench_stack(
-    layout: Layout, token_rate: float, ttft_ms: float, logs: Path, profile: Path | None = None
+    layout: Layout,
+    token_rate: float,
+    ttft_ms: float,
+    logs: Path,
+    profile: Path | None = None,
+    others: tuple[Tenant, ...] = (),
+    gateway_env: dict[str, str] | None = None,
 ) -> AsyncIterator[Stack]:
     """Database, stand-in and gateway up and routing to each other; all of it gone afterwards.
 
-    With profile, the gateway runs under cProfile and writes its stats there when it stops."""
-    spec = bench_spec(layout, token_rate, ttft_ms, profile)
+    With profile, the gateway runs under cProfile and writes its stats there when it stops. Other tenants
+    (with their keys in Stack.keys) and settings of the gateway's own may be given."""
+    spec = bench_spec(layout, token_rate, ttft_ms, profile, others, gateway_env)
     async with private_stack(spec, PlatformSettings(), logs) as stack:
         standin, gateway = stack.procs["standin"], stack.procs["gateway"]
         assert standin.proc is not None and gateway.proc is not None
         key = stack.keys[TENANT]
-        yield Stack(gateway.url, standin.url, spec.prefix, key, gateway.proc, standin.proc, layout, logs)
+        yield Stack(
+            gateway.url, standin.url, spec.prefix, key, gateway.proc, standin.proc, layout, logs, stack.keys
+        )

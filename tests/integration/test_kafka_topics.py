@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from aiokafka.admin import ConfigResource, ConfigResourceType
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import InvalidReplicationFactorError
 
 from lorafleet.kafka import ensure_topics, make_admin
