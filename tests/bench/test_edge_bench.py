@@ -11,19 +11,16 @@ import pytest
 from typer.testing import CliRunner
 
 from bench.cli import app
-from tests.integration.conftest import services  # noqa: F401 - the session's real services
 from tests.integration.services import ServiceAddresses
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_a_short_edge_bench_cuts_the_slow_clients_refuses_the_flood_and_serves_the_quiet_tenant(
-    services: ServiceAddresses,  # noqa: F811
+    service_env: ServiceAddresses,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name, value in services.env().items():
-        monkeypatch.setenv(name, value)
     monkeypatch.chdir(tmp_path)  # its logs go under .data/ here
     out = tmp_path / "edge.json"
     args = ["edge", "--repeats", "1", "--duration-s", "4", "--slowloris", "10", "--header-timeout-s", "1"]

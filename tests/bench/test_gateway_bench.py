@@ -12,19 +12,15 @@ from matplotlib.image import imread
 from typer.testing import CliRunner
 
 from bench.cli import app
-from tests.integration.conftest import services  # noqa: F401 - the session's real services
 from tests.integration.services import ServiceAddresses
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_quick_gateway_bench_serves_every_request_on_both_paths(
-    services: ServiceAddresses,  # noqa: F811
+    service_env: ServiceAddresses,
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name, value in services.env().items():
-        monkeypatch.setenv(name, value)
     result = CliRunner().invoke(app, ["gateway", "--quick", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "gateway.json").read_text())
