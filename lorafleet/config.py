@@ -85,8 +85,9 @@ class PlatformSettings(BaseSettings):
     prometheus_port: int = 19090  # the local stack's Prometheus (`lorafleet services up`)
 
     # Every HTTP listener (the gateways, the replicas): a request's headers must arrive within this long of
-    # the connection opening (or of the first byte after the previous response), one client address holds
-    # at most this many connections, and the listener this many in all (lorafleet/http_limits.py).
+    # the connection opening (or of the first byte after the previous response), and the listener holds this
+    # many connections in all; on the public listener one client address, unless it is a trusted proxy
+    # (FORWARDED_ALLOW_IPS), holds at most this many (lorafleet/http_limits.py).
     http_header_timeout_s: float = Field(default=10.0, gt=0)
     http_max_connections_per_client: int = Field(default=256, ge=1)
     http_max_connections: int = Field(default=10_000, ge=1)
@@ -111,13 +112,14 @@ class PlatformSettings(BaseSettings):
     def kafka_principal(self) -> str:
         return self.kafka_username or principals.ADMIN
 
-    def listener_options(self) -> dict[str, Any]:
-        """uvicorn.Config keyword arguments that apply the listener limits above."""
+    def listener_options(self, public: bool = False) -> dict[str, Any]:
+        """uvicorn.Config keyword arguments that apply the listener limits above; the cap per client address
+        only on a public listener (an internal one's callers are the fleet's own gateways)."""
         from lorafleet.http_limits import ListenerLimits, uvicorn_options
 
         limits = ListenerLimits(
             header_timeout_s=self.http_header_timeout_s,
-            max_connections_per_client=self.http_max_connections_per_client,
+            max_connections_per_client=self.http_max_connections_per_client if public else None,
             max_connections=self.http_max_connections,
         )
         return uvicorn_options(limits)

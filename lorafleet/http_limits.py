@@ -3,9 +3,11 @@
 - A request's headers must arrive within header_timeout_s of the connection opening, or of the first byte
   after the previous response: a client that sends them a byte at a time (slowloris) is disconnected, so it
   cannot hold a socket for as long as it likes.
-- One client address holds at most max_connections_per_client connections; a further one is closed as it
-  is accepted. The cap is generous (many tenants may share a proxy's address) and stops one address from
-  taking every socket.
+- On the public listener, one client address holds at most max_connections_per_client connections; a
+  further one is closed as it is accepted. A trusted proxy (uvicorn's forwarded_allow_ips,
+  FORWARDED_ALLOW_IPS: an ingress or load balancer that carries many clients' connections) is exempt, and so
+  is every caller of an internal listener (the gateways calling replicas): both hold many clients' requests
+  on one address.
 - The listener as a whole answers at most max_connections connections and requests at once (uvicorn's
   limit_concurrency: past it, 503).
 
@@ -15,6 +17,8 @@ A request body's own deadline is the route's (the public chat route reads its bo
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import logging
 from collections import Counter
 from typing import Any, ClassVar
@@ -27,7 +31,7 @@ log = logging.getLogger(__name__)
 
 class ListenerLimits(BaseModel):
     header_timeout_s: float = Field(default=10.0, gt=0)
-    max_connections_per_client: int = Field(default=256, ge=1)
+    max_connections_per_client: int | None = Field(default=256, ge=1)  # None: no cap (internal listeners)
     max_connections: int = Field(default=10_000, ge=1)
 
 
@@ -41,13 +45,15 @@ class LimitedH11Protocol(H11Protocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._counted: str | None = None
         address = self.client[0] if self.client else ""
-        per_client = _clients(self.server_state)
-        if per_client[address] >= self.limits.max_connections_per_client:
-            log.warning("closing a connection from %s: it holds %d already", address, per_client[address])
-            transport.close()
-            return
-        per_client[address] += 1
-        self._counted = address
+        cap = self.limits.max_connections_per_client
+        if cap is not None and not _trusted(address, self.config.forwarded_allow_ips):
+            per_client = _clients(self.server_state)
+            if per_client[address] >= cap:
+                log.warning("closing a connection from %s: it holds %d already", address, per_client[address])
+                transport.close()
+                return
+            per_client[address] += 1
+            self._counted = address
         self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -75,9 +81,9 @@ class LimitedH11Protocol(H11Protocol):
         self._deadline = self.loop.call_later(self.limits.header_timeout_s, self._headers_too_slow)
 
     def _disarm(self) -> None:
-        if getattr(self, "_deadline", None) is not None:
-            assert self._deadline is not None
-            self._deadline.cancel()
+        deadline = getattr(self, "_deadline", None)  # None too before connection_made
+        if deadline is not None:
+            deadline.cancel()
             self._deadline = None
 
     def _headers_too_slow(self) -> None:
@@ -91,6 +97,18 @@ class LimitedH11Protocol(H11Protocol):
             self.transport.close()
 
 
+def _trusted(address: str, proxies: list[str] | str) -> bool:
+    """Whether address is one of the trusted proxies: "*", addresses and networks, comma-separated."""
+    entries = proxies.split(",") if isinstance(proxies, str) else proxies
+    for entry in (e.strip() for e in entries):
+        if entry == "*" or entry == address:
+            return True
+        with contextlib.suppress(ValueError):
+            if ipaddress.ip_address(address) in ipaddress.ip_network(entry, strict=False):
+                return True
+    return False
+
+
 def _clients(server_state: Any) -> Counter[str]:
     """Connections per client address on one server (kept on its shared state)."""
     counts = getattr(server_state, "lorafleet_clients", None)
@@ -101,6 +119,7 @@ def _clients(server_state: Any) -> Counter[str]:
 
 
 def uvicorn_options(limits: ListenerLimits) -> dict[str, Any]:
-    """uvicorn.Config keyword arguments that apply limits to a listener."""
+    """uvicorn.Config keyword arguments that apply limits to a listener (its trusted proxies are the
+    Config's forwarded_allow_ips)."""
     protocol = type("LimitedH11", (LimitedH11Protocol,), {"limits": limits})
     return {"http": protocol, "limit_concurrency": limits.max_connections}

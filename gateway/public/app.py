@@ -223,6 +223,6 @@ def serve_public() -> None:
     settings = config.gateway
     sock = bind_listener(settings.public_host, settings.public_port, settings.socket_send_buffer_bytes)
     app = build_public_app(config)
-    options = config.platform.listener_options()
+    options = config.platform.listener_options(public=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, **options))
     server.run(sockets=[sock])

@@ -54,6 +54,8 @@ async def stack(services, tmp_path_factory: pytest.TempPathFactory) -> AsyncIter
         "LORAFLEET_HTTP_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
         "LORAFLEET_GATEWAY_BODY_READ_TIMEOUT_S": str(HEADER_TIMEOUT_S),
         "LORAFLEET_HTTP_MAX_CONNECTIONS_PER_CLIENT": str(PER_CLIENT),
+        # loopback is a trusted proxy by default, exempt from that cap: here it is a client like any other
+        "FORWARDED_ALLOW_IPS": "192.0.2.1",
     }
     async with fault_stack(services, tmp_path_factory, "sft", settings, returned_s=60) as s:
         yield s
