@@ -18,7 +18,7 @@ from typing import Literal
 
 import asyncpg
 
-from lorafleet.state_signature import verify
+from lorafleet.state_signature import header, verify
 from schemas.events import ReplicaState
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,22 @@ class ReplicaRegistry:
         if registered is None:
             return "unregistered"
         return "url_mismatch" if registered != url else "bad_signature"
+
+    def believes(
+        self,
+        state: ReplicaState,
+        value: bytes,
+        headers: object,
+        rejected: Callable[[ReplicaState, str], None] | None = None,
+    ) -> bool:
+        """check() on one record (its value bytes and Kafka headers): True for its registered replica's own
+        state; otherwise False, after rejected(state, verdict)."""
+        verdict = self.check(state.replica_id, state.url, value, header(headers))
+        if verdict == "registered":
+            return True
+        if rejected is not None:
+            rejected(state, verdict)
+        return False
 
     async def refresh(self) -> None:
         rows = await self.pool.fetch(

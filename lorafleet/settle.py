@@ -50,7 +50,11 @@ async def settle(
 ) -> bool:
     """apply(); True once it succeeded, False once the record was dead-lettered after attempts failures.
     A transient failure (is_transient, or one of the consumer's own transient types) is raised at once."""
-    for attempt in range(1, attempts + 1):
+    if attempts < 1:
+        raise ValueError("attempts must be at least 1")
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             await apply()
             return True
@@ -72,4 +76,3 @@ async def settle(
                 attempts,
             )
             await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
-    return False

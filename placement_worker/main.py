@@ -22,7 +22,6 @@ from lorafleet.profile import refuse_dev_tokens
 from lorafleet.replica_registry import ReplicaRegistry, StateRejections
 from lorafleet.retry import run_with_retry
 from lorafleet.settle import settle
-from lorafleet.state_signature import header
 from lorafleet.worker import run_until_signal
 from placement_worker.config import PlacementConfig
 from placement_worker.consumer import PlacementWorker
@@ -78,13 +77,10 @@ async def run_worker(
                     if event is None:
                         metrics.EVENTS_HANDLED.labels("placement-worker", tp.topic, "invalid").inc()
                         continue
-                    if isinstance(event, ReplicaState):
-                        verdict = registry.check(
-                            event.replica_id, event.url, record.value, header(record.headers)
-                        )
-                        if verdict != "registered":
-                            rejected(event, verdict)
-                            continue
+                    if isinstance(event, ReplicaState) and not registry.believes(
+                        event, record.value, record.headers, rejected
+                    ):
+                        continue
                     where = (tp.topic, tp.partition, record.offset, record.value)
                     handled = await settle(partial(worker.handle, event), letters, *where)
                     outcome = "handled" if handled else "dead_lettered"

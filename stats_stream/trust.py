@@ -14,7 +14,6 @@ import asyncpg
 from lorafleet.config import PlatformSettings
 from lorafleet.db.pool import create_pool
 from lorafleet.replica_registry import ReplicaRegistry, StateRejections
-from lorafleet.state_signature import header
 from schemas.events import ReplicaState
 from stats_stream import metrics
 
@@ -33,12 +32,7 @@ class StateCheck:
 
     async def believes(self, state: ReplicaState, value: bytes, headers: object) -> bool:
         """Whether state, whose record held value and headers, is its registered replica's own."""
-        registry = await self._open()
-        verdict = registry.check(state.replica_id, state.url, value, header(headers))
-        if verdict == "registered":
-            return True
-        self.rejected(state, verdict)
-        return False
+        return (await self._open()).believes(state, value, headers, self.rejected)
 
     async def _open(self) -> ReplicaRegistry:
         async with self._lock:

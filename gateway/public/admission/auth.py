@@ -47,19 +47,14 @@ class KeyAuthenticator:
 
     def vouched(self, authorization: str | None) -> bool:
         """Whether this header's key was found valid here within vouched_ttl_s (it may be revoked since)."""
-        _, _, secret = (authorization or "").partition(" ")
-        secret = secret.strip()
-        if not secret or len(secret) > 256:
-            return False
-        until = self._vouched.get(key_hash(secret))
+        digest = _digest(authorization)
+        until = self._vouched.get(digest) if digest is not None else None
         return until is not None and until > time.monotonic()
 
     async def authenticate(self, authorization: str | None) -> Caller:
-        scheme, _, secret = (authorization or "").partition(" ")
-        secret = secret.strip()
-        if scheme.lower() != "bearer" or not secret or len(secret) > 256:
+        digest = _digest(authorization)
+        if digest is None:
             raise Unauthorized("invalid_api_key", INVALID_KEY)
-        digest = key_hash(secret)
         now = time.monotonic()
         cached = self._cache.get(digest)
         if cached is not None and cached[0] > now:
@@ -93,3 +88,12 @@ class KeyAuthenticator:
             return None
         stored, caller = found
         return caller if hmac.compare_digest(stored, digest) else None
+
+
+def _digest(authorization: str | None) -> str | None:
+    """The key's hash from `Authorization: Bearer <key>`; None for any other header, or none."""
+    scheme, _, secret = (authorization or "").partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not secret or len(secret) > 256:
+        return None
+    return key_hash(secret)

@@ -22,7 +22,6 @@ from lorafleet.config import PlatformSettings
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer, seek_to_times
 from lorafleet.replica_registry import ReplicaRegistry
-from lorafleet.state_signature import header
 from schemas import topics
 from schemas.events import ReplicaState
 
@@ -143,15 +142,7 @@ async def consume_states(
             assert isinstance(event, ReplicaState)
             if not event.replica_id.startswith(view.replica_id_prefix):
                 continue  # another fleet's replica on the same Kafka
-            signature = header(msg.headers)
-            verdict = (
-                registry.check(event.replica_id, event.url, msg.value or b"", signature)
-                if registry is not None
-                else "registered"
-            )
-            if verdict != "registered":
-                if rejected is not None:
-                    rejected(event, verdict)
+            if registry is not None and not registry.believes(event, msg.value or b"", msg.headers, rejected):
                 continue
             view.apply(event)
     finally:
