@@ -28,7 +28,7 @@ from lorafleet.kafka import ensure_topics
 from lorafleet.pids import pid_alive
 from ops.stack import kafka, postgres, supervisor
 from ops.stack.env import dev_logins
-from ops.stack.paths import REPO_ROOT
+from ops.stack.paths import REPO_ROOT, java_classpath
 
 SERVICE_TOKEN = "outage-test-service-token"
 APPS = ("relay", "gateway", "registry-validator", "placement-worker", "public-gateway")
@@ -57,6 +57,19 @@ class Stack:
     def all_running(self) -> bool:
         pids = self.app_pids()
         return all(p is not None and pid_alive(p) for p in pids.values())
+
+
+def missing_local_infra() -> str | None:
+    """Why a private PostgreSQL and Kafka can't start here, or None when they can. `make deps` installs both
+    (Debian's postgresql, Maven Central's Kafka jars and Java) whether or not a Docker engine answers, so
+    `make test` runs the outage tests on any CI runner; only a run that skipped `make deps` lacks them."""
+    try:
+        postgres._bin("initdb")
+        kafka._java()
+        java_classpath("kafka")
+    except (RuntimeError, FileNotFoundError) as exc:
+        return f"no local PostgreSQL or Kafka to fault ({exc}); `make test` installs them"
+    return None
 
 
 def _private_settings(base: Path, s3: PlatformSettings) -> PlatformSettings:

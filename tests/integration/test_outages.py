@@ -33,13 +33,10 @@ from ops.stack import kafka, postgres
 from schemas.topics import ADAPTERS_REGISTERED, ADAPTERS_VALIDATED
 from tests.integration import outage_stack as ostack
 from tests.integration.kafka_helpers import read_to_end
-from tests.integration.services import docker_answers
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(
-        docker_answers(), reason="starts its own PostgreSQL and Kafka from the local packages"
-    ),
+    pytest.mark.skipif(ostack.missing_local_infra() is not None, reason=str(ostack.missing_local_infra())),
 ]
 
 FAULT_S = 6.0  # each fault's length before the service is brought back

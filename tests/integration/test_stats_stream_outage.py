@@ -19,8 +19,7 @@ from schemas.events import AdapterStats, parse_event
 from schemas.topics import ADAPTER_STATS
 from stats_stream.windows import from_ms, to_ms, window_start
 from tests.integration.kafka_helpers import read_to_end
-from tests.integration.outage_stack import infra_env, private_infra
-from tests.integration.services import docker_answers
+from tests.integration.outage_stack import infra_env, missing_local_infra, private_infra
 from tests.integration.test_stats_stream import (
     WINDOW_S,
     Stream,
@@ -33,9 +32,7 @@ from tests.integration.test_stats_stream import (
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(
-        docker_answers(), reason="starts its own PostgreSQL and Kafka from the local packages"
-    ),
+    pytest.mark.skipif(missing_local_infra() is not None, reason=str(missing_local_infra())),
 ]
 
 OUTAGE_S = 20.0  # past the stream's 6 s session timeout: its group membership expires while it is down
