@@ -43,6 +43,15 @@ class GatewaySettings(BaseSettings):
     validator_group: str = "registry-validator"  # the registry validator's Kafka consumer group
     validator_metrics_port: int = Field(default=9461, ge=0, description="validator /metrics; 0 disables")
     validator_metrics_host: str = "127.0.0.1"  # 0.0.0.0 in a container
+    # The registry validator's reconciler. A pending version whose check the object store failed is
+    # checked again after a backoff doubling from recheck_initial_s up to recheck_max_s; one that no check
+    # reached within reconcile_after_s of its registration (its event lost) has its event published again,
+    # and again every reconcile_after_s while it stays pending. The reconciler looks every
+    # reconcile_interval_s.
+    registry_recheck_initial_s: float = Field(default=2.0, gt=0)
+    registry_recheck_max_s: float = Field(default=300.0, gt=0)
+    registry_reconcile_after_s: float = Field(default=60.0, gt=0)
+    registry_reconcile_interval_s: float = Field(default=2.0, gt=0)
 
     # The public OpenAI-compatible API (a listener of its own; tenants never see /internal).
     public_host: str = "127.0.0.1"

@@ -23,6 +23,22 @@ OUTBOX_DEAD_LETTERED = Counter(
     "lorafleet_outbox_dead_lettered_total", "Outbox rows that failed validation and were never published."
 )
 OUTBOX_UNSENT = Gauge("lorafleet_outbox_unsent", "Outbox rows committed but not yet published (relay lag).")
+REGISTRY_CHECKS_DEFERRED = Counter(
+    "lorafleet_registry_checks_deferred_total",
+    "Registration checks the object store failed; the version stays pending and is checked again later.",
+)
+REGISTRY_CHECKS_REQUESTED = Counter(
+    "lorafleet_registry_checks_requested_total",
+    "adapters.registered events the reconciler published again for a pending version whose check was due.",
+)
+REGISTRY_PENDING = Gauge(
+    "lorafleet_registry_pending_versions",
+    "Adapter versions still pending, by whether a check failed on them (retrying) or not yet (waiting).",
+    ["state"],
+)
+REGISTRY_OLDEST_PENDING = Gauge(
+    "lorafleet_registry_oldest_pending_seconds", "Age of the oldest pending adapter version (0 when none)."
+)
 
 
 def serve(port: int, host: str = "127.0.0.1") -> None:

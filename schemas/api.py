@@ -65,6 +65,10 @@ class AdapterView(BaseModel):
     reason: str | None = None
     created_at: datetime
     updated_at: datetime
+    # While pending: the checks the object store failed, the last one's error, and when the next is due.
+    check_attempts: int = 0
+    last_check_error: str | None = None
+    next_check_at: datetime | None = None
 
 
 class RegistrationAccepted(BaseModel):

@@ -25,7 +25,8 @@ CONTENT_FIELDS = (
 )
 COLUMNS = (
     "adapter_id, tenant_id, version, status, base_model_hash, rank, alpha, target_modules, weights_uri, "
-    "checksum, size_bytes, reason_code, reason, created_at, updated_at"
+    "checksum, size_bytes, reason_code, reason, created_at, updated_at, check_attempts, last_check_error, "
+    "next_check_at"
 )
 
 
@@ -149,3 +150,44 @@ async def list_adapters(
         limit,
     )
     return [AdapterView(**dict(r)) for r in rows]
+
+
+async def defer_check(
+    conn: Connection, adapter_id: str, error: str, initial_s: float, max_s: float
+) -> asyncpg.Record | None:
+    """Record a check the object store failed on a pending version: one more attempt, its error, and the next
+    check after a backoff doubling from initial_s up to max_s. None when the version is no longer pending."""
+    return await conn.fetchrow(
+        """UPDATE adapters SET check_attempts = check_attempts + 1, last_check_error = $2,
+               next_check_at = now() + make_interval(secs => least($4, $3 * 2 ^ least(check_attempts, 30)))
+           WHERE adapter_id = $1 AND status = 'pending'
+           RETURNING check_attempts, next_check_at""",
+        adapter_id,
+        error[:2000],
+        initial_s,
+        max_s,
+    )
+
+
+async def claim_due_checks(conn: Connection, after_s: float, limit: int = 100) -> list[asyncpg.Record]:
+    """Pending versions whose check is due (next_check_at passed, or never checked within after_s of their
+    registration), each pushed after_s into the future so that it is claimed once per after_s. Rows another
+    transaction holds are skipped, so reconcilers in several validators claim each row once."""
+    prefixed = ", ".join(f"a.{c.strip()}" for c in COLUMNS.split(","))
+    return await conn.fetch(
+        f"""WITH due AS (
+                SELECT adapter_id FROM adapters
+                WHERE status = 'pending'
+                  AND coalesce(next_check_at, created_at + make_interval(secs => $1)) <= now()
+                ORDER BY created_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+            UPDATE adapters a SET next_check_at = now() + make_interval(secs => $1)
+            FROM due WHERE a.adapter_id = due.adapter_id
+            RETURNING {prefixed}""",
+        after_s,
+        limit,
+    )
+
+
+def registered_event(row: asyncpg.Record | dict[str, Any]) -> AdapterRegistered:
+    """The adapters.registered event that asks for a stored version's check again (a new event_id)."""
+    return AdapterRegistered(**{f: row[f] for f in ("adapter_id", *CONTENT_FIELDS)})

@@ -6,7 +6,7 @@
    the weights bytes first, then the shared adapter rules, then the registration against the files).
 3. Settle: ready or rejected with a reason code, the adapters.validated outbox event and the processed_events
    mark in one transaction. A redelivered event is a no-op; an object-store outage leaves the version pending
-   and raises TransientFetchError so the event is retried.
+   and raises TransientFetchError, which the consumer records on the version with `defer` (its next check).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from gateway.registry import adapters
 from gateway.registry.registration_rules import RegistryRules, check_fields
 from gateway.registry.validator.artifact_checks import verify_artifact
 from gateway.registry.validator.artifact_fetch import fetch_artifact
+from lorafleet import metrics
 from lorafleet.adapter_rules.base_spec import BaseSpec
 from lorafleet.adapter_rules.errors import AdapterRejected
 from lorafleet.db.conn import Connection
@@ -83,6 +84,25 @@ class RegistryValidator:
         outcome = verdict.status if verdict.status == "ready" else f"rejected:{verdict.reason_code}"
         log.info("adapter %s: %s%s", event.adapter_id, outcome, "" if applied else " (duplicate)")
         return outcome if applied else "duplicate"
+
+    async def defer(self, event: AdapterRegistered, exc: Exception) -> None:
+        """Record a check the object store failed on the pending version, with when to check it again."""
+        s = self._settings
+        async with self._pool.acquire() as conn:
+            row = await adapters.defer_check(
+                conn, event.adapter_id, str(exc), s.registry_recheck_initial_s, s.registry_recheck_max_s
+            )
+        metrics.REGISTRY_CHECKS_DEFERRED.inc()
+        if row is None:
+            log.info("adapter %s: the store failed a check of a version no longer pending", event.adapter_id)
+            return
+        log.warning(
+            "adapter %s stays pending: %s (failed checks %d; next at %s)",
+            event.adapter_id,
+            exc,
+            row["check_attempts"],
+            row["next_check_at"].isoformat(),
+        )
 
     async def _record(self, conn: Connection, event: AdapterRegistered, fields: dict[str, Any]) -> str | None:
         """Insert or match the version row; return an outcome when the event needs no verification."""

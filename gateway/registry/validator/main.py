@@ -2,8 +2,10 @@
 
 Offsets are committed only after an event is settled, so a crash redelivers it (a no-op by event_id).
 A record that does not decode is dead-lettered (lorafleet.dead_letters) and committed past, and so is one
-whose handler keeps failing for another reason than the infrastructure (lorafleet.settle); an object-store
-outage retries the same record with backoff.
+whose handler keeps failing for another reason than the infrastructure (lorafleet.settle). A check the object
+store failed is recorded on the pending version (attempts, error, next check) and committed past, so one
+failing object never holds the partition; the reconciler (reconciler.py) asks for the check again when it is
+due, and for any pending version whose event never arrived.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from gateway.registry.registration_rules import RegistryRules
 from gateway.registry.served_base import served_base_hash, served_base_spec
 from gateway.registry.validator.artifact_fetch import TransientFetchError
 from gateway.registry.validator.handler import RegistryValidator
+from gateway.registry.validator.reconciler import reconcile_forever
 from lorafleet import metrics
 from lorafleet.db.pool import close_pool, create_pool
 from lorafleet.dead_letters import DeadLetters
@@ -36,33 +39,24 @@ from schemas.topics import ADAPTERS_REGISTERED
 
 log = logging.getLogger(__name__)
 
-MAX_BACKOFF_S = 10.0
-
 Where = tuple[str, int, int, bytes | None]  # a record's topic, partition, offset and value
-Outcome = Literal["handled", "dead_lettered", "invalid"]
+Outcome = Literal["handled", "dead_lettered", "deferred", "invalid"]
 
 
-async def _handle_with_retry(
-    validator: RegistryValidator,
-    event: AdapterRegistered,
-    stop: asyncio.Event,
-    letters: DeadLetters,
-    where: Where,
-) -> Outcome | None:
-    """How the event settled: handled, or dead-lettered once its handler kept failing for another reason
-    than the infrastructure (lorafleet.settle); None when stopped while the object store was still failing
-    (that is retried with backoff, never dead-lettered)."""
-    delay = 0.2
-    while not stop.is_set():
-        try:
-            handle = partial(validator.handle, event)
-            applied = await settle(handle, letters, *where, transient=(TransientFetchError,))
-            return "handled" if applied else "dead_lettered"
-        except TransientFetchError as exc:
-            log.warning("adapter %s: %s; retrying in %.1fs", event.adapter_id, exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, MAX_BACKOFF_S)
-    return None
+async def _handle(
+    validator: RegistryValidator, event: AdapterRegistered, letters: DeadLetters, where: Where
+) -> Outcome:
+    """How the event settled: handled; dead-lettered once its handler kept failing for another reason than
+    the infrastructure (lorafleet.settle); or deferred when the object store failed the check (the version
+    stays pending with its error and its next check, which the reconciler asks for)."""
+    try:
+        applied = await settle(
+            partial(validator.handle, event), letters, *where, transient=(TransientFetchError,)
+        )
+    except TransientFetchError as exc:
+        await validator.defer(event, exc)
+        return "deferred"
+    return "handled" if applied else "dead_lettered"
 
 
 async def run_validator(
@@ -81,12 +75,14 @@ async def run_validator(
     pool = await create_pool(config.platform, min_size=1, max_size=4)
     consumer = make_consumer(config.platform, ADAPTERS_REGISTERED.name, group_id=settings.validator_group)
     letters = DeadLetters("registry-validator", pool)
+    reconciler: asyncio.Task | None = None
     try:
         async with async_client(config.platform) as s3:
             policy = FetchPolicy.from_settings(config.platform)
             validator = RegistryValidator(pool, s3, rules, spec, settings, policy)
             await consumer.start()
             await _wait_assigned(consumer, from_end)
+            reconciler = asyncio.create_task(reconcile_forever(pool, settings, stop))
             if ready is not None:
                 ready.set()
             while not stop.is_set():
@@ -96,14 +92,15 @@ async def run_validator(
                         event = await letters.parse(tp.topic, tp.partition, record.offset, record.value)
                         assert event is None or isinstance(event, AdapterRegistered)  # the topic's one type
                         where = (tp.topic, tp.partition, record.offset, record.value)
-                        outcome: Outcome | None = "invalid"
+                        outcome: Outcome = "invalid"
                         if event is not None:
-                            outcome = await _handle_with_retry(validator, event, stop, letters, where)
-                            if outcome is None:
-                                return
+                            outcome = await _handle(validator, event, letters, where)
                         metrics.EVENTS_HANDLED.labels("registry-validator", tp.topic, outcome).inc()
                         await consumer.commit({tp: record.offset + 1})
     finally:
+        if reconciler is not None:
+            reconciler.cancel()
+            await asyncio.gather(reconciler, return_exceptions=True)
         await consumer.stop()
         await close_pool(pool)
 

@@ -3,6 +3,7 @@ tenant's own misses, and every other tenant's cached answers stay (the store-out
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -54,3 +55,15 @@ async def test_a_cached_miss_is_read_again_once_the_alias_exists() -> None:
     cache.apply(AliasChanged(tenant_id="acme", alias="acme/new:prod", adapter_id="acme-new-v1", revision=1))
     assert (await cache.resolve("acme", "acme/new:prod")).adapter_id == "acme-new-v1"  # type: ignore[union-attr]
     assert "acme/new:prod" not in cache._missing["acme"]
+
+
+async def test_a_move_whose_event_never_arrives_is_served_once_the_ttl_passes() -> None:
+    """The reconciliation of an alias move: the row decides, the event only hurries it. A lost
+    aliases.changed leaves the old target for at most the TTL, then the next request reads the move."""
+    store = Store({("acme", "acme/support:prod"): "acme-support-v1"})
+    cache = AliasCache(store, ttl_s=0.2, max_missing_per_tenant=10)  # type: ignore[arg-type]
+    assert (await cache.resolve("acme", "acme/support:prod")).adapter_id == "acme-support-v1"  # type: ignore[union-attr]
+    store.rows[("acme", "acme/support:prod")] = "acme-support-v2"  # moved; its event is lost
+    assert (await cache.resolve("acme", "acme/support:prod")).adapter_id == "acme-support-v1"  # type: ignore[union-attr]
+    await asyncio.sleep(0.3)
+    assert (await cache.resolve("acme", "acme/support:prod")).adapter_id == "acme-support-v2"  # type: ignore[union-attr]
