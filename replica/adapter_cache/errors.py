@@ -20,6 +20,10 @@ class ObjectStoreUnavailableError(AdapterCacheError):
     a later try may succeed."""
 
 
+class RegistryUnavailableError(AdapterCacheError):
+    """The registry did not answer now (unreachable, or a 5xx); a later try may succeed."""
+
+
 class AdapterNotRegisteredError(AdapterCacheError):
     """The registry has no ready version under this adapter id."""
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import httpx
 
-from replica.adapter_cache.errors import AdapterCacheError, AdapterNotRegisteredError
+from replica.adapter_cache.errors import (
+    AdapterCacheError,
+    AdapterNotRegisteredError,
+    RegistryUnavailableError,
+)
 from replica.adapter_cache.record import AdapterRecord, digest_of
 
 
@@ -23,9 +27,11 @@ class RegistryClient:
         try:
             resp = await self.client.get(f"/internal/adapters/{adapter_id}")
         except httpx.HTTPError as exc:
-            raise AdapterCacheError(f"registry unreachable: {type(exc).__name__}") from exc
+            raise RegistryUnavailableError(f"registry unreachable: {type(exc).__name__}") from exc
         if resp.status_code == 404:
             raise AdapterNotRegisteredError(f"adapter {adapter_id!r} is not registered", "adapter_id")
+        if resp.status_code >= 500:
+            raise RegistryUnavailableError(f"registry answered {resp.status_code} for adapter {adapter_id!r}")
         if resp.status_code != 200:
             raise AdapterCacheError(f"registry answered {resp.status_code} for adapter {adapter_id!r}")
         body = resp.json()

@@ -35,16 +35,16 @@ async def run_control(
     """Run until stop; each replica reads every command partition in a group of its own and filters by id."""
     producer = make_producer(platform)
     consumer = make_consumer(platform, REPLICA_COMMANDS.name, group_id=f"replica-{replica_id}")
-    handler = CommandHandler(cache, replica_id)
     own_letters = letters is None
     letters = letters or DeadLetters.own_pool("replica-commands", platform)
+    handler = CommandHandler(cache, replica_id, letters)
     tasks: list[asyncio.Task[None]] = []
     waiter = asyncio.create_task(stop.wait())
     try:
         await producer.start()  # inside the try: a broker that is down still gets both clients closed
         await consumer.start()
         tasks = [
-            asyncio.create_task(consume_commands(consumer, handler, letters, stop), name="replica-commands"),
+            asyncio.create_task(consume_commands(consumer, handler, stop), name="replica-commands"),
             asyncio.create_task(
                 publish_state(producer, make_state, stop, state_interval_s, nudge, signing_key),
                 name="replica-state",

@@ -37,7 +37,8 @@ async def supervise_control(
     signing_key: str | None = None,
 ) -> None:
     """Run the control loop until shutdown, restarting it retry_s after each failure; nudge sends the
-    state at once. Commands that do not decode go to the dead_letters table, counted in dead_letters."""
+    state at once. Commands that do not decode, or whose action keeps failing, go to the dead_letters table,
+    counted in dead_letters."""
     events = EventPublisher(replica_id)
     letters = DeadLetters.own_pool("replica-commands", platform, dead_letters)
     local = cache.on_event  # the replica's metrics keep counting next to the published events

@@ -38,10 +38,11 @@ from schemas.events import (
     ReplicaCommand,
     ReplicaState,
 )
-from tests.integration.poison import Sent, poison_then_valid, wait_dead_lettered
+from tests.integration.poison import Sent, poison_then_valid, send, wait_dead_lettered
+from tests.integration.poison import letters as letters_of
 from tests.integration.signed_states import SignedReplicas
 from tests.integration.waiting import wait_until
-from tests.replica.adapter_cache.helpers import make_env
+from tests.replica.adapter_cache.helpers import Env, Unreachable, make_env
 
 pytestmark = pytest.mark.integration
 
@@ -245,6 +246,80 @@ async def test_the_replica_dead_letters_poison_commands_and_applies_the_next_one
 
         await wait_until(loaded, "the load command after the poison applied", timeout=60)
         assert count(consumer, topic, registry) >= 2
+    finally:
+        await _stop(stop, task)
+        await letters.close()
+
+
+async def _run_replica(
+    platform: PlatformSettings, replica_id: str, env: Env, letters: DeadLetters, stop: asyncio.Event
+) -> asyncio.Task:
+    def make_state() -> ReplicaState:
+        return build_state(replica_id, "http://127.0.0.1:1", "ready", env.cache, 2, Load(0, 0))
+
+    events = EventPublisher(replica_id)
+    return asyncio.create_task(
+        run_control(platform, replica_id, env.cache, events, make_state, stop, 0.2, None, letters)
+    )
+
+
+async def test_the_replica_dead_letters_a_command_whose_load_keeps_failing_and_applies_the_next_one(
+    platform: PlatformSettings, producer: AIOKafkaProducer, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """Well-formed, but the adapter's bytes in the object store do not hash to its registered checksum:
+    the real replica control loop tries the load three times, dead-letters the command with the error and
+    commits past it, so the load after it on the same partition still applies."""
+    consumer, topic = "replica-commands", "replica.commands"
+    replica_id = f"rd-{uuid.uuid4().hex[:10]}"
+    env = make_env(tmp_path)
+    env.add("corrupt", seed=2, digest="0" * 64)
+    env.add("a1", seed=1)
+    letters = DeadLetters.own_pool(consumer, platform, dead_letter_counter(CollectorRegistry()))
+    stop = asyncio.Event()
+    task = await _run_replica(platform, replica_id, env, letters, stop)
+    try:
+        key = replica_id.encode()
+        bad = ReplicaCommand(replica_id=replica_id, command="load", adapter_id="corrupt")
+        failing = await send(producer, topic, bad.to_bytes(), key)
+        valid = ReplicaCommand(replica_id=replica_id, command="load", adapter_id="a1")
+        await send(producer, topic, valid.to_bytes(), key)
+
+        async def loaded() -> bool:
+            return env.cache.tier_of("a1") == "ram"
+
+        await wait_until(loaded, "the load command after the failing one applied", timeout=60)
+        rows = await wait_dead_lettered(pool, consumer, [failing])
+        reason = rows[failing]["reason"]
+        assert "failed 3 times: ChecksumMismatchError" in reason, reason
+        assert rows[failing]["value"] == bad.to_bytes() and env.cache.tier_of("corrupt") == "remote"
+    finally:
+        await _stop(stop, task)
+        await letters.close()
+
+
+async def test_the_replica_reads_a_command_again_after_the_registry_was_unreachable_and_loses_nothing(
+    platform: PlatformSettings, producer: AIOKafkaProducer, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """The registry is unreachable for the first two tries: the command is neither dead-lettered nor
+    committed past, and the batch read again after a backoff applies it."""
+    consumer, topic = "replica-commands", "replica.commands"
+    replica_id = f"rd-{uuid.uuid4().hex[:10]}"
+    env = make_env(tmp_path)
+    env.cache.registry = env.registry = Unreachable(down=2)
+    env.add("a1", seed=1)
+    letters = DeadLetters.own_pool(consumer, platform, dead_letter_counter(CollectorRegistry()))
+    stop = asyncio.Event()
+    task = await _run_replica(platform, replica_id, env, letters, stop)
+    try:
+        command = ReplicaCommand(replica_id=replica_id, command="load", adapter_id="a1")
+        sent = await send(producer, topic, command.to_bytes(), replica_id.encode())
+
+        async def loaded() -> bool:
+            return env.cache.tier_of("a1") == "ram"
+
+        await wait_until(loaded, "the load applied once the registry answered", timeout=60)
+        assert env.registry.calls == 3 and env.registry.down == 0
+        assert sent not in await letters_of(pool, consumer)
     finally:
         await _stop(stop, task)
         await letters.close()

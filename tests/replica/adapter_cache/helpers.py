@@ -13,7 +13,7 @@ from torch import nn
 
 from replica.adapter_cache.cache import AdapterCache
 from replica.adapter_cache.disk import DiskTier
-from replica.adapter_cache.errors import AdapterNotRegisteredError
+from replica.adapter_cache.errors import AdapterNotRegisteredError, RegistryUnavailableError
 from replica.adapter_cache.gpu import GpuTier
 from replica.adapter_cache.host import HostTier
 from replica.adapter_cache.object_store import ObjectStore
@@ -94,6 +94,21 @@ class DictRegistry:
         if adapter_id not in self.records:
             raise AdapterNotRegisteredError(f"adapter {adapter_id!r} is not registered")
         return self.records[adapter_id]
+
+
+class Unreachable(DictRegistry):
+    """The registry's answers, after `down` calls that found it unreachable."""
+
+    def __init__(self, down: int) -> None:
+        super().__init__()
+        self.down = down
+
+    async def get(self, adapter_id: str) -> AdapterRecord:
+        if self.down > 0:
+            self.down -= 1
+            self.calls += 1
+            raise RegistryUnavailableError("registry unreachable: ConnectError")
+        return await super().get(adapter_id)
 
 
 @dataclass
