@@ -78,7 +78,11 @@ def make_producer(settings: PlatformSettings, **overrides: Any) -> AIOKafkaProdu
 def make_consumer(
     settings: PlatformSettings, *topics: str, group_id: str | None, **overrides: Any
 ) -> AIOKafkaConsumer:
-    """A consumer that commits only after processing (at-least-once; handlers dedupe on event_id)."""
+    """A consumer that commits only after processing (at-least-once; handlers dedupe on event_id).
+    Auto-commit can't be turned on: it would commit an offset before its event's effect, and a crash
+    between the two would lose the event."""
+    if overrides.get("enable_auto_commit"):
+        raise ValueError("enable_auto_commit: offsets are committed only after their event's effect")
     options: dict[str, Any] = {
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
