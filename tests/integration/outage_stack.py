@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,6 +159,23 @@ def postgres_tree(settings: PlatformSettings) -> list[int]:
         if ppid == root:
             found.append(int(proc.name))
     return found
+
+
+def crash_postgres(settings: PlatformSettings) -> None:
+    """Stop the private PostgreSQL the hard way (`-m immediate`: no checkpoint, every backend killed at once);
+    the next start runs crash recovery."""
+    postgres._pg_ctl(settings, "-m", "immediate", "-w", "stop")
+
+
+def kill_broker(settings: PlatformSettings) -> None:
+    """SIGKILL the private Kafka broker (no controlled shutdown, no flush) and wait until it is gone."""
+    pid = kafka.process(settings).pid()
+    assert pid is not None, "the private broker is not running"
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while pid_alive(pid):
+        assert time.monotonic() < deadline, f"broker {pid} outlived SIGKILL"
+        time.sleep(0.05)
 
 
 def pause_postgres_tree(settings: PlatformSettings) -> list[int]:
