@@ -154,7 +154,20 @@ class ReplicaEvent(Event):
     bytes: NonNegativeInt = 0
 
 
+_REQUEST_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "lorafleet/requests.completed")
+
+
+def request_completed_id(tenant_id: str, request_id: str) -> uuid.UUID:
+    """The event_id of a request's requests.completed: one per request, however often it is sent, so that
+    consumers deduping on event_id count a resent or re-built event once. The tenant is part of it so that
+    ids stay apart even if a request id were ever chosen by a client ("|" is in no tenant id)."""
+    return uuid.uuid5(_REQUEST_NAMESPACE, f"{tenant_id}|{request_id}")
+
+
 class RequestCompleted(Event):
+    """One finished request. The public gateway sets event_id to request_completed_id(tenant_id,
+    request_id) and delivers it at least once (a local spool; gateway/public/usage_events.py)."""
+
     topic: ClassVar[topics.Topic] = topics.REQUESTS_COMPLETED
     type: Literal["request.completed"] = "request.completed"
     request_id: str
