@@ -121,6 +121,15 @@ class GatewaySettings(BaseSettings):
     # idempotency_ttl_s; a claim whose gateway never finished it is given back after idempotency_lock_s.
     idempotency_ttl_s: float = Field(default=86_400.0, gt=0)
     idempotency_lock_s: float = Field(default=600.0, gt=0)
+    # requests.completed (gateway/public/usage_events.py): each event is committed to a local sqlite spool,
+    # sent to Kafka from there and deleted once the broker acknowledged it. One file per gateway process (a
+    # second process on the same file refuses to start); unset, <data_dir>/gateway/usage-<public_port>.sqlite.
+    # At most usage_spool_max_events wait in it (about 0.5 GB at 1,000,000); past that the newest are dropped,
+    # logged and counted. On shutdown the gateway sends for up to usage_drain_timeout_s and leaves the rest
+    # in the spool for its next start.
+    usage_spool_path: Path | None = None
+    usage_spool_max_events: int = Field(default=1_000_000, ge=1)
+    usage_drain_timeout_s: float = Field(default=5.0, ge=0)
     # When set, the public gateway runs under cProfile (CPU time) and writes its stats here when it stops.
     profile_path: Path | None = None
 
@@ -153,6 +162,11 @@ class GatewayConfig:
     def __init__(self, platform: PlatformSettings, gateway: GatewaySettings) -> None:
         self.platform = platform
         self.gateway = gateway
+
+    def usage_spool_path(self) -> Path:
+        """The public gateway's requests.completed spool: the setting, else one per port in the data dir."""
+        own = self.gateway.usage_spool_path
+        return own or self.platform.data_path / "gateway" / f"usage-{self.gateway.public_port}.sqlite"
 
     @classmethod
     def from_env(cls, service: str | None = None) -> GatewayConfig:

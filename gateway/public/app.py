@@ -128,7 +128,14 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool = await create_pool(config.platform, min_size=1, max_size=10)
         guard = StoreGuard(config.platform.db_read_deadline_s, config.platform.db_read_pause_s)
-        publisher = CompletionPublisher(config.platform)
+        metrics = GatewayMetrics(settings.tenant_metrics_max)
+        publisher = CompletionPublisher(
+            config.platform,
+            config.usage_spool_path(),
+            metrics,
+            max_events=settings.usage_spool_max_events,
+            drain_timeout_s=settings.usage_drain_timeout_s,
+        )
         await publisher.start()
         limiter = _limiter(config)
         online = Online(
@@ -144,7 +151,7 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
                 pool_timeout_s=min(settings.replica_pool_timeout_s, settings.first_token_timeout_s / 2),
             ),
             publisher=publisher,
-            metrics=GatewayMetrics(settings.tenant_metrics_max),
+            metrics=metrics,
             limiter=limiter,
             idempotency=IdempotencyStore(
                 limiter.redis,

@@ -102,6 +102,28 @@ class GatewayMetrics:
             "Requests refused (429): their source address is past its limit of failed authentications.",
             registry=self.registry,
         )
+        self.usage_spooled = Counter(
+            "gateway_usage_events_spooled",
+            "requests.completed events committed to the local spool.",
+            registry=self.registry,
+        )
+        self.usage_sent = Counter(
+            "gateway_usage_events_sent",
+            "requests.completed events the broker acknowledged (and the spool forgot).",
+            registry=self.registry,
+        )
+        self.usage_dropped = Counter(
+            "gateway_usage_events_dropped",
+            "requests.completed events lost before reaching the spool: spool_full (past "
+            "LORAFLEET_GATEWAY_USAGE_SPOOL_MAX_EVENTS) or spool_error (the write failed).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.usage_waiting = Gauge(
+            "gateway_usage_spool_events",
+            "requests.completed events in the local spool, not yet acknowledged by Kafka.",
+            registry=self.registry,
+        )
         self.tenant_requests = Counter(
             "gateway_tenant_requests",
             "Chat completion requests by tenant and HTTP status.",

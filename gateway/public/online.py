@@ -24,7 +24,7 @@ from gateway.public.routing.replica_view import ReplicaView
 from gateway.public.upstream.replica_client import ReplicaClient, UpstreamStream
 from gateway.public.usage_events import CompletionPublisher
 from gateway.tenants import Caller
-from schemas.events import RequestCompleted, RequestStatus, Tier
+from schemas.events import RequestCompleted, RequestStatus, Tier, request_completed_id
 from schemas.openai import Usage
 from schemas.replica_api import GenerateRequest
 
@@ -205,8 +205,9 @@ class Online:
         )
         if rec.adapter_id is None:
             return
-        await self.publisher.publish(
+        self.publisher.publish(
             RequestCompleted(
+                event_id=request_completed_id(rec.tenant_id, rec.request_id),
                 request_id=rec.request_id,
                 tenant_id=rec.tenant_id,
                 alias=rec.alias,
