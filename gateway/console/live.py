@@ -19,6 +19,7 @@ from aiokafka.structs import TopicPartition
 
 from gateway.config import GatewayConfig
 from gateway.console.feed import ConsoleFeed, consume_console_topics
+from gateway.console.seen_ids import SeenIds
 from gateway.public.routing.replica_view import ReplicaView, consume_states
 from lorafleet.config import PlatformSettings
 from lorafleet.dead_letters import DeadLetters
@@ -28,6 +29,9 @@ from schemas import topics
 from schemas.events import RequestCompleted
 
 HIT_LOOKBACK_S = 60.0  # the hit window's length: a console opened after a restart shows the last minute
+# requests.completed is delivered at least once: a copy resent within this many events of the first (about
+# 20 minutes at the brief's 40 requests/s) is not counted again
+SEEN_COMPLETIONS = 50_000
 
 
 @dataclass
@@ -41,7 +45,8 @@ class ConsoleLive:
 async def consume_completions(
     platform: PlatformSettings, view: ReplicaView, ready: asyncio.Event, letters: DeadLetters
 ) -> None:
-    """Record the tier each completed request found its adapter on, per replica, from the last minute on."""
+    """Record the tier each completed request found its adapter on, per replica, from the last minute on;
+    once per event id."""
     consumer = make_consumer(platform, group_id=None, enable_auto_commit=False)
     await consumer.start()
     try:
@@ -50,9 +55,12 @@ async def consume_completions(
         consumer.assign(parts)
         await seek_to_times(consumer, dict.fromkeys(parts, int((time.time() - HIT_LOOKBACK_S) * 1000)))
         ready.set()
+        seen = SeenIds(SEEN_COMPLETIONS)
         async for msg in consumer:
             event = await letters.parse_following(msg.topic, msg.partition, msg.offset, msg.value)
-            if isinstance(event, RequestCompleted) and event.replica_id is not None:
+            if not isinstance(event, RequestCompleted) or event.replica_id is None:
+                continue
+            if seen.first_time(event.event_id):
                 view.record_tier(event.replica_id, event.tier)
     finally:
         await consumer.stop()
