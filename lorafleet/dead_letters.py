@@ -33,6 +33,7 @@ ON CONFLICT DO NOTHING
 """
 
 PoolOpener = Callable[[], Awaitable[asyncpg.Pool]]
+STORE_FAILURES = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError)  # the row is not kept
 
 
 def dead_letter_counter(registry: CollectorRegistry = REGISTRY) -> Counter:
@@ -103,16 +104,23 @@ class DeadLetters:
         bring a record back for a retry, so a dead letter PostgreSQL cannot take is logged and skipped."""
         try:
             return await self.parse(topic, partition, offset, value)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
-            log.error(
-                "%s could not store the dead letter %s[%d]@%d: %r",
-                self.consumer,
-                topic,
-                partition,
-                offset,
-                exc,
-            )
+        except STORE_FAILURES as exc:
+            self._not_stored(topic, partition, offset, exc)
             return None
+
+    async def record_following(
+        self, topic: str, partition: int, offset: int, value: bytes | None, reason: str
+    ) -> None:
+        """record for a consumer that commits no offsets: one PostgreSQL cannot take is logged and skipped."""
+        try:
+            await self.record(topic, partition, offset, value, reason)
+        except STORE_FAILURES as exc:
+            self._not_stored(topic, partition, offset, exc)
+
+    def _not_stored(self, topic: str, partition: int, offset: int, exc: BaseException) -> None:
+        log.error(
+            "%s could not store the dead letter %s[%d]@%d: %r", self.consumer, topic, partition, offset, exc
+        )
 
     async def record(self, topic: str, partition: int, offset: int, value: bytes | None, reason: str) -> None:
         """Store one dead letter (once per record) and count it; raises when PostgreSQL cannot take it."""

@@ -9,6 +9,10 @@ would stop its partition for good. The failures are told apart:
 - anything else (a bug, data the handler cannot take): retried `attempts` times with backoff, then the
   record goes to dead_letters with the error, is counted, and the consumer commits past it, so the next
   record applies. `lorafleet dead-letters` lists it.
+
+A consumer that commits no offsets (it follows a topic from a point of its own, and its handler is pure and in
+memory) uses settle_following: no offset would bring the record back, so a failure is dead-lettered at once
+and the follower goes on with the next record.
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import asyncpg
 
 from lorafleet.dead_letters import DeadLetters
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # SQLSTATE classes of a failure that passes: connection, transaction rollback (serialization, deadlock),
 # insufficient resources, operator intervention (a cancelled statement, a shutdown), system error
@@ -76,3 +82,17 @@ async def settle(
                 attempts,
             )
             await asyncio.sleep(backoff_s * 2 ** (attempt - 1))
+
+
+async def settle_following(
+    apply: Callable[[], T], letters: DeadLetters, topic: str, partition: int, offset: int, value: bytes | None
+) -> T | None:
+    """apply()'s result for a follower (it commits no offsets), or None once its failure is dead-lettered. The
+    handler is pure, so a retry of the same record fails the same way; a dead letter PostgreSQL cannot take
+    is logged, as nothing would read the record again."""
+    try:
+        return apply()
+    except Exception as exc:
+        reason = f"the handler failed: {type(exc).__name__}: {exc}"
+        await letters.record_following(topic, partition, offset, value, reason)
+        return None

@@ -3,18 +3,22 @@
 The topic is compacted and each event is a level (an adapter's desired merged replicas now), so every
 start reads it from the beginning and keeps the newest target per adapter; until that first read reaches
 the end offsets the targets are not known (None), so a restarted actuator never drains a merged replica
-whose target it has not read yet. Only the targets of its own fleet (the replica id prefix) are kept.
+whose target it has not read yet. Only the targets of its own fleet (the replica id prefix) are kept. A
+record that does not decode, or that take() cannot take, is dead-lettered and the next one is read
+(lorafleet.settle).
 """
 
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from aiokafka import TopicPartition
 
 from lorafleet.config import PlatformSettings
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer
+from lorafleet.settle import settle_following
 from schemas import topics
 from schemas.events import Event, MergedTarget
 
@@ -60,11 +64,9 @@ class TargetFollower:
                 batch = await consumer.getmany(timeout_ms=500)
                 for records in batch.values():
                     for record in records:
-                        target = self.take(
-                            await letters.parse_following(
-                                record.topic, record.partition, record.offset, record.value
-                            )
-                        )
+                        where = (record.topic, record.partition, record.offset, record.value)
+                        event = await letters.parse_following(*where)
+                        target = await settle_following(partial(self.take, event), letters, *where)
                         if target is not None and self.caught_up:
                             log.info(
                                 "merged target %s: %d (%s)",

@@ -3,19 +3,22 @@
 A signal is a level (the desired count now), so only the newest one matters. Committed offsets would
 replay every signal since the last commit after a restart, and `latest` would drop the current one until
 the next window closes; instead each start seeks to the first offset written `max_age_s` ago, reads forward
-and keeps the newest signal, and a signal older than `max_age_s` is never acted on.
+and keeps the newest signal, and a signal older than `max_age_s` is never acted on. A record that does not
+decode, or that take() cannot take, is dead-lettered and the next one is read (lorafleet.settle).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 from aiokafka import TopicPartition
 
 from lorafleet.config import PlatformSettings
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer
+from lorafleet.settle import settle_following
 from ops.autoscale.decide import Demand
 from schemas import topics
 from schemas.events import AutoscaleSignal, Event
@@ -66,9 +69,9 @@ class SignalFollower:
                 consumer.seek(tp, at.offset if at is not None else ends[tp])
             async for record in consumer:
                 before = self.latest.desired_replicas if self.latest is not None else None
-                signal = self.take(
-                    await letters.parse_following(record.topic, record.partition, record.offset, record.value)
-                )
+                where = (record.topic, record.partition, record.offset, record.value)
+                event = await letters.parse_following(*where)
+                signal = await settle_following(partial(self.take, event), letters, *where)
                 if signal is not None and signal.desired_replicas != before:
                     log.info(
                         "signal desired=%d current=%d (%s)",

@@ -34,6 +34,7 @@ from schemas.events import (
     AdapterRegistered,
     AdapterStats,
     AutoscaleSignal,
+    Event,
     MergedTarget,
     ReplicaCommand,
     ReplicaState,
@@ -374,6 +375,66 @@ async def test_the_merged_actuator_dead_letters_poison_targets_and_keeps_the_nex
         await asyncio.gather(task, return_exceptions=True)
 
 
+def naive(event: Event) -> bytes:
+    """The event with a well-formed occurred_at that carries no UTC offset: it decodes, and comparing it
+    with the aware time of the event taken before it raises TypeError."""
+    return event.model_copy(update={"occurred_at": datetime.now()}).to_bytes()  # noqa: DTZ005
+
+
+async def test_the_autoscaler_dead_letters_a_signal_it_cannot_take_and_takes_the_next_one(
+    platform: PlatformSettings, producer: AIOKafkaProducer, pool: asyncpg.Pool
+) -> None:
+    consumer, topic = "autoscale-signals", "autoscale.signals"
+    fleet = f"fleet-{uuid.uuid4().hex[:8]}"
+    follower = SignalFollower(platform, fleet, max_age_s=600)
+    task = asyncio.create_task(follower.run())
+    try:
+        first = AutoscaleSignal(fleet=fleet, current_replicas=1, desired_replicas=2, reason="test")
+        key = first.key().encode()
+        await send(producer, topic, first.to_bytes(), key)
+        failing = await send(producer, topic, naive(first.model_copy(update={"desired_replicas": 9})), key)
+        valid = AutoscaleSignal(fleet=fleet, current_replicas=1, desired_replicas=3, reason="test")
+        await send(producer, topic, valid.to_bytes(), key)
+
+        async def taken() -> bool:
+            return follower.desired() == 3
+
+        await wait_until(taken, "the signal after the one it could not take taken", timeout=60)
+        reason = (await wait_dead_lettered(pool, consumer, [failing]))[failing]["reason"]
+        assert reason.startswith("the handler failed: TypeError: can't compare"), reason
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_merged_actuator_dead_letters_a_target_it_cannot_take_and_keeps_the_next_one(
+    platform: PlatformSettings, producer: AIOKafkaProducer, pool: asyncpg.Pool
+) -> None:
+    consumer, topic = "autoscale-merged-targets", "merged.targets"
+    fleet = f"t{uuid.uuid4().hex[:8]}-r"
+    follower = TargetFollower(platform, fleet)
+    task = asyncio.create_task(follower.run())
+    try:
+        adapter_id = f"acme-{uuid.uuid4().hex[:8]}"
+        first = MergedTarget(adapter_id=adapter_id, desired_replicas=1, reason="promote", fleet=fleet)
+        key = first.key().encode()
+        await send(producer, topic, first.to_bytes(), key)
+        failing = await send(producer, topic, naive(first.model_copy(update={"desired_replicas": 5})), key)
+        valid = MergedTarget(adapter_id=adapter_id, desired_replicas=2, reason="promote", fleet=fleet)
+        await send(producer, topic, valid.to_bytes(), key)
+
+        async def kept() -> bool:
+            target = follower.latest.get(adapter_id)
+            return target is not None and target.desired_replicas == 2
+
+        await wait_until(kept, "the target after the one it could not take kept", timeout=120)
+        reason = (await wait_dead_lettered(pool, consumer, [failing]))[failing]["reason"]
+        assert reason.startswith("the handler failed: TypeError: can't compare"), reason
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_the_cli_lists_consumer_dead_letters_and_refused_outbox_rows(
     services, migrated_db: str, pool: asyncpg.Pool
 ) -> None:
@@ -426,4 +487,5 @@ async def test_a_dead_letter_postgres_cannot_take_raises_for_a_committing_consum
     with pytest.raises(OSError):  # the consumer commits nothing past it; its retry loop reads it again
         await letters.parse("replica.state", 0, 7, b"\xff not json")
     assert await letters.parse_following("replica.state", 0, 8, b"\xff not json") is None
+    await letters.record_following("replica.state", 0, 9, b"{}", "the handler failed: TypeError: x")
     assert count("placement-worker", "replica.state", registry) == 0  # counted only once stored

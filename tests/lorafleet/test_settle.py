@@ -1,13 +1,14 @@
 """A consumed event's handler is retried a few times and then dead-lettered when it keeps failing, unless
 the failure is the infrastructure's: that one is raised at once, so nothing is dead-lettered during an
-outage and the consumer reads the record again once the service is back."""
+outage and the consumer reads the record again once the service is back. A follower, which commits no
+offsets, dead-letters its pure handler's failure at once and goes on."""
 
 from __future__ import annotations
 
 import asyncpg
 import pytest
 
-from lorafleet.settle import is_transient, settle
+from lorafleet.settle import is_transient, settle, settle_following
 
 
 class Letters:
@@ -18,6 +19,11 @@ class Letters:
 
     async def record(self, topic: str, partition: int, offset: int, value: bytes | None, reason: str) -> None:
         self.recorded.append((topic, partition, offset, value, reason))
+
+    async def record_following(
+        self, topic: str, partition: int, offset: int, value: bytes | None, reason: str
+    ) -> None:
+        await self.record(topic, partition, offset, value, reason)
 
 
 class Flaky:
@@ -83,3 +89,19 @@ async def test_a_consumers_own_transient_type_is_raised_for_its_own_retry() -> N
     with pytest.raises(StoreDown):
         await settle(handler, letters, *WHERE, transient=(StoreDown,), backoff_s=0)  # type: ignore[arg-type]
     assert letters.recorded == []
+
+
+async def test_a_followers_handler_that_raises_is_dead_lettered_at_once_and_gives_none() -> None:
+    letters, calls = Letters(), []
+
+    def take() -> int:
+        calls.append(1)
+        raise TypeError("can't compare offset-naive and offset-aware datetimes")
+
+    assert await settle_following(take, letters, *WHERE) is None  # type: ignore[arg-type]
+    assert len(calls) == 1
+    ((topic, partition, offset, value, reason),) = letters.recorded
+    assert (topic, partition, offset, value) == WHERE
+    assert reason == "the handler failed: TypeError: can't compare offset-naive and offset-aware datetimes"
+    assert await settle_following(lambda: 7, letters, *WHERE) == 7  # type: ignore[arg-type]
+    assert len(letters.recorded) == 1
