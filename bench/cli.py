@@ -163,6 +163,15 @@ def _edge_command() -> None:
 _edge_command()
 
 
+def _soak_command() -> None:
+    from bench.soak.driver import soak
+
+    app.command("soak")(soak)
+
+
+_soak_command()
+
+
 def _scaleup_command() -> None:
     from bench.scaleup import scaleup
 
