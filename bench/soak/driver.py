@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
 import sys
 import time
@@ -35,6 +36,7 @@ from bench.soak.stack import SoakStack, soak_stack
 from canary.markers import markers_in_text
 from canary.probe import PROMPTS
 from lorafleet.config import PlatformSettings
+from lorafleet.profile import DEV_PROFILE_ENV
 from tests.integration.churn_stack import RateLedger
 
 log = logging.getLogger(__name__)
@@ -256,6 +258,9 @@ def soak(
     from tests.integration.canary_training import E2E_CANARIES, trained_canaries
 
     logging.basicConfig(level=logging.WARNING)
+    # The private stack is a dev stack: its broker and database logins are the dev profile's, in this
+    # process (which creates the topics) as in its children (harness.env gives them DEV_PROFILE_ENV).
+    os.environ.update(DEV_PROFILE_ENV)
     cfg = SoakConfig(seed, minutes * 60, (gap_min_s, gap_max_s))
     summary = asyncio.run(run_soak(cfg, get_settings(), trained_canaries(E2E_CANARIES)))
     text = json.dumps(summary, indent=2)
