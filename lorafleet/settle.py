@@ -53,9 +53,11 @@ async def settle(
     attempts: int = 3,
     backoff_s: float = 0.2,
     transient: tuple[type[Exception], ...] = (),
+    subject: str = "",
 ) -> bool:
     """apply(); True once it succeeded, False once the record was dead-lettered after attempts failures.
-    A transient failure (is_transient, or one of the consumer's own transient types) is raised at once."""
+    A transient failure (is_transient, or one of the consumer's own transient types) is raised at once.
+    subject, when the record alone does not say what failed, begins the dead letter's reason."""
     if attempts < 1:
         raise ValueError("attempts must be at least 1")
     attempt = 0
@@ -69,6 +71,7 @@ async def settle(
                 raise
             if attempt == attempts:
                 reason = f"the handler failed {attempts} times: {type(exc).__name__}: {exc}"
+                reason = f"{subject}: {reason}" if subject else reason
                 await letters.record(topic, partition, offset, value, reason)
                 return False
             log.warning(

@@ -53,7 +53,7 @@ def build_app(platform: PlatformSettings, settings: StatsStreamSettings) -> faus
     sinks = Sinks(platform, topics, settings.window_s)
     catchup = CatchUp()
     letters = DeadLetters.own_pool("stats-stream", platform)
-    keeper = WindowKeeper(tables.declare(app), sinks, settings, catchup)
+    keeper = WindowKeeper(tables.declare(app), sinks, settings, catchup, letters)
     states = StateCheck(platform, settings.replica_id_prefix)
     forward.register(app, topics, catchup, letters, states)
     fleet.register(app, topics, keeper, catchup, settings.tick_s)

@@ -4,6 +4,11 @@ It runs inside the fleet agent's stream iteration (faust allows table writes onl
 only on a tick from the timer (every tick_s), which keeps per-event work to one small table write. A tick
 arms the window clock only when it vouches that the sources' backlog is already on the fleet topic before
 it; any other tick disarms it, and an unarmed clock closes no window, by event time or by idleness.
+
+A window whose close keeps failing for another reason than the infrastructure (lorafleet.settle: data the
+database refuses, a bug) is dead-lettered at the tick that closed it, with the window's events as the
+value, and forgotten like a closed one, so the windows after it still close. PostgreSQL or Kafka being
+down is raised instead: the window stays open and a later tick closes it, so nothing is lost in an outage.
 """
 
 from __future__ import annotations
@@ -14,8 +19,12 @@ import time
 from collections import Counter
 from typing import Any
 
+from aiokafka.errors import KafkaError
+from faust.exceptions import ProducerSendError
 from faust.types import TableT
 
+from lorafleet.dead_letters import DeadLetters
+from lorafleet.settle import settle
 from schemas.events import Event, EventValidationError, parse_event
 from stats_stream import metrics
 from stats_stream import tables as tb
@@ -25,16 +34,25 @@ from stats_stream.config import StatsStreamSettings
 from stats_stream.signals import ScaleState
 from stats_stream.sinks import Sinks
 from stats_stream.topics import is_tick, tick_token
-from stats_stream.windows import WindowClock, is_late, to_ms, window_start
+from stats_stream.windows import WindowClock, from_ms, is_late, to_ms, window_start
 
 log = logging.getLogger(__name__)
+KAFKA_DOWN = (KafkaError, ProducerSendError)  # a window's outputs could not be sent now: the infrastructure's
+RecordAt = tuple[str, int, int]  # topic, partition and offset of a fleet-topic message
 
 
 class WindowKeeper:
     def __init__(
-        self, table: TableT[str, Any], sinks: Sinks, settings: StatsStreamSettings, catchup: CatchUp
+        self,
+        table: TableT[str, Any],
+        sinks: Sinks,
+        settings: StatsStreamSettings,
+        catchup: CatchUp,
+        letters: DeadLetters,
+        backoff_s: float = 0.2,
     ) -> None:
         self.table = table
+        self.letters, self.backoff_s = letters, backoff_s
         self.catchup = catchup
         self.sinks = sinks
         self.settings = settings
@@ -61,8 +79,9 @@ class WindowKeeper:
             self._open = tb.open_windows(self.table)
         return self._open
 
-    async def handle(self, raw: bytes, wall_ms: int) -> None:
-        """One message from the fleet topic: a tick, or a source event already validated upstream."""
+    async def handle(self, raw: bytes, wall_ms: int, at: RecordAt) -> None:
+        """One message from the fleet topic, read at `at`: a tick, or a source event already validated
+        upstream."""
         self._start_history(wall_ms)
         open_windows = self._open_windows()
         if not is_tick(raw):
@@ -74,7 +93,7 @@ class WindowKeeper:
         else:
             self.clock.disarm()
         for window_ms in self.clock.due(open_windows, wall_ms):
-            await self._close(window_ms)
+            await self._settle(window_ms, at)
         metrics.OPEN_EVENTS.set(sum(self._open_windows().values()))
 
     def _start_history(self, wall_ms: int) -> None:
@@ -103,9 +122,31 @@ class WindowKeeper:
         self._open_windows()[window_ms] += 1
         metrics.EVENTS.labels(topic, "counted").inc()
 
-    async def _close(self, window_ms: int) -> None:
-        started = time.perf_counter()
+    async def _settle(self, window_ms: int, at: RecordAt) -> None:
         entries = tb.window_entries(self.table, window_ms)
+        value = json.dumps(list(entries.values())).encode()
+        subject = f"window {from_ms(window_ms).isoformat()} ({len(entries)} events in the value)"
+        closed = await settle(
+            lambda: self._close(window_ms, entries),
+            self.letters,
+            *at,
+            value,
+            backoff_s=self.backoff_s,
+            transient=KAFKA_DOWN,
+            subject=subject,
+        )
+        if not closed:
+            self._forget(window_ms, entries)
+            log.error("window %s dead-lettered with its %d events", window_ms, len(entries))
+
+    def _forget(self, window_ms: int, entries: dict[str, Any]) -> None:
+        for key in entries:
+            del self.table[key]
+        self.table[tb.CLOSED_THROUGH] = window_ms  # its late events are set aside, as a closed window's
+        self._open_windows().pop(window_ms, None)
+
+    async def _close(self, window_ms: int, entries: dict[str, Any]) -> None:
+        started = time.perf_counter()
         events: list[Event] = [parse_event(v) for v in entries.values()]
         report = close_window(
             window_ms,
@@ -115,11 +156,8 @@ class WindowKeeper:
             self.settings.fleet,
         )
         await self.sinks.write(report)  # durable before the window is forgotten
-        for key in entries:
-            del self.table[key]
-        self.table[tb.CLOSED_THROUGH] = window_ms
+        self._forget(window_ms, entries)
         self.table[tb.SCALE_STATE] = report.scale_state.to_json()
-        self._open_windows().pop(window_ms, None)
         metrics.record(report, time.perf_counter() - started)
         log.info(
             "closed window %s: %d events, %d adapters, %d alerts, desired replicas %d",

@@ -1,4 +1,5 @@
-"""The agent that owns the window table: each message from the fleet topic goes to the window keeper."""
+"""The agent that owns the window table: each message from the fleet topic goes to the window keeper, with
+where it was read (a window whose close keeps failing is dead-lettered at the tick that closed it)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ def register(
 ) -> None:
     @app.agent(topics.fleet, name="windows")
     async def windows(stream: StreamT[bytes]) -> None:
-        async for raw in stream:
-            await keeper.handle(raw, int(time.time() * 1000))
+        async for event in stream.events():
+            tp, offset = event.message.tp, event.message.offset
+            await keeper.handle(event.value, int(time.time() * 1000), (tp.topic, tp.partition, offset))
 
     @app.timer(interval=tick_s)
     async def ticker() -> None:

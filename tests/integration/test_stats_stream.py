@@ -7,6 +7,7 @@ name and adapter/tenant/replica prefix, because other tests publish to the same 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -336,3 +337,59 @@ async def test_poison_on_a_source_is_dead_lettered_and_the_next_events_still_mak
     assert (await stats_row(migrated_db, adapter, window))["requests"] == 3
     dead = f'lorafleet_consumer_dead_letters_total{{consumer="stats-stream",topic="{topic}"}}'
     assert s.metric(dead) >= 2
+
+
+def refuse_stats_of(adapter_id: str) -> str:
+    """A trigger that makes PostgreSQL refuse this adapter's adapter_stats rows with a data exception."""
+    return f"""
+CREATE FUNCTION refuse_stats() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.adapter_id = '{adapter_id}' THEN
+        RAISE EXCEPTION 'injected fault' USING ERRCODE = '22023';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_stats BEFORE INSERT ON adapter_stats FOR EACH ROW EXECUTE FUNCTION refuse_stats();
+"""
+
+
+async def window_dead_letter(pool: asyncpg.Pool, topic: str, timeout: float = 90.0) -> asyncpg.Record:
+    deadline = time.monotonic() + timeout
+    while True:
+        row = await pool.fetchrow(
+            "SELECT * FROM dead_letters WHERE consumer = 'stats-stream' AND topic = $1", topic
+        )
+        if row is not None:
+            return row
+        assert time.monotonic() < deadline, f"no window dead-lettered on {topic}"
+        await asyncio.sleep(0.3)
+
+
+async def test_a_window_the_database_keeps_refusing_is_dead_lettered_and_the_next_window_closes(
+    services, stream, migrated_db, pool
+) -> None:
+    """Well-formed requests, but PostgreSQL refuses their adapter's stats row (a data exception injected by a
+    trigger, not an outage): the real stats stream tries the window's close three times, dead-letters it
+    with its events and the error at the tick that closed it, and the next window still closes."""
+    s, run = stream
+    await s.wait_for("lorafleet_stats_ticks_total", 1, timeout=480)
+    refused, fine = f"a-{run}-refused", f"a-{run}-fine"
+    await pool.execute(refuse_stats_of(refused))
+    at = mid_window()
+    await publish(
+        services.kafka_bootstrap, requests_for(run, refused, f"t-{run}", 2, at, completion_tokens=10)
+    )
+    fleet_topic = f"lorafleet-stats-test-{run}-fleet"  # the stream's own fleet topic: "<app id>-fleet"
+    row = await window_dead_letter(pool, fleet_topic)
+    assert "the handler failed 3 times: InvalidParameterValueError: injected fault" in row["reason"], row
+    assert [e["adapter_id"] for e in json.loads(row["value"])] == [refused, refused]
+
+    later = mid_window()
+    assert window_start(to_ms(later), int(WINDOW_S * 1000)) > to_ms(at)
+    await publish(
+        services.kafka_bootstrap, requests_for(run, fine, f"t-{run}", 3, later, completion_tokens=10)
+    )
+    window = from_ms(window_start(to_ms(later), int(WINDOW_S * 1000)))
+    assert (await stats_row(migrated_db, fine, window))["requests"] == 3
+    dead = f'lorafleet_consumer_dead_letters_total{{consumer="stats-stream",topic="{fleet_topic}"}}'
+    assert s.metric(dead) == 1

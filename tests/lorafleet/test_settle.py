@@ -49,6 +49,12 @@ async def test_a_handler_that_keeps_failing_is_dead_lettered_with_its_error_afte
     assert "failed 3 times" in reason and "ValueError: bad data" in reason
 
 
+async def test_a_subject_begins_the_reason_when_the_record_alone_does_not_say_what_failed() -> None:
+    letters, handler = Letters(), Flaky([ValueError("bad data")] * 2)
+    assert not await settle(handler, letters, *WHERE, attempts=2, backoff_s=0, subject="window 12:00")  # type: ignore[arg-type]
+    assert letters.recorded[0][4] == "window 12:00: the handler failed 2 times: ValueError: bad data"
+
+
 async def test_a_failure_that_passes_is_retried_and_nothing_is_dead_lettered() -> None:
     letters, handler = Letters(), Flaky([KeyError("once")])
     assert await settle(handler, letters, *WHERE, attempts=3, backoff_s=0)  # type: ignore[arg-type]
