@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import asyncpg
 
 from lorafleet.db.conn import Connection
+from lorafleet.feed import FeedWatch
 from lorafleet.outbox.idempotency import apply_once
 from placement_worker import producer, store
 from placement_worker.config import PlacementSettings
@@ -38,6 +39,8 @@ class PlacementWorker:
             settings.shrink_utilization,
         )
         self._members: dict[str, int] | None = None  # replica -> GPU slots, at the last full replan
+        # heartbeats and usage arrive through Kafka: while it is down, membership and idleness stand still
+        self.feed = FeedWatch(allowance_s=min(1.0, settings.tick_s), clock=time.time)
         self._dirty: set[str] = set()  # adapters with a new stats window, replanned at most once per tick_s
         self._next_dirty = 0.0
         self._next_expiry = 0.0
@@ -63,7 +66,7 @@ class PlacementWorker:
         await store.take_plan_lock(conn, self._s.plan_lock_wait_s)
         prefix, ttl = self._s.replica_id_prefix, self._s.demand_ttl_s
         beats = await store.heartbeats(conn, prefix)
-        fleet = members(beats, time.time(), self._s.membership_ttl_s)
+        fleet = members(beats, self.feed.now(), self._s.membership_ttl_s)
         slots = {b.replica_id: b.gpu_slots for b in beats}
         demand = await store.demand(conn, adapter_ids, ttl)
         current = await store.placements(conn, adapter_ids, prefix)
@@ -165,7 +168,7 @@ class PlacementWorker:
         changes = await self._expire_spills()
         await self._merging.tick(self._pool)
         beats = await store.heartbeats(self._pool, self._s.replica_id_prefix)
-        now_members = members(beats, time.time(), self._s.membership_ttl_s)
+        now_members = members(beats, self.feed.now(), self._s.membership_ttl_s)
         slots = {b.replica_id: b.gpu_slots for b in beats if b.replica_id in now_members}
         if slots == self._members and time.monotonic() >= self._next_decay:
             self._next_decay = time.monotonic() + self._s.decay_check_s
@@ -200,7 +203,9 @@ class PlacementWorker:
         async with self._pool.acquire() as conn, conn.transaction():
             await store.take_plan_lock(conn, self._s.plan_lock_wait_s)
             rows = await store.spills(conn, self._s.replica_id_prefix)
-            changes = await store.take_spills(conn, idle(rows, store.utc(time.time()), self._s.spill_idle_s))
+            changes = await store.take_spills(
+                conn, idle(rows, store.utc(self.feed.now()), self._s.spill_idle_s)
+            )
             await producer.emit_changes(conn, changes)
         if changes:
             log.info("unloaded %d idle spill copies", len(changes))

@@ -71,6 +71,7 @@ async def run_worker(
         next_tick = time.monotonic() + settings.tick_s
         while not stop.is_set():
             batch = await consumer.getmany(timeout_ms=int(settings.tick_s * 1000), max_records=500)
+            await worker.feed.after_poll(consumer, bool(batch))
             for tp, records in batch.items():
                 for record in records:
                     event = await letters.parse(tp.topic, tp.partition, record.offset, record.value)

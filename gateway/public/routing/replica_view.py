@@ -1,9 +1,10 @@
 """The gateway's live replica table, fed by replica.state (every replica publishes once a second).
 
-A replica is live while its last state arrived within stale_s (on this gateway's clock, never the
-sender's) and says ready, and it has not failed a
-connection since that state. Load is the larger of what it reported and the tokens this gateway has in
-flight on it now, so the router sees its own requests between two reports.
+A replica is live while its last state arrived within stale_s (on this gateway's clock, never the sender's)
+and says ready, and it has not failed a connection since that state. Ages count only while the feed itself
+works (lorafleet/feed.py): a Kafka outage holds every replica as it was, rather than taking them all out of
+routing. Load is the larger of what it reported and the tokens this gateway has in flight on it now, so the
+router sees its own requests between two reports.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from gateway.public.routing.hit_window import HitWindow
 from gateway.public.routing.policy import ReplicaLoad
 from lorafleet.config import PlatformSettings
 from lorafleet.dead_letters import DeadLetters
+from lorafleet.feed import FeedWatch
 from lorafleet.kafka import make_consumer, seek_to_times
 from lorafleet.replica_registry import ReplicaRegistry
 from schemas import topics
 from schemas.events import ReplicaState
 
 log = logging.getLogger(__name__)
+
+POLL_MS = 250  # an empty poll this long, and the feed is asked whether it still works
 
 
 @dataclass
@@ -43,6 +47,8 @@ class ReplicaView:
     ) -> None:
         self.stale_s = stale_s
         self.clock = clock
+        # when replica.state was last known to deliver: ages stand still while it does not
+        self.feed = FeedWatch(allowance_s=min(1.0, stale_s / 3), clock=clock)
         # Only this fleet's replicas: replica.state is shared by every stack on one Kafka.
         self.replica_id_prefix = replica_id_prefix
         self._entries: dict[str, _Entry] = {}
@@ -89,11 +95,11 @@ class ReplicaView:
 
     def states(self) -> list[tuple[ReplicaState, float]]:
         """Every replica's newest state with its age in seconds (stale ones included), by replica id."""
-        now = self.clock()
+        now = self.feed.now()
         return [(e.state, max(0.0, now - e.received)) for _, e in sorted(self._entries.items())]
 
     def live(self) -> list[ReplicaLoad]:
-        now = self.clock()
+        now = self.feed.now()
         out = []
         for rid, e in self._entries.items():
             if now - e.received > self.stale_s or e.state.status != "ready":
@@ -135,15 +141,20 @@ async def consume_states(
         since_ms = int((time.time() - view.stale_s) * 1000)
         await seek_to_times(consumer, dict.fromkeys(parts, since_ms))
         ready.set()
-        async for msg in consumer:
-            event = await letters.parse_following(msg.topic, msg.partition, msg.offset, msg.value)
-            if event is None:
-                continue
-            assert isinstance(event, ReplicaState)
-            if not event.replica_id.startswith(view.replica_id_prefix):
-                continue  # another fleet's replica on the same Kafka
-            if registry is not None and not registry.believes(event, msg.value or b"", msg.headers, rejected):
-                continue
-            view.apply(event)
+        while True:
+            batch = await consumer.getmany(timeout_ms=POLL_MS)
+            await view.feed.after_poll(consumer, bool(batch))
+            for msg in (m for records in batch.values() for m in records):
+                event = await letters.parse_following(msg.topic, msg.partition, msg.offset, msg.value)
+                if event is None:
+                    continue
+                assert isinstance(event, ReplicaState)
+                if not event.replica_id.startswith(view.replica_id_prefix):
+                    continue  # another fleet's replica on the same Kafka
+                if registry is not None and not registry.believes(
+                    event, msg.value or b"", msg.headers, rejected
+                ):
+                    continue
+                view.apply(event)
     finally:
         await consumer.stop()

@@ -93,3 +93,22 @@ def test_the_router_sees_each_replicas_tiers_and_gpu_slots() -> None:
     view.apply(ReplicaState(**body))
     (live,) = view.live()
     assert (live.gpu, live.resident, live.gpu_slots) == (frozenset({"a"}), frozenset({"a", "b"}), 16)
+
+
+def test_a_feed_outage_holds_every_replica_and_a_working_feed_ages_a_silent_one() -> None:
+    """No replica.state from anyone because Kafka is down is not every replica dying: the ages stand still
+    until the feed answers again; a replica that stays silent while the feed works drops out as before."""
+    clock = Clock()
+    view = ReplicaView(stale_s=3.0, clock=clock)
+    view.feed.delivered()
+    view.apply(state("replica-0"))
+    view.apply(state("replica-1"))
+    clock.now += 60.0  # the broker is down: no poll delivers, no probe answers
+    assert sorted(r.replica_id for r in view.live()) == ["replica-0", "replica-1"]
+    assert [round(age, 1) for _, age in view.states()] == [1.0, 1.0]  # up to the allowance, then held
+    view.feed.delivered()  # back: replica-1 reports, replica-0 stays silent
+    view.apply(state("replica-1"))
+    clock.now += 3.5
+    view.feed.delivered()
+    view.apply(state("replica-1"))
+    assert [r.replica_id for r in view.live()] == ["replica-1"]
