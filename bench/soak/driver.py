@@ -30,7 +30,7 @@ import typer
 
 from bench.soak import collect, traffic
 from bench.soak.facts import Facts
-from bench.soak.invariants import check, counts
+from bench.soak.invariants import chats_between, check, counts
 from bench.soak.schedule import FAULTS, Fault, build_schedule
 from bench.soak.stack import SoakStack, soak_stack
 from canary.markers import markers_in_text
@@ -154,6 +154,7 @@ async def _faults(run: Run, schedule: list[Fault], t0: float) -> list[dict[str, 
                 "at_s": round(began - t0, 1),
                 "down_s": round(ended - began, 1),
                 "healthy_after_s": healthy_s,
+                "_window": (began, ended + (healthy_s or 0.0)),
             }
         )
     return done
@@ -231,6 +232,8 @@ async def run_soak(cfg: SoakConfig, s3: PlatformSettings, canaries: Path) -> dic
         facts.registrations = await collect.registrations(stack, run.acked, SETTLE_WITHIN_S)
         facts.usage = await collect.usage(stack, facts, 90)
     results = check(facts, lambda text: markers_in_text(text, stack.manifest.markers()))
+    for fault in done:  # what the chats met from the fault's start until the stack was healthy again
+        fault["chats_during"] = chats_between(facts.chats, *fault.pop("_window"))
     return {
         "seed": cfg.seed,
         "minutes": round(cfg.duration_s / 60, 2),

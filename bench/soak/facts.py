@@ -35,6 +35,7 @@ class Chat:
     text: str
     error: str  # a refusal's body or the stream's error event; "" when complete
     final: bool = False  # one of the end-of-run checks of each alias
+    sent_at: float = 0.0  # time.monotonic() when it was sent
 
     @property
     def complete(self) -> bool:

@@ -155,6 +155,11 @@ def counts(facts: Facts) -> dict[str, object]:
     }
 
 
+def chats_between(chats: list[Chat], start: float, end: float) -> dict[str, int]:
+    """Outcomes of the chats sent in [start, end) (time.monotonic()), by status and error code."""
+    return dict(Counter("200" if c.complete else _failure(c) for c in chats if start <= c.sent_at < end))
+
+
 def _failure(c: Chat) -> str:
     """A failed chat's status and OpenAI error code (or the client's exception)."""
     return f"{c.status}:{openai_error_code(c.error) or c.error.split(':', 1)[0][:40]}"

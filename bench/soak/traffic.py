@@ -48,6 +48,7 @@ async def chat(
         "stream": True,
     }
     headers = {"Authorization": f"Bearer {t.key}"}
+    sent = time.monotonic()
     got: Chat
     try:
         async with aconnect_sse(client, "POST", "/v1/chat/completions", json=body, headers=headers) as source:
@@ -55,7 +56,9 @@ async def chat(
             rid, adapter = resp.headers.get("x-request-id"), resp.headers.get("x-adapter-id")
             if resp.status_code != 200:
                 error = (await resp.aread()).decode(errors="replace")
-                got = Chat(t.versions.alias, resp.status_code, rid, adapter, "", error or "empty", final)
+                got = Chat(
+                    t.versions.alias, resp.status_code, rid, adapter, "", error or "empty", final, sent
+                )
             else:
                 parts, error = [], ""
                 async for sse in source.aiter_sse():
@@ -64,9 +67,9 @@ async def chat(
                     elif sse.data != "[DONE]":
                         for choice in sse.json().get("choices", []):
                             parts.append(choice.get("delta", {}).get("content") or "")
-                got = Chat(t.versions.alias, 200, rid, adapter, "".join(parts), error, final)
+                got = Chat(t.versions.alias, 200, rid, adapter, "".join(parts), error, final, sent)
     except httpx.HTTPError as exc:
-        got = Chat(t.versions.alias, 0, None, None, "", f"{type(exc).__name__}: {exc}", final)
+        got = Chat(t.versions.alias, 0, None, None, "", f"{type(exc).__name__}: {exc}", final, sent)
     facts.chats.append(got)
     return got
 

@@ -43,3 +43,9 @@ async def test_every_invariant_holds_through_each_fault_once(
     counts = summary["counts"]
     assert counts["alias_moves_acked"] > 0 and counts["usage_events"] > 0, counts
     assert {"ready", "rejected"} <= set(counts["registrations"]), counts
+    # The data plane through the control plane's outages: chats are served from the gateway's key and alias
+    # caches while PostgreSQL is down, and to the replicas it knew while Kafka is down (lorafleet/feed.py).
+    during = {f["fault"]: f["chats_during"] for f in summary["faults"]}
+    assert during["postgres"].get("200", 0) > 0, during
+    assert during["kafka"].get("200", 0) > 0, during
+    assert not [k for k in during["kafka"] if "no_replica_available" in k], during

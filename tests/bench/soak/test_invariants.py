@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
 from bench.soak.facts import AliasMove, Chat, Facts, Registration, Release, UsageEvent
-from bench.soak.invariants import check, counts
+from bench.soak.invariants import chats_between, check, counts
 
 ALIAS = "t0/marker:soak"
 OLD, NEW = "canary-old", "canary-new"
@@ -151,3 +152,21 @@ def test_anything_still_held_at_the_end_fails(release: Release | None) -> None:
     facts = clean()
     facts.release = release
     assert list(failed(facts)) == ["everything_released"]
+
+
+REFUSAL = {
+    "message": "try again",
+    "type": "service_unavailable",
+    "param": None,
+    "code": "control_plane_unavailable",
+}
+
+
+def test_chats_are_counted_in_the_fault_window_they_were_sent_in() -> None:
+    sent = [
+        Chat("a/x:prod", 200, "r1", "v1", "ok", "", sent_at=9.9),
+        Chat("a/x:prod", 200, "r2", "v1", "ok", "", sent_at=10.0),
+        Chat("a/x:prod", 503, "r3", None, "", json.dumps({"error": REFUSAL}), sent_at=12.0),
+        Chat("a/x:prod", 200, "r4", "v1", "ok", "", sent_at=20.0),
+    ]
+    assert chats_between(sent, 10.0, 20.0) == {"200": 1, "503:control_plane_unavailable": 1}
