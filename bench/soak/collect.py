@@ -13,10 +13,10 @@ from aiokafka import TopicPartition
 
 from bench.soak.facts import Facts, Registration, Release, UsageEvent
 from bench.soak.stack import SoakStack
+from harness.stacks.churn import RateLedger, gateway_metrics, replica_metrics
 from lorafleet.kafka import make_consumer
 from ops.stack import kafka
 from schemas.topics import REQUESTS_COMPLETED
-from tests.integration.churn_stack import RateLedger, gateway_metrics, replica_metrics
 
 HELD_PREFIXES = ("lorafleet_replica_holds", "vllm:num_requests_running", "vllm:num_requests_waiting")
 KV_USAGE = "vllm:kv_cache_usage_perc"

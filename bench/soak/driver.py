@@ -35,9 +35,9 @@ from bench.soak.schedule import FAULTS, Fault, build_schedule
 from bench.soak.stack import SoakStack, soak_stack
 from canary.markers import markers_in_text
 from canary.probe import PROMPTS
+from harness.stacks.churn import RateLedger
 from lorafleet.config import PlatformSettings
 from lorafleet.profile import DEV_PROFILE_ENV
-from tests.integration.churn_stack import RateLedger
 
 log = logging.getLogger(__name__)
 
@@ -257,8 +257,8 @@ def soak(
 ) -> None:
     """Fault soak: kill and restart the relay, validator, placement worker, a replica, Kafka and PostgreSQL
     under traffic; check that nothing was lost, doubled, misrouted or left held."""
+    from harness.canary_training import E2E_CANARIES, trained_canaries
     from lorafleet.config import get_settings
-    from tests.integration.canary_training import E2E_CANARIES, trained_canaries
 
     logging.basicConfig(level=logging.WARNING)
     # The private stack is a dev stack: its broker and database logins are the dev profile's, in this

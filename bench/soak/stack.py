@@ -1,4 +1,4 @@
-"""The fault soak's stack: outage_stack's private PostgreSQL and Kafka with the app processes under
+"""The fault soak's stack: harness.stacks.outage's private PostgreSQL and Kafka with the app processes under
 `lorafleet services supervise` (relay, internal and public gateways, registry validator, placement worker),
 two SmolLM2 replica processes serving the canaries from their folders, a private redis-server for the rate
 limiter, and the canary tenants of the churn test (each owns two canary versions, its alias on the first).
@@ -17,15 +17,15 @@ import asyncpg
 from canary.churn_verdict import AliasVersions
 from canary.manifest import CanaryManifest
 from harness.ports import free_port
+from harness.redis_server import redis_server
 from harness.running import Running
 from harness.seed import write_seed
 from harness.spec import HttpReady, ProcessSpec, replica_args
 from harness.stack import private_stack
+from harness.stacks import outage as ostack
+from harness.stacks.churn import canary_seed, canary_tenants
 from harness.stacks.gateway import TOKEN, replica_env
 from lorafleet.config import PlatformSettings
-from tests.integration import outage_stack as ostack
-from tests.integration.churn_stack import _canary_seed, _canary_tenants
-from tests.integration.redis_server import redis_server
 
 REPLICAS = (ostack.PREFIX + "a", ostack.PREFIX + "b")
 REPLICA_READY_S = 240.0  # two SmolLM2 loads beside a JVM on two cores
@@ -77,8 +77,8 @@ async def soak_stack(s3: PlatformSettings, canaries: Path) -> AsyncIterator[Soak
         work = settings.data_path / "logs"
         pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=3)
         try:
-            keys = await write_seed(pool, _canary_seed(manifest))
-            tenants = [SoakTenant(t, keys[t], v) for t, v in _canary_tenants(manifest)]
+            keys = await write_seed(pool, canary_seed(manifest))
+            tenants = [SoakTenant(t, keys[t], v) for t, v in canary_tenants(manifest)]
             with redis_server(settings.data_path / "redis") as redis:
                 internal_port, public_port = free_port(), free_port()
                 base = ostack.outage_spec(settings, internal_port, public_port)

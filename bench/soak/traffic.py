@@ -19,10 +19,10 @@ from httpx_sse import aconnect_sse
 from bench.soak.facts import AliasMove, Chat, Facts
 from bench.soak.stack import SoakStack, SoakTenant
 from canary.probe import PROMPTS
+from harness.stacks import outage as ostack
 from lorafleet.client.peft_dir import describe_peft_dir
 from lorafleet.client.upload import upload_peft_dir
 from lorafleet.s3 import async_client
-from tests.integration import outage_stack as ostack
 
 CHAT_TIMEOUT_S = 120.0
 CONTROL_TIMEOUT_S = 30.0  # longer than the internal API's own database deadlines: no answer is lost in flight

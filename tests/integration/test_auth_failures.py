@@ -16,10 +16,10 @@ import pytest
 
 from gateway.tenants import create_key, create_tenant
 from harness.databases import throwaway_database
+from harness.redis_server import redis_server
 from lorafleet.db.migrate import migrate
 from tests.integration.openai_errors import openai_error
 from tests.integration.public_gateways import public_gateways
-from tests.integration.redis_server import redis_server
 
 pytestmark = pytest.mark.integration
 

@@ -20,10 +20,10 @@ from canary.manifest import CanaryManifest
 from canary.probe import run_probe
 from canary.probe_setup import install_canaries
 from gateway.config import GatewayConfig, GatewaySettings
+from harness.canary_training import E2E_CANARIES, trained_canaries
 from harness.ports import free_port
 from harness.stacks.gateway import GatewayStack, gateway_stack
 from lorafleet.config import RelaySettings
-from tests.integration.canary_training import E2E_CANARIES, trained_canaries
 from tests.integration.services import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -12,8 +12,8 @@ import pytest
 
 from bench.soak.driver import SoakConfig, run_soak
 from bench.soak.schedule import FAULTS
-from tests.integration import outage_stack as ostack
-from tests.integration.canary_training import E2E_CANARIES, trained_canaries
+from harness.canary_training import E2E_CANARIES, trained_canaries
+from harness.stacks import outage as ostack
 from tests.integration.services import ServiceAddresses
 
 pytestmark = [

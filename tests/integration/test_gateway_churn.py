@@ -29,8 +29,8 @@ from canary.gateway_churn import GatewayChurnPlan, run_gateway_churn
 from canary.manifest import CanaryManifest
 from canary.probe import PROMPTS, Planned, stream_chat
 from canary.probe_setup import wait_servable
-from tests.integration.canary_training import E2E_CANARIES, trained_canaries
-from tests.integration.churn_stack import (
+from harness.canary_training import E2E_CANARIES, trained_canaries
+from harness.stacks.churn import (
     ChurnStack,
     RateLedger,
     churn_stack,

@@ -1,7 +1,7 @@
 """The control plane survives PostgreSQL stopped (`-m fast` and `-m immediate`), Kafka stopped (SIGTERM and
 SIGKILL) and PostgreSQL paused (SIGSTOP).
 
-Each fault hits a private PostgreSQL or Kafka (tests/integration/outage_stack.py) under the real relay,
+Each fault hits a private PostgreSQL or Kafka (harness/stacks/outage.py) under the real relay,
 internal and public gateways, registry validator and placement worker, run by `lorafleet services
 supervise`. During the fault: the public API answers known keys from its caches and anything else with a
 503 in OpenAI's shape with Retry-After, never a 500, never past its deadline; a registration is accepted
@@ -32,10 +32,10 @@ from gateway.config import GatewaySettings
 from gateway.registry.served_base import served_base_hash
 from gateway.tenants import create_key, create_tenant
 from harness.seed import ReadyAdapter, insert_alias, insert_ready_adapters
+from harness.stacks import outage as ostack
 from lorafleet.kafka import make_admin
 from ops.stack import kafka, postgres
 from schemas.topics import ADAPTERS_REGISTERED, ADAPTERS_VALIDATED
-from tests.integration import outage_stack as ostack
 from tests.integration.kafka_helpers import read_to_end
 
 pytestmark = [

@@ -15,10 +15,10 @@ import pytest
 
 from gateway.tenants import create_key, create_tenant
 from harness.databases import throwaway_database
+from harness.redis_server import RedisServer, redis_server
 from harness.seed import ReadyAdapter, insert_alias, insert_ready_adapters
 from lorafleet.db.migrate import migrate
 from tests.integration.public_gateways import public_gateways
-from tests.integration.redis_server import RedisServer, redis_server
 
 pytestmark = pytest.mark.integration
 

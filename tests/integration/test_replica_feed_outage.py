@@ -14,11 +14,11 @@ import asyncpg
 import pytest
 
 from gateway.public.routing.replica_view import ReplicaView, consume_states
+from harness.stacks.outage import missing_local_infra, private_infra
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_producer
 from ops.stack import kafka
 from schemas.events import ReplicaState
-from tests.integration.outage_stack import missing_local_infra, private_infra
 
 pytestmark = [
     pytest.mark.integration,

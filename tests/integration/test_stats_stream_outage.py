@@ -1,4 +1,4 @@
-"""The stats stream through a Kafka outage, on a private broker and PostgreSQL (outage_stack.private_infra):
+"""The stats stream through a Kafka outage, on a private broker and PostgreSQL (harness/stacks/outage.py: private_infra):
 a window is closed, the broker is stopped and started again, and a window after the restart is closed too,
 with no manual step and nothing counted twice in adapter_stats."""
 
@@ -14,12 +14,12 @@ import uuid
 import pytest
 
 from harness.ports import free_port
+from harness.stacks.outage import infra_env, missing_local_infra, private_infra
 from ops.stack import kafka
 from schemas.events import AdapterStats, parse_event
 from schemas.topics import ADAPTER_STATS
 from stats_stream.windows import from_ms, to_ms, window_start
 from tests.integration.kafka_helpers import read_to_end
-from tests.integration.outage_stack import infra_env, missing_local_infra, private_infra
 from tests.integration.test_stats_stream import (
     WINDOW_S,
     Stream,

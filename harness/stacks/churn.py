@@ -26,13 +26,13 @@ from canary.gateway_churn import ChurnTenant
 from canary.manifest import CanaryManifest
 from canary.probe_setup import ProbeTarget, tenant_for
 from gateway.registry import aliases
+from harness.redis_server import redis_server
 from harness.running import Running
 from harness.seed import Alias, ReadyAdapter, Seed, Tenant
 from harness.stack import private_stack
 from harness.stacks.gateway import GatewayStack, gateway_spec, replica_ids_of
 from harness.workers import outbox_relay
 from lorafleet.config import PlatformSettings
-from tests.integration.redis_server import redis_server
 
 ALIAS_NAME = "marker:churn"
 TENANT_PREFIX = "churn"
@@ -96,7 +96,7 @@ async def gateway_metrics(url: str) -> dict[str, float]:
         return _samples((await c.get(f"{url}/metrics", timeout=10)).text)
 
 
-def _canary_tenants(manifest: CanaryManifest) -> list[tuple[str, AliasVersions]]:
+def canary_tenants(manifest: CanaryManifest) -> list[tuple[str, AliasVersions]]:
     """(tenant, its alias's versions): tenant i owns canaries 2i (version 1, where its alias points) and 2i+1
     (version 2)."""
     entries = manifest.adapters
@@ -107,11 +107,11 @@ def _canary_tenants(manifest: CanaryManifest) -> list[tuple[str, AliasVersions]]
     return out
 
 
-def _canary_seed(manifest: CanaryManifest) -> Seed:
+def canary_seed(manifest: CanaryManifest) -> Seed:
     """Each canary tenant, its two versions and its alias on the first."""
     entry = {e.adapter_id: e for e in manifest.adapters}
     tenants, adapters, aliases_ = [], [], []
-    for tenant, versions in _canary_tenants(manifest):
+    for tenant, versions in canary_tenants(manifest):
         tenants.append(Tenant(tenant, *TENANT_LIMITS))
         for version, adapter_id in ((1, versions.old), (2, versions.new)):
             e = entry[adapter_id]
@@ -145,12 +145,12 @@ async def churn_stack(platform: PlatformSettings, canaries: Path, work: Path) ->
             "LORAFLEET_REPLICA_MAX_MODEL_LEN": "512",
         }
         spec = gateway_spec(canaries, manifest.base_model_hash, extra_env=extra)
-        spec = replace(spec, seed=spec.seed + _canary_seed(manifest), pool_size=3, workers=(outbox_relay,))
+        spec = replace(spec, seed=spec.seed + canary_seed(manifest), pool_size=3, workers=(outbox_relay,))
         async with private_stack(spec, platform, work) as stack:
             assert stack.pool is not None
             entry = {e.adapter_id: e for e in manifest.adapters}
             tenants = []
-            for tenant, versions in _canary_tenants(manifest):
+            for tenant, versions in canary_tenants(manifest):
                 old = entry[versions.old]
                 key = stack.keys[tenant]
                 target = ProbeTarget(

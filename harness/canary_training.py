@@ -14,7 +14,7 @@ from pathlib import Path
 
 from canary.manifest import MANIFEST_NAME
 from canary.train import TrainConfig
-from tests.integration.services import REPO
+from ops.stack.paths import REPO_ROOT as REPO
 
 # Cold training runs in its own process under this budget, apart from the probe's own timeout: on a 2-core
 # box shared with another CPU-heavy job, torch's threads contend and training slows several-fold.
