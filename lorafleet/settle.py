@@ -49,7 +49,7 @@ async def settle(
     topic: str,
     partition: int,
     offset: int,
-    value: bytes | None,
+    value: bytes | None | Callable[[], bytes],
     attempts: int = 3,
     backoff_s: float = 0.2,
     transient: tuple[type[Exception], ...] = (),
@@ -57,7 +57,8 @@ async def settle(
 ) -> bool:
     """apply(); True once it succeeded, False once the record was dead-lettered after attempts failures.
     A transient failure (is_transient, or one of the consumer's own transient types) is raised at once.
-    subject, when the record alone does not say what failed, begins the dead letter's reason."""
+    subject, when the record alone does not say what failed, begins the dead letter's reason. value may be
+    a function that makes the bytes, called only when the record is dead-lettered."""
     if attempts < 1:
         raise ValueError("attempts must be at least 1")
     attempt = 0
@@ -72,7 +73,7 @@ async def settle(
             if attempt == attempts:
                 reason = f"the handler failed {attempts} times: {type(exc).__name__}: {exc}"
                 reason = f"{subject}: {reason}" if subject else reason
-                await letters.record(topic, partition, offset, value, reason)
+                await letters.record(topic, partition, offset, value() if callable(value) else value, reason)
                 return False
             log.warning(
                 "%s: %s[%d]@%d failed (%r), attempt %d of %d",

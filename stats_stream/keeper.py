@@ -124,13 +124,12 @@ class WindowKeeper:
 
     async def _settle(self, window_ms: int, at: RecordAt) -> None:
         entries = tb.window_entries(self.table, window_ms)
-        value = json.dumps(list(entries.values())).encode()
         subject = f"window {from_ms(window_ms).isoformat()} ({len(entries)} events in the value)"
         closed = await settle(
             lambda: self._close(window_ms, entries),
             self.letters,
             *at,
-            value,
+            lambda: json.dumps(list(entries.values())).encode(),  # made only for a dead letter
             backoff_s=self.backoff_s,
             transient=KAFKA_DOWN,
             subject=subject,

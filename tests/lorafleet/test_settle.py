@@ -111,3 +111,18 @@ async def test_a_followers_handler_that_raises_is_dead_lettered_at_once_and_give
     assert reason == "the handler failed: TypeError: can't compare offset-naive and offset-aware datetimes"
     assert await settle_following(lambda: 7, letters, *WHERE) == 7  # type: ignore[arg-type]
     assert len(letters.recorded) == 1
+
+
+async def test_a_value_made_on_demand_is_made_only_for_a_dead_letter() -> None:
+    made: list[int] = []
+
+    def value() -> bytes:
+        made.append(1)
+        return b"the window's events"
+
+    letters = Letters()
+    assert await settle(Flaky([]), letters, "t", 0, 1, value, backoff_s=0.0)  # type: ignore[arg-type]
+    assert made == [] and letters.recorded == []
+    failing = Flaky([ValueError("refused")] * 3)
+    assert not await settle(failing, letters, "t", 0, 2, value, backoff_s=0.0)  # type: ignore[arg-type]
+    assert made == [1] and letters.recorded[0][3] == b"the window's events"
