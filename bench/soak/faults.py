@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from bench.soak.schedule import Fault
 from bench.soak.stack import SoakStack
+from harness.stacks import outage as ostack
 from lorafleet.pids import pid_alive
 from ops.stack import kafka, postgres
 
@@ -47,17 +48,13 @@ async def _replica(stack: SoakStack, fault: Fault, pick: int) -> None:
 
 
 async def _kafka(stack: SoakStack, fault: Fault, _pick: int) -> None:
-    pid = kafka.process(stack.settings).pid()
-    if pid is None:
-        raise RuntimeError("the private broker is not running: nothing to kill")
-    os.kill(pid, signal.SIGKILL)
-    await _gone(pid, "kafka")
+    await asyncio.to_thread(ostack.kill_broker, stack.settings, GONE_WITHIN_S)
     await asyncio.sleep(fault.down_s)
     await asyncio.to_thread(kafka.up, stack.settings)
 
 
 async def _postgres(stack: SoakStack, fault: Fault, _pick: int) -> None:
-    await asyncio.to_thread(postgres._pg_ctl, stack.settings, "-m", "immediate", "-w", "stop")
+    await asyncio.to_thread(postgres.down, stack.settings, "immediate")
     await asyncio.sleep(fault.down_s)
     await asyncio.to_thread(postgres.up, stack.settings)
 

@@ -14,7 +14,7 @@ import pwd
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 from lorafleet.config import PlatformSettings
@@ -194,9 +194,11 @@ def pid(settings: PlatformSettings) -> int | None:
     return found if pid_alive(found) else None
 
 
-def down(settings: PlatformSettings) -> bool:
+def down(settings: PlatformSettings, mode: Literal["fast", "immediate"] = "fast") -> bool:
+    """Stop the server: `fast` rolls back and checkpoints; `immediate` kills every backend at once, as a crash
+    does, and the next start runs crash recovery."""
     _, data, _ = _paths(settings)
     if not (data / "postmaster.pid").exists():
         return False
-    _pg_ctl(settings, "-m", "fast", "-w", "stop")
+    _pg_ctl(settings, "-m", mode, "-w", "stop")
     return True

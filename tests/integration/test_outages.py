@@ -348,7 +348,7 @@ async def test_postgres_crashed_and_restarted(world: World) -> None:
     result = await _outage(
         world,
         "postgres-immediate",
-        lambda: ostack.crash_postgres(settings),
+        lambda: postgres.down(settings, mode="immediate"),
         lambda: postgres.up(settings),
     )
     assert result["requests"].get("known-key 200", 0) > 0
