@@ -19,12 +19,12 @@ from aiokafka.structs import TopicPartition
 
 from gateway.config import GatewayConfig
 from gateway.console.feed import ConsoleFeed, consume_console_topics
-from gateway.console.seen_ids import SeenIds
 from gateway.public.routing.replica_view import ReplicaView, consume_states
 from lorafleet.config import PlatformSettings
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.kafka import make_consumer, seek_to_times
 from lorafleet.replica_registry import ReplicaRegistry
+from lorafleet.seen_ids import SeenIds
 from schemas import topics
 from schemas.events import RequestCompleted
 

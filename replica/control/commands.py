@@ -18,11 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from lorafleet.dead_letters import DeadLetters
+from lorafleet.seen_ids import SeenIds
 from lorafleet.settle import is_transient, settle
 from replica.adapter_cache.cache import AdapterCache
 from replica.adapter_cache.errors import ObjectStoreUnavailableError, RegistryUnavailableError, TierFullError
@@ -56,7 +56,7 @@ class CommandHandler:
         self.replica_id = replica_id
         self.letters = letters
         self.attempts, self.backoff_s = attempts, backoff_s
-        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._seen = SeenIds(SEEN_CAPACITY)
         self._tails: dict[str, asyncio.Future[bool]] = {}
         self.actions: dict[str, Callable[[ReplicaCommand], Awaitable[object]]] = {
             "load": lambda c: cache.own(c.adapter_id, c.target_tier),
@@ -79,8 +79,7 @@ class CommandHandler:
     async def apply(self, command: ReplicaCommand, where: Where) -> bool:
         """Settle once: True once applied or dead-lettered, False for a duplicate. A transient failure is
         raised and the command is not remembered, so reading it again applies it."""
-        key = str(command.event_id)
-        if key in self._seen:
+        if command.event_id in self._seen:
             return False
         previous = self._tails.get(command.adapter_id)
         if previous is not None:
@@ -101,9 +100,7 @@ class CommandHandler:
         finally:
             if self._tails.get(command.adapter_id) is task:
                 del self._tails[command.adapter_id]
-        self._seen[key] = None
-        if len(self._seen) > SEEN_CAPACITY:
-            self._seen.popitem(last=False)
+        self._seen.add(command.event_id)
         return True
 
     async def apply_batch(self, records: list[tuple[Event | None, Where]]) -> int:

@@ -84,7 +84,7 @@ async def test_a_load_that_keeps_failing_is_dead_lettered_with_its_error_and_the
     ((topic, partition, offset, value, reason),) = letters.recorded
     assert (topic, partition, offset, value) == records[0][1]
     assert "failed 3 times: ChecksumMismatchError" in reason, reason
-    assert await handler.apply_batch(records) == 0  # read again after a crash: settled, nothing new
+    assert await handler.apply_batch(records) == 0  # the same loop reads it again: settled, nothing new
 
 
 async def test_a_load_the_registry_cannot_answer_now_is_raised_and_applies_when_read_again(

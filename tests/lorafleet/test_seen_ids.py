@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from gateway.console.seen_ids import SeenIds
+from lorafleet.seen_ids import SeenIds
 
 
 def test_an_id_is_new_once_while_remembered_and_the_oldest_are_forgotten() -> None:
