@@ -12,6 +12,7 @@ import httpx
 from aiokafka import TopicPartition
 
 from bench.soak.facts import Facts, Registration, Release, UsageEvent
+from bench.soak.invariants import absent
 from bench.soak.stack import SoakStack
 from harness.stacks.churn import RateLedger, gateway_metrics, replica_metrics
 from lorafleet.kafka import make_consumer
@@ -127,21 +128,23 @@ async def release(stack: SoakStack, ledger: RateLedger, within_s: float) -> Rele
     snap: Release | None = None
 
     async def take() -> Release:
-        holds = {}
+        holds, missing = {}, []
         for name, r in stack.replicas.items():
             m = await replica_metrics(r)
-            held = {k: v for k, v in m.items() if k.startswith(HELD_PREFIXES)}
-            holds[name] = held | {KV_USAGE: m.get(KV_USAGE, 0.0)}
+            holds[name] = {k: v for k, v in m.items() if k.startswith((*HELD_PREFIXES, KV_USAGE))}
+            missing += [f"{name} {n}" for n in absent(m, (*HELD_PREFIXES, KV_USAGE))]
         g = await gateway_metrics(stack.infra.public_url)
-        inflight = {k: g.get(k, 0.0) for k in INFLIGHT}
+        inflight = {k: g[k] for k in INFLIGHT if k in g}
+        missing += [f"gateway {n}" for n in absent(g, INFLIGHT)]
         ledgers = {t.tenant_id: ledger.by_tenant(t.tenant_id)[:2] for t in stack.tenants}
-        return Release(holds, inflight, ledgers)
+        return Release(holds, inflight, ledgers, missing)
 
     async def released() -> bool:
         nonlocal snap
         snap = await take()
         return (
-            not any(v for held in snap.replica_holds.values() for v in held.values())
+            not snap.missing
+            and not any(v for held in snap.replica_holds.values() for v in held.values())
             and not any(snap.gateway_inflight.values())
             and all(a == b for a, b in snap.ledger.values())
         )

@@ -118,9 +118,7 @@ class Run:
 async def _final_chats(run: Run) -> None:
     """The end-of-run chat on each alias, sent until it names the last acknowledged move's version (or
     FINAL_WITHIN_S passes); the last one sent is the fact the alias invariant judges."""
-    expected = dict(run.facts.initial_aliases)
-    for move in sorted(run.facts.moves, key=lambda m: m.acked_at):
-        expected[move.alias] = move.adapter_id
+    expected = run.facts.expected_aliases()
     async with httpx.AsyncClient(base_url=run.stack.infra.public_url, timeout=traffic.CHAT_TIMEOUT_S) as c:
         for t in run.stack.tenants:
             deadline = time.monotonic() + FINAL_WITHIN_S

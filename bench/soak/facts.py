@@ -57,6 +57,7 @@ class Release:
     replica_holds: dict[str, dict[str, float]]  # replica -> {holds, KV, running/waiting metric: value}
     gateway_inflight: dict[str, float]  # in-flight tokens and requests
     ledger: dict[str, tuple[int, int]]  # tenant -> (Redis reserves, refunds) during the run
+    missing: list[str] = field(default_factory=list)  # metrics the check needs that were not served
 
 
 @dataclass
@@ -68,3 +69,10 @@ class Facts:
     chats: list[Chat] = field(default_factory=list)
     usage: list[UsageEvent] = field(default_factory=list)
     release: Release | None = None
+
+    def expected_aliases(self) -> dict[str, str]:
+        """alias -> the adapter its last acknowledged move named (its initial one if never moved)."""
+        expected = dict(self.initial_aliases)
+        for move in sorted(self.moves, key=lambda m: m.acked_at):
+            expected[move.alias] = move.adapter_id
+        return expected

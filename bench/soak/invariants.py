@@ -47,22 +47,20 @@ class Result:
 def registrations(facts: Facts) -> Result:
     out = Result("registrations_settle_once")
     for r in facts.registrations:
+        if r.final_status is None and not r.acked:
+            continue  # never acknowledged and never stored: nothing to settle
         if r.final_status == "pending":
             out.violations.append(f"{r.adapter_id}: still pending")
-        if not r.acked:
-            continue  # never acknowledged: it may or may not exist, but must not hang (above)
-        if r.final_status not in ("ready", "rejected"):
+        elif r.final_status not in ("ready", "rejected"):
             out.violations.append(f"{r.adapter_id}: acknowledged, final state {r.final_status}")
-        if r.validated_rows != 1:
+        elif r.validated_rows != 1:
             out.violations.append(f"{r.adapter_id}: {r.validated_rows} adapters.validated outbox rows")
     return out
 
 
 def aliases(facts: Facts, markers_in: MarkerReader) -> Result:
     out = Result("aliases_serve_last_acked_move")
-    expected = dict(facts.initial_aliases)
-    for move in sorted(facts.moves, key=lambda m: m.acked_at):
-        expected[move.alias] = move.adapter_id
+    expected = facts.expected_aliases()
     finals = {c.alias: c for c in facts.chats if c.final}
     for alias, adapter_id in sorted(expected.items()):
         chat = finals.get(alias)
@@ -82,7 +80,15 @@ def usage(facts: Facts) -> Result:
     ids_by_request: dict[str, set[str]] = defaultdict(set)
     for e in facts.usage:
         ids_by_request[e.request_id].add(e.event_id)
-    seen = {c.request_id: c for c in facts.chats if c.request_id is not None}
+    seen: dict[str, Chat] = {}
+    for c in facts.chats:
+        if c.request_id is None:
+            if c.status == 200:
+                out.violations.append(f"a streamed chat ({c.alias}) without an x-request-id")
+        elif c.request_id in seen:
+            out.violations.append(f"{c.request_id}: the gateway gave this request id to two chats")
+        else:
+            seen[c.request_id] = c
     for request_id, chat in sorted(seen.items()):
         n = len(ids_by_request.get(request_id, ()))
         if chat.status == 200 and n != 1:
@@ -117,6 +123,7 @@ def release(facts: Facts) -> Result:
     r = facts.release
     if r is None:
         return Result(out.name, ["no release snapshot was taken"])
+    out.violations.extend(f"{name}: not served, so not checked" for name in r.missing)
     for replica, held in sorted(r.replica_holds.items()):
         for name, value in sorted(held.items()):
             if value:
@@ -128,6 +135,11 @@ def release(facts: Facts) -> Result:
         if reserves != refunds:
             out.violations.append(f"{tenant}: {reserves} Redis reserves, {refunds} refunds")
     return out
+
+
+def absent(samples: dict[str, float], names: tuple[str, ...]) -> list[str]:
+    """The names (or label-less prefixes) no sample starts with: a metric not served can't show a hold."""
+    return [n for n in names if not any(k.startswith(n) for k in samples)]
 
 
 def check(facts: Facts, markers_in: MarkerReader) -> list[Result]:

@@ -36,9 +36,7 @@ def _service() -> dict[str, str]:
     return {"Authorization": f"Bearer {ostack.SERVICE_TOKEN}"}
 
 
-async def chat(
-    client: httpx.AsyncClient, facts: Facts, t: SoakTenant, prompt: str, final: bool = False
-) -> Chat:
+async def chat(client: httpx.AsyncClient, facts: Facts, t: SoakTenant, prompt: str) -> Chat:
     """One streaming chat on the tenant's alias, recorded in facts."""
     body = {
         "model": t.versions.alias,
@@ -49,27 +47,27 @@ async def chat(
     }
     headers = {"Authorization": f"Bearer {t.key}"}
     sent = time.monotonic()
-    got: Chat
+    status, rid, adapter, parts, error = 0, None, None, [], ""
     try:
         async with aconnect_sse(client, "POST", "/v1/chat/completions", json=body, headers=headers) as source:
             resp = source.response
-            rid, adapter = resp.headers.get("x-request-id"), resp.headers.get("x-adapter-id")
-            if resp.status_code != 200:
-                error = (await resp.aread()).decode(errors="replace")
-                got = Chat(
-                    t.versions.alias, resp.status_code, rid, adapter, "", error or "empty", final, sent
-                )
+            status, rid, adapter = (
+                resp.status_code,
+                resp.headers.get("x-request-id"),
+                resp.headers.get("x-adapter-id"),
+            )
+            if status != 200:
+                error = (await resp.aread()).decode(errors="replace") or "empty"
             else:
-                parts, error = [], ""
                 async for sse in source.aiter_sse():
                     if sse.event == "error":
                         error = sse.data or "error event"
                     elif sse.data != "[DONE]":
                         for choice in sse.json().get("choices", []):
                             parts.append(choice.get("delta", {}).get("content") or "")
-                got = Chat(t.versions.alias, 200, rid, adapter, "".join(parts), error, final, sent)
-    except httpx.HTTPError as exc:
-        got = Chat(t.versions.alias, 0, None, None, "", f"{type(exc).__name__}: {exc}", final, sent)
+    except httpx.HTTPError as exc:  # what arrived before the break is kept: its markers are judged too
+        error = f"{type(exc).__name__}: {exc}"
+    got = Chat(t.versions.alias, status, rid, adapter, "".join(parts), error, sent_at=sent)
     facts.chats.append(got)
     return got
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from bench.soak.facts import AliasMove, Chat, Facts, Registration, Release, UsageEvent
-from bench.soak.invariants import chats_between, check, counts
+from bench.soak.invariants import absent, chats_between, check, counts
 
 ALIAS = "t0/marker:soak"
 OLD, NEW = "canary-old", "canary-new"
@@ -67,6 +67,7 @@ def test_a_clean_run_passes_every_invariant_and_counts_duplicates() -> None:
         Registration("r3", True, "ready", 2),
         Registration("r3", True, "rejected", 0),
         Registration("r3", False, "pending", 0),
+        Registration("r3", False, "ready", 2),  # never acknowledged, but stored: it settles once all the same
     ],
 )
 def test_a_registration_not_settled_exactly_once_fails(registration: Registration) -> None:
@@ -113,6 +114,34 @@ def test_usage_not_exactly_once_per_chat_fails(usage: list[UsageEvent]) -> None:
     facts = clean()
     facts.usage = usage
     assert list(failed(facts)) == ["usage_once_per_chat"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        chat(None, OLD),  # streamed, but no x-request-id: its usage event can't be checked
+        chat("req_1", OLD),  # one request id given to two chats
+    ],
+)
+def test_a_streamed_chat_the_usage_check_cannot_place_fails(extra: Chat) -> None:
+    facts = clean()
+    facts.chats.append(extra)
+    assert list(failed(facts)) == ["usage_once_per_chat"]
+
+
+def test_an_unacknowledged_registration_that_was_never_stored_passes() -> None:
+    facts = clean()
+    facts.registrations.append(Registration("r4", False, None, 0))
+    assert failed(facts) == {}
+
+
+def test_release_fails_on_a_metric_not_served_and_absent_finds_it() -> None:
+    facts = clean()
+    facts.release = Release({"rep-a": {}}, {}, {"t0": (5, 5)}, ["rep-a vllm:kv_cache_usage_perc"])
+    assert list(failed(facts)) == ["everything_released"]
+    served = {"lorafleet_replica_holds{kind=pin}": 0.0, "vllm:num_requests_running": 0.0}
+    wanted = ("lorafleet_replica_holds", "vllm:num_requests_running", "vllm:kv_cache_usage_perc")
+    assert absent(served, wanted) == ["vllm:kv_cache_usage_perc"]
 
 
 @pytest.mark.parametrize(
