@@ -1,5 +1,6 @@
-"""The fault tests start their own PostgreSQL and Kafka from what `make deps` installs, so nothing about the
-machine's Docker engine may skip them: a CI runner with Docker would otherwise never run them."""
+"""The fault tests start their own PostgreSQL and Kafka from what `make deps` installs, so the machine's
+Docker engine must not skip them: a CI runner with Docker would otherwise never run them. What this checks
+is the suite's own probe, `docker_answers`: no test but the listed ones may call it."""
 
 from __future__ import annotations
 

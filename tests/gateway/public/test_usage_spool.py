@@ -61,7 +61,7 @@ def test_past_the_bound_the_newest_are_dropped_and_counted(tmp_path: Path) -> No
     spool.close()
 
 
-def test_a_killed_process_leaves_its_unacknowledged_records_and_its_lock(tmp_path: Path) -> None:
+def test_a_killed_process_leaves_its_unacknowledged_records_and_releases_its_lock(tmp_path: Path) -> None:
     path = tmp_path / "s.sqlite"
     crash = textwrap.dedent(
         f"""
