@@ -163,6 +163,15 @@ def _edge_command() -> None:
 _edge_command()
 
 
+def _spool_command() -> None:
+    from bench.spool_size import spool_size
+
+    app.command("spool-size")(spool_size)
+
+
+_spool_command()
+
+
 def _soak_command() -> None:
     from bench.soak.driver import soak
 

@@ -124,9 +124,9 @@ class GatewaySettings(BaseSettings):
     # requests.completed (gateway/public/usage_events.py): each event is committed to a local sqlite spool,
     # sent to Kafka from there and deleted once the broker acknowledged it. One file per gateway process (a
     # second process on the same file refuses to start); unset, <data_dir>/gateway/usage-<public_port>.sqlite.
-    # At most usage_spool_max_events wait in it (about 0.5 GB at 1,000,000); past that the newest are dropped,
-    # logged and counted. On shutdown the gateway sends for up to usage_drain_timeout_s and leaves the rest
-    # in the spool for its next start.
+    # At most usage_spool_max_events wait in it (`lorafleet bench spool-size` prints the disk they take);
+    # past that the newest are dropped, logged and counted. On shutdown the gateway sends for up to
+    # usage_drain_timeout_s and leaves the rest in the spool for its next start.
     usage_spool_path: Path | None = None
     usage_spool_max_events: int = Field(default=1_000_000, ge=1)
     usage_drain_timeout_s: float = Field(default=5.0, ge=0)

@@ -121,6 +121,10 @@ class UsageSpool:
             cur = self._conn.executemany("DELETE FROM records WHERE seq = ?", [(s,) for s in seqs])
         self._count -= cur.rowcount
 
+    def checkpoint(self) -> None:
+        """Move what the write-ahead log holds into the file (sqlite also does this as it goes)."""
+        self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     def close(self) -> None:
         """Close; a spool closed empty leaves no file behind (the lock is still held while they go)."""
         self._conn.close()

@@ -89,3 +89,9 @@ def test_load_bench_times_each_tier_through_the_cache_beside_its_floor(tmp_path:
         assert tier["ratio"] == tier["median_s"] / tier["floor_median_s"]
         assert tier["within_1_2x"] == (tier["ratio"] <= 1.2)
     assert json.loads((tmp_path / "load.json").read_text()) == out
+
+
+def test_spool_size_reports_the_bytes_its_events_take() -> None:
+    got = _run(["spool-size", "--events", "2000", "--batch", "300"])
+    assert got["events"] == 2000 and got["event_bytes"] > 200
+    assert got["spool_bytes"] >= got["events"] * got["event_bytes"]  # a row holds the event, key and topic
