@@ -30,11 +30,13 @@ import typer
 
 from bench.soak import collect, traffic
 from bench.soak.facts import Facts
+from bench.soak.faults import inject
 from bench.soak.invariants import chats_between, check, counts
 from bench.soak.schedule import FAULTS, Fault, build_schedule
 from bench.soak.stack import SoakStack, soak_stack
 from canary.markers import markers_in_text
 from canary.probe import PROMPTS
+from harness.stacks import outage as ostack
 from harness.stacks.churn import RateLedger
 from lorafleet.config import PlatformSettings
 from lorafleet.profile import DEV_PROFILE_ENV
@@ -110,7 +112,7 @@ class Run:
         started = time.monotonic()
         if await collect.poll(self.healthy, HEALTHY_WITHIN_S, every_s=1.0):
             return round(time.monotonic() - started, 1)
-        names = ("supervisor", "relay", "registry-validator", "placement-worker", "public-gateway", "gateway")
+        names = ("supervisor", *ostack.APPS)
         tails = "\n".join(f"--- {n}\n{self.stack.tail(n)}" for n in (*names, *self.stack.replicas))
         raise RuntimeError(f"not healthy within {HEALTHY_WITHIN_S}s after {after}\n{tails}")
 
@@ -133,8 +135,6 @@ async def _final_chats(run: Run) -> None:
 
 
 async def _faults(run: Run, schedule: list[Fault], t0: float) -> list[dict[str, Any]]:
-    from bench.soak.faults import inject
-
     pick = random.Random(f"soak-pick:{run.cfg.seed}")
     done = []
     for fault in schedule:
@@ -152,7 +152,7 @@ async def _faults(run: Run, schedule: list[Fault], t0: float) -> list[dict[str, 
                 "at_s": round(began - t0, 1),
                 "down_s": round(ended - began, 1),
                 "healthy_after_s": healthy_s,
-                "_window": (began, ended + (healthy_s or 0.0)),
+                "_window": (began, ended + healthy_s),
             }
         )
     return done
