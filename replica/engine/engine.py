@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from replica.engine.admission_queue import AdmissionQueue
 from replica.engine.model_runner import ModelRunner, StepInput
-from replica.engine.sampler import SamplingParams, make_generator, sample
+from replica.engine.sampler import SamplingParams, row_seed, sample
 from replica.engine.scheduler import Scheduled, Scheduler
 from replica.engine.sequence import Detokenizer, Sequence, SequenceStatus
 from replica.engine.slot_pins import SlotPins
@@ -82,10 +82,10 @@ class LLMEngine:
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise a domain error for a request that can never run, or whose prompt plus max_tokens does not fit
         the context: refused before it is queued, never cut short at the context's end."""
-        params.validate()
+        vocab = self.runner.model.config.vocab_size
+        params.validate(vocab)
         if not prompt_token_ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
-        vocab = self.runner.model.config.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise InvalidRequestError(f"token ids must be in [0, {vocab})", param="prompt_token_ids")
         limit, prompt = self.runner.max_model_len, len(prompt_token_ids)
@@ -119,7 +119,7 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight", param="request_id")
         seq = Sequence(request_id, list(prompt_token_ids), params, adapter_id, tenant_id, trace=trace)
         seq.scope = CacheScope(self.kv.namespace, adapter_id, cache_salt).digest()
-        seq.generator = make_generator(params)
+        seq.seed = row_seed(params)
         seq.detokenizer = self.detokenizer_factory() if self.detokenizer_factory else None
         self.seqs[request_id] = seq
         self.scheduler.add(seq)
@@ -154,7 +154,10 @@ class LLMEngine:
             time.sleep(self.prefill_delay_s)  # injected fault: hold the step that prefills
         logits = self.runner.run([self._input(p) for p in plan])  # [num_completing, vocab]
         done = [p for p in plan if p.completes]
-        tokens = sample(logits, [p.seq.params for p in done], [p.seq.generator for p in done])
+        rows = [p.seq for p in done]
+        tokens = sample(
+            logits, [s.params for s in rows], [s.seed for s in rows], [s.output_token_ids for s in rows]
+        )
         for p in plan:
             self.scheduler.computed(p)
         for p, token in zip(done, tokens, strict=True):

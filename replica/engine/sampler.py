@@ -1,11 +1,19 @@
-"""Sampling parameters and the per-row sampler: greedy at temperature 0, else temperature + top-p."""
+"""Sampling parameters and the batched sampler, on the logits' device: only the chosen ids come back.
+
+Per row: logit_bias and the presence/frequency penalties adjust the raw logits; temperature 0 takes their
+argmax; otherwise divide by the temperature, keep the top_k, keep the smallest prefix whose mass reaches
+top_p, and draw with Gumbel noise keyed by (seed, output index, token id) (sampling_hash), so a row's draw
+never depends on the rest of the batch.
+"""
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 import torch
 
+from replica.engine.sampling_hash import gumbel, row_keys
 from replica.errors import InvalidRequestError
 
 
@@ -15,17 +23,30 @@ class SamplingParams:
 
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0 = off
     seed: int | None = None
+    presence_penalty: float = 0.0  # subtracted once from each token id in the output so far (not the prompt)
+    frequency_penalty: float = 0.0  # subtracted once per occurrence in the output so far
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), ids distinct
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
 
-    def validate(self) -> None:
-        """Raise InvalidRequestError for values outside their range."""
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise InvalidRequestError for values outside their range (logit_bias ids: below vocab_size)."""
+        ids = [t for t, _ in self.logit_bias]
         checks = [
             ("temperature", 0.0 <= self.temperature <= 100.0),
             ("top_p", 0.0 < self.top_p <= 1.0),
+            ("top_k", self.top_k >= 0),
+            ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0),
+            ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0),
+            (
+                "logit_bias",
+                len(set(ids)) == len(ids)
+                and all(0 <= t < (vocab_size or 2**31) and -100.0 <= b <= 100.0 for t, b in self.logit_bias),
+            ),
             ("max_tokens", self.max_tokens >= 1),
             ("stop", len(self.stop) <= 16 and all(0 < len(s) <= 256 for s in self.stop)),
         ]
@@ -33,39 +54,86 @@ class SamplingParams:
             if not ok:
                 raise InvalidRequestError(f"{name}={getattr(self, name)!r} is out of range", param=name)
 
-
-def make_generator(params: SamplingParams) -> torch.Generator | None:
-    """A CPU generator per seeded request, so its samples do not depend on the rest of the batch."""
-    if params.seed is None:
-        return None
-    return torch.Generator(device="cpu").manual_seed(params.seed)
+    @property
+    def adjusts_logits(self) -> bool:
+        return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
-def _sample_row(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
-    # logits [vocab] fp32 on CPU
-    probs = torch.softmax(logits / params.temperature, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        cum = torch.cumsum(sorted_probs, dim=-1)
-        keep = (cum - sorted_probs) < params.top_p  # the smallest prefix whose mass reaches top_p
-        sorted_probs = sorted_probs * keep
-        choice = torch.multinomial(sorted_probs / sorted_probs.sum(), 1, generator=gen)
-        return int(order[choice])
-    return int(torch.multinomial(probs, 1, generator=gen))
+def row_seed(params: SamplingParams) -> int:
+    """The request's noise seed: its own, or a random 63-bit one drawn once, so every row takes one path."""
+    return params.seed if params.seed is not None else secrets.randbits(63)
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], outputs: list[list[int]]
 ) -> list[int]:
-    """Pick one token per row of logits [num_seqs, vocab]."""
-    greedy = logits.argmax(dim=-1).tolist()  # [num_seqs]
-    out: list[int] = []
-    cpu_logits: torch.Tensor | None = None
-    for i, p in enumerate(params):
-        if p.temperature == 0.0:
-            out.append(greedy[i])
-            continue
-        if cpu_logits is None:
-            cpu_logits = logits.float().cpu()
-        out.append(_sample_row(cpu_logits[i], p, generators[i]))
-    return out
+    """Pick one token per row of logits [rows, vocab]; outputs[i] is row i's generated ids so far.
+
+    Contract: row i's token is a function of (logits[i], params[i], seeds[i], outputs[i]) alone. Everything
+    runs with torch ops on logits.device; the only host transfer is the chosen ids [rows].
+    """
+    adjusted = logits  # [rows, vocab]
+    if any(p.adjusts_logits for p in params):
+        adjusted = _adjust(logits.to(torch.float32, copy=True), params, outputs)
+    if all(p.temperature == 0.0 for p in params):
+        return adjusted.argmax(dim=-1).tolist()
+    return _draw(adjusted.float(), params, seeds, [len(o) for o in outputs]).tolist()
+
+
+def _adjust(logits: torch.Tensor, params: list[SamplingParams], outputs: list[list[int]]) -> torch.Tensor:
+    """Add logit_bias and subtract the penalties, in place, on logits [rows, vocab] fp32 (a copy)."""
+    rows, vocab = logits.shape
+    device = logits.device
+    bias = [(i, t, b) for i, p in enumerate(params) for t, b in p.logit_bias]
+    if bias:
+        at = torch.tensor(
+            [(i, t) for i, t, _ in bias], dtype=torch.int64, device=device
+        )  # [n, 2]: row, token id
+        value = torch.tensor([b for _, _, b in bias], dtype=torch.float32, device=device)  # [n]
+        logits.index_put_((at[:, 0], at[:, 1]), value, accumulate=True)
+    penalised = [i for i, p in enumerate(params) if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0]
+    seen = [(i, t) for i in penalised for t in outputs[i]]
+    if seen:
+        pairs = torch.tensor(seen, dtype=torch.int64, device=device)  # [n, 2]: row, token id
+        counts = torch.zeros(rows * vocab, dtype=torch.float32, device=device)  # [rows * vocab]
+        counts.scatter_add_(
+            0, pairs[:, 0] * vocab + pairs[:, 1], torch.ones(len(seen), dtype=torch.float32, device=device)
+        )
+        counts = counts.view(rows, vocab)
+        weights = torch.tensor(
+            [(p.presence_penalty, p.frequency_penalty) for p in params], dtype=torch.float32, device=device
+        )  # [rows, 2]: presence, frequency
+        logits -= weights[:, :1] * (counts > 0) + weights[:, 1:] * counts
+    return logits
+
+
+def _draw(
+    logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], steps: list[int]
+) -> torch.Tensor:
+    """Chosen ids [rows] for adjusted logits [rows, vocab] fp32: argmax at temperature 0, else a draw."""
+    rows, vocab = logits.shape
+    device = logits.device
+    knobs = torch.tensor(
+        [(p.temperature, p.top_p, min(p.top_k or vocab, vocab)) for p in params],
+        dtype=torch.float32,
+        device=device,
+    )  # [rows, 3]: temperature, top_p, top_k (off = vocab); top_k < 2**24 is exact in fp32
+    temperature, top_p, top_k = knobs.unbind(dim=1)  # [rows] each
+    greedy = temperature == 0.0  # [rows]
+    scaled = logits / torch.where(greedy, 1.0, temperature)[:, None]  # [rows, vocab]
+    if any(p.top_p < 1.0 or 0 < p.top_k < vocab for p in params):
+        scaled = scaled.masked_fill(~_nucleus(scaled, top_p, top_k), float("-inf"))
+    noisy = scaled + gumbel(row_keys(seeds, steps, device), vocab)  # [rows, vocab]
+    return torch.where(greedy, logits.argmax(dim=-1), noisy.argmax(dim=-1))
+
+
+def _nucleus(scaled: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """Kept tokens [rows, vocab] bool: the top_k [rows] largest of scaled [rows, vocab], then the smallest
+    prefix of those, renormalised, whose mass reaches top_p [rows]. The largest is always kept."""
+    ordered, order = torch.sort(scaled, dim=-1, descending=True, stable=True)  # [rows, vocab] each
+    rank = torch.arange(scaled.shape[-1], device=scaled.device)  # [vocab]
+    keep = rank < top_k[:, None]  # [rows, vocab], in sorted order
+    probs = torch.softmax(ordered.masked_fill(~keep, float("-inf")), dim=-1)  # [rows, vocab]
+    before = torch.cumsum(probs, dim=-1) - probs  # [rows, vocab]: mass of the larger tokens
+    keep &= (before < top_p[:, None]) | (top_p[:, None] >= 1.0)
+    return torch.empty_like(keep).scatter_(1, order, keep)

@@ -6,8 +6,6 @@ import enum
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import torch
-
 from replica.engine.sampler import SamplingParams
 from replica.engine.trace import AdmissionTrace
 from replica.lora.slots import SlotRef
@@ -46,7 +44,7 @@ class Sequence:
     admitted: bool = False  # admitted once already (a preempted sequence waits again)
     preemptions: int = 0
     charged: int = 0  # tokens already charged to its tenant's fair share
-    generator: torch.Generator | None = None
+    seed: int = 0  # keys the sampler's noise: the request's seed, or a random one (sampler.row_seed)
     detokenizer: Detokenizer | None = None
     text: str = ""
     emitted: int = 0  # characters of text already sent

@@ -36,11 +36,13 @@ class LogitSpy:
         self.alive: list[SamplingParams] = []  # so that no id is reused by a later request's params
 
     def wrap(self, real: object) -> object:
-        def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> list[int]:
+        def sample(
+            logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], outputs: list[list[int]]
+        ) -> list[int]:
             for row, p in zip(logits, params, strict=True):
                 self.by_params.setdefault(id(p), []).append(row.clone())
                 self.alive.append(p)
-            return real(logits, params, generators)  # type: ignore[operator]
+            return real(logits, params, seeds, outputs)  # type: ignore[operator]
 
         return sample
 
