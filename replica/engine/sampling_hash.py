@@ -11,7 +11,7 @@ import torch
 MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31: a 32-bit value times one stays below 2**63, so int64 never overflows.
 _ROUNDS = ((0x7FEB352D, 15), (0x21F0AAAD, 15), (0x31848BAB, 14))
-_SEED_SALT = 0x68E31DA4  # so that seed 0 does not start at mix32's fixed point 0
+_MULT_SALT = 0x68E31DA4  # nonzero salts: seed 0 must not start at mix32's fixed point 0
 _OFFSET_SALT = 0x1B873593
 
 
@@ -32,9 +32,10 @@ def row_keys(seeds: list[int], steps: list[int], device: torch.device) -> torch.
         dtype=torch.int64,
         device=device,
     )  # [rows, 3]: seed low word, seed high word, output index
-    key = mix32(mix32(mix32(words[:, 0] ^ _SEED_SALT) ^ words[:, 1]) ^ words[:, 2])  # [rows]
-    mult = (key & 0x7FFFFFFF) | 1  # [rows]
-    offset = mix32(key ^ _OFFSET_SALT)  # [rows]
+    lo, hi, index = words.unbind(dim=1)  # [rows] each
+    # two chains with their own salts: two rows share all their noise with odds near 2**-62, not 2**-32
+    mult = (mix32(mix32(mix32(lo ^ _MULT_SALT) ^ hi) ^ index) & 0x7FFFFFFF) | 1  # [rows], odd
+    offset = mix32(mix32(mix32(hi ^ _OFFSET_SALT) ^ lo) ^ index)  # [rows]
     return torch.stack([mult, offset], dim=1)
 
 
