@@ -1,4 +1,5 @@
-"""Temperature-0 tokens are identical alone and in a batch with 31 other adapters (mixed ranks, base rows).
+"""Temperature-0 tokens, and a seeded request's sampled tokens, are identical alone and in a batch with other
+adapters (mixed ranks, base rows, mixed sampling parameters).
 
 The adapters reach their slots through the adapter cache, and each request holds its lease as on a replica.
 """
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from replica.engine.sampler import SamplingParams
 from tests.replica.engine.engine_util import greedy, make_engine, tokens
 from tests.replica.peft_util import AdapterRecipe, make_peft_adapters
 
@@ -89,3 +91,40 @@ async def test_tokens_identical_alone_and_in_a_chunked_batch_that_hits_the_prefi
     blocks = served.engine.blocks
     blocks.check()
     assert blocks.num_free == blocks.num_blocks and all(b.ref_count == 0 for b in blocks.blocks)
+
+
+def _sampled(max_tokens: int = 12, **kw: object) -> SamplingParams:
+    return SamplingParams(**{"temperature": 1.0, "max_tokens": max_tokens, "ignore_eos": True, **kw})
+
+
+async def test_a_seeded_sampled_request_gives_the_same_tokens_alone_first_or_last_among_others(
+    tiny_model_dir: Path, many_adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    served = make_engine(tiny_model_dir, many_adapters, {8: 11, 16: 11, 32: 11}, tmp_path, max_num_seqs=40)
+    gen = torch.Generator().manual_seed(13)
+    prompt = torch.randint(1, 320, (9,), generator=gen).tolist()
+    others = [
+        (greedy(12), "ad1"),
+        (_sampled(top_p=0.8), "ad2"),
+        (_sampled(top_k=5, seed=7), None),
+        (_sampled(presence_penalty=1.5, frequency_penalty=0.5), "ad4"),
+        (greedy(12, frequency_penalty=1.0), "ad5"),
+        (_sampled(temperature=1.7, logit_bias=((3, 4.0),)), None),
+    ]
+    other_prompts = [torch.randint(1, 320, (4 + i,), generator=gen).tolist() for i in range(len(others))]
+
+    async def run(seed: int, place: str) -> list[int]:
+        if place == "last":
+            for i, ((params, adapter), p) in enumerate(zip(others, other_prompts, strict=True)):
+                await served.add(f"o{i}", p, params, adapter)
+        await served.add("seeded", prompt, _sampled(seed=seed), "ad3")
+        if place == "first":
+            for i, ((params, adapter), p) in enumerate(zip(others, other_prompts, strict=True)):
+                await served.add(f"o{i}", p, params, adapter)
+        return tokens(served.run_all()["seeded"])
+
+    alone = await run(2024, "alone")
+    assert await run(2024, "first") == alone
+    assert await run(2024, "last") == alone
+    assert await run(2025, "alone") != alone
+    assert len(set(alone)) > 3  # sampled, not a greedy run in disguise

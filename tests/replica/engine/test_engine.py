@@ -129,6 +129,17 @@ async def test_seed_makes_sampling_reproducible(
     assert one == two and one != other_seed
 
 
+async def test_penalties_count_the_generated_tokens_not_the_prompt(
+    tiny_model_dir: Path, adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    served = make_engine(tiny_model_dir, adapters, {8: 1}, tmp_path)
+    prompt = [11, 12, 13]
+    plain = await _solo(served, prompt, greedy(12))
+    assert plain[0] in prompt and len(set(plain)) < 6  # greedy repeats a prompt token, then its own
+    penalised = await _solo(served, prompt, greedy(12, presence_penalty=2.0))
+    assert penalised[0] == plain[0] and len(set(penalised)) == 12
+
+
 async def test_evicted_then_reloaded_adapter_gives_identical_tokens(
     tiny_model_dir: Path, adapters: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -178,6 +189,9 @@ async def test_bad_requests_are_refused(
         engine.add_request("x", [], greedy(3))
     with pytest.raises(InvalidRequestError):
         engine.add_request("x", PROMPT, SamplingParams(top_p=0.0))
+    with pytest.raises(InvalidRequestError) as bias:
+        engine.add_request("x", PROMPT, greedy(3, logit_bias=((320, 1.0),)))  # the tiny vocab is 320
+    assert bias.value.param == "logit_bias"
     with pytest.raises(AdapterNotRegisteredError):
         await served.add("x", PROMPT, greedy(3), "not-registered")
     assert not engine.has_work()
