@@ -34,6 +34,7 @@ class Context:
     context_lens: torch.Tensor  # [num_decodes] int32: positions each decoding row attends to
     max_decode_blocks: int  # blocks the longest decoding row spans (bounds the torch path's reads)
     lora: LoraBatchMeta | None = None
+    all_decode: bool = False  # every token is a decoding row's, in row order: attention skips the row gather
 
 
 _CONTEXT: Context | None = None

@@ -24,13 +24,18 @@ class LoraLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x [num_tokens, in_features] -> y [num_tokens, out_features]
         y = self.base(x)
+        self.add_delta(x, y)
+        return y
+
+    def add_delta(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Add each row's adapter term into y in place (y may be its slice of a fused output)."""
+        # x [num_tokens, in_features]; y [num_tokens, out_features], last dimension contiguous
         ctx = get_context()
         meta = ctx.lora if ctx is not None else None
-        if meta is None:
-            return y
+        if meta is None:  # no row of the batch has an adapter: no adapter kernel runs
+            return
         for bucket, slot_of_row in meta.slot_of_row.items():  # a loop over the few rank buckets, not adapters
             pool = self.pools[bucket]
             layout = meta.layouts.get(bucket)
             t = ops.lora_shrink(x, pool.a, slot_of_row, layout)  # [num_tokens, bucket]
             ops.lora_expand(y, t, pool.b, pool.scale, slot_of_row, layout)
-        return y

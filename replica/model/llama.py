@@ -18,6 +18,7 @@ from torch import nn
 from replica.errors import UnsupportedModelError
 from replica.forward_context import Context, get_context
 from replica.kernels import paged_ops
+from replica.model.fused import FusedLinear
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Applies RoPE to q and k at given positions (cos/sin computed in fp32, as transformers does)."""
+    """cos and sin of RoPE at given positions, computed in fp32 (as transformers does) once per forward."""
 
     inv_freq: torch.Tensor  # a buffer [head_dim // 2]
 
@@ -127,12 +128,16 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        # positions [num_tokens]; q [num_tokens, heads, head_dim]; k [num_tokens, kv_heads, head_dim]
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # positions [num_tokens] -> cos, sin [num_tokens, 1, head_dim] in dtype
         freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]  # [num_tokens, head_dim/2]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [num_tokens, 1, head_dim]
-        cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [num_tokens, heads, head_dim] rotated by cos, sin [num_tokens, 1, head_dim]."""
+    return x * cos + _rotate_half(x) * sin
 
 
 class RMSNorm(nn.Module):
@@ -144,11 +149,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x [num_tokens, hidden]
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        # x [num_tokens, hidden]; one fused norm op instead of five elementwise ones
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
 
 
 class LlamaAttention(nn.Module):
@@ -165,22 +168,28 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
         self.scale = self.head_dim**-0.5
+        self.qkv_proj: FusedLinear | None = None  # set by fuse_projections: one GEMM for q, k and v
         # bound by the model runner: [num_blocks, block_size, kv_heads, head_dim] each
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, rotary: RotaryEmbedding) -> torch.Tensor:
-        # positions [num_tokens]; x [num_tokens, hidden]
-        n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        # x [num_tokens, hidden]; rope: cos, sin [num_tokens, 1, head_dim]
+        n, heads, kv_heads, hd = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        if self.qkv_proj is not None:  # q, k and v side by side: rotate q and k in one pass
+            qkv = self.qkv_proj(x, projections).view(n, heads + 2 * kv_heads, hd)
+            q, k = apply_rope(qkv[:, : heads + kv_heads], *rope).split([heads, kv_heads], dim=1)
+            v = qkv[:, heads + kv_heads :]
+        else:
+            q = apply_rope(self.q_proj(x).view(n, heads, hd), *rope)
+            k = apply_rope(self.k_proj(x).view(n, kv_heads, hd), *rope)
+            v = self.v_proj(x).view(n, kv_heads, hd)
         ctx = get_context()
         if ctx is None or self.k_cache is None:
             out = self._causal(q, k, v)
         else:
-            out = self._cached(ctx, positions, q, k, v)
+            out = self._cached(ctx, q, k, v)
         return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
 
     def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -195,13 +204,13 @@ class LlamaAttention(nn.Module):
         )  # [heads, num_tokens, head_dim]
         return out.transpose(0, 1)
 
-    def _cached(
-        self, ctx: Context, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
+    def _cached(self, ctx: Context, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Write this step's k/v into their cache slots, then attend each sequence to its own blocks."""
         kc, vc = self.k_cache, self.v_cache  # [num_blocks, block_size, kv_heads, head_dim]
         assert kc is not None and vc is not None  # forward() takes this path only with the cache bound
         paged_ops.write_kv(kc, vc, ctx.slot_mapping, k, v)
+        if ctx.all_decode:
+            return self._decode(ctx, q)
         out = torch.empty_like(q)  # [num_tokens, heads, head_dim]
         for first, length, ctx_len, blocks in ctx.prefills:
             qs = q[first : first + length].transpose(0, 1)  # [heads, length, head_dim]
@@ -216,16 +225,16 @@ class LlamaAttention(nn.Module):
             )
             out[first : first + length] = o.transpose(0, 1)
         if ctx.decode_token_idx.numel():
-            out[ctx.decode_token_idx] = paged_ops.paged_decode(
-                q[ctx.decode_token_idx],
-                kc,
-                vc,
-                ctx.block_tables,
-                ctx.context_lens,
-                ctx.max_decode_blocks,
-                self.scale,
-            )  # [num_decodes, heads, head_dim]
+            out[ctx.decode_token_idx] = self._decode(ctx, q[ctx.decode_token_idx])
         return out
+
+    def _decode(self, ctx: Context, q: torch.Tensor) -> torch.Tensor:
+        """Attention of the decoding rows' queries q [num_decodes, heads, head_dim] over their own blocks."""
+        kc, vc = self.k_cache, self.v_cache
+        assert kc is not None and vc is not None
+        return paged_ops.paged_decode(
+            q, kc, vc, ctx.block_tables, ctx.context_lens, ctx.max_decode_blocks, self.scale
+        )  # [num_decodes, heads, head_dim]
 
 
 class LlamaMLP(nn.Module):
@@ -237,10 +246,16 @@ class LlamaMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, inter, bias=bias)
         self.up_proj = nn.Linear(hidden, inter, bias=bias)
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
+        self.gate_up_proj: FusedLinear | None = None  # set by fuse_projections: one GEMM for gate and up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x [num_tokens, hidden]
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        projections = (self.gate_proj, self.up_proj)
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x, projections).split(self.gate_up_proj.sizes, dim=-1)
+        else:
+            gate, up = (proj(x) for proj in projections)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -253,9 +268,9 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, rotary: RotaryEmbedding) -> torch.Tensor:
-        # x [num_tokens, hidden]
-        x = x + self.self_attn(positions, self.input_layernorm(x), rotary)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        # x [num_tokens, hidden]; rope: cos, sin [num_tokens, 1, head_dim]
+        x = x + self.self_attn(self.input_layernorm(x), rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -272,8 +287,9 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # input_ids [num_tokens]; positions [num_tokens] -> hidden [num_tokens, hidden]
         x = self.embed_tokens(input_ids)
+        rope = self.rotary_emb(positions, x.dtype)  # shared by every layer
         for layer in self.layers:
-            x = layer(positions, x, self.rotary_emb)
+            x = layer(x, rope)
         return self.norm(x)
 
 

@@ -11,6 +11,7 @@ from safetensors import safe_open
 from torch import nn
 
 from replica.errors import UnsupportedModelError
+from replica.model.fused import fuse_projections
 from replica.model.llama import LlamaConfig, LlamaForCausalLM
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ def load_model(model_dir: Path, dtype: str = "float32", device: str = "auto") ->
     if missing:
         raise UnsupportedModelError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
     model.model.rotary_emb.to(torch_device)
+    fuse_projections(model)
     model.eval()
     log.info(
         "loaded %s: %d layers, hidden %d, %s on %s",
