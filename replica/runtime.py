@@ -353,7 +353,9 @@ def kv_blocks(settings: ReplicaSettings, model: LlamaForCausalLM) -> int:
     """KV blocks for the budget of the device the model sits on (weights and adapter slots already in)."""
     device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
     budget = kv_budget_bytes(device, settings.kv_cache_bytes, settings.gpu_memory_utilization)
-    count = blocks_in(budget, bytes_per_block(model.config, settings.kv_block_size, dtype))
+    count = max(
+        0, blocks_in(budget, bytes_per_block(model.config, settings.kv_block_size, dtype)) - 1
+    )  # the sink
     log.info("KV cache: %d blocks of %d tokens (%d MiB)", count, settings.kv_block_size, budget >> 20)
     return count
 

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
+from replica.engine.cuda_graphs import DecodeGraphs, can_capture
+from replica.engine.decode_step import DecodeRow, DecodeStep
 from replica.forward_context import Context, PrefillSpan, set_context
 from replica.kv.paged_cache import PagedKVCache
 from replica.lora.batch_meta import build_batch_meta
 from replica.lora.slots import SlotRef
 from replica.model.llama import LlamaForCausalLM
+
+log = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_SIZE = 16
 
@@ -36,7 +41,9 @@ class ModelRunner:
         max_model_len: int,
         num_blocks: int | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
+        cuda_graphs: bool = False,
     ) -> None:
+        """cuda_graphs: replay pure-decode steps from captured CUDA graphs where the kernels allow it."""
         self.model = model
         w = model.lm_head.weight
         self.device, self.dtype = w.device, w.dtype
@@ -50,6 +57,12 @@ class ModelRunner:
                 f"max_model_len {max_model_len}: raise the KV budget or lower max_model_len"
             )
         self.kv = PagedKVCache(model, num_blocks, block_size, self.dtype, self.device)
+        self.decode = DecodeStep(model, max_num_seqs, self.blocks_per_seq, block_size, self.kv.sink_block)
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs and can_capture(self.device):
+            self.graphs = DecodeGraphs(self.decode)
+        elif cuda_graphs:
+            log.warning("CUDA graphs need CUDA and the Triton kernels; %s steps run eagerly", self.device)
 
     def row_table(self, row: int) -> list[int]:
         """A fixed block table for callers that drive the runner without a block manager (tests,
@@ -110,6 +123,8 @@ class ModelRunner:
                 raise ValueError(
                     f"{end} positions pass max_model_len or the step's {len(s.block_table)} blocks"
                 )
+        if not all_logits and 0 < len(steps) <= self.max_num_seqs and all(_decodes(s) for s in steps):
+            return self.run_decode(steps)
         ids = torch.tensor([t for s in steps for t in s.token_ids], dtype=torch.long, device=self.device)
         positions = torch.tensor(
             [s.start_pos + i for s in steps for i in range(len(s.token_ids))],
@@ -128,3 +143,18 @@ class ModelRunner:
                 torch.tensor(wanted, dtype=torch.long, device=self.device)
             ]  # [num_wanting, hidden]
         return self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def run_decode(self, steps: list[StepInput]) -> torch.Tensor:
+        """fp32 logits [num_steps, vocab] of a batch of decoding rows, through the static decode buffers
+        (replayed from a CUDA graph when the runner captures them)."""
+        rows = [DecodeRow(s.token_ids[0], s.start_pos, s.block_table, s.slot) for s in steps]
+        batch = self.decode.prepare(rows)
+        if self.graphs is not None:
+            return self.graphs.run(batch)
+        return self.decode.forward(batch.padded, batch.buckets, batch.max_blocks)[: batch.rows]
+
+
+def _decodes(s: StepInput) -> bool:
+    """A row that decodes: one new token whose logits are wanted."""
+    return len(s.token_ids) == 1 and s.wants_logits

@@ -76,6 +76,11 @@ def _triton_decode() -> DecodeFn | None:
 _TRITON_DECODE = _triton_decode() if torch.cuda.is_available() else None
 
 
+def has_triton_decode() -> bool:
+    """True when CUDA decode attention runs the Triton kernel (no host sync, no data-sized shapes)."""
+    return _TRITON_DECODE is not None
+
+
 def paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,

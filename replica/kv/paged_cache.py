@@ -15,7 +15,11 @@ def bytes_per_block(config: LlamaConfig, block_size: int, dtype: torch.dtype) ->
 
 
 class PagedKVCache:
-    """The blocks every sequence's K and V live in; which block is whose is the block manager's business."""
+    """The blocks every sequence's K and V live in; which block is whose is the block manager's business.
+
+    num_blocks blocks are the sequences'; one more, the sink (index num_blocks), takes the writes of a
+    padded decode step's padding rows and is never handed to a sequence.
+    """
 
     def __init__(
         self,
@@ -26,10 +30,11 @@ class PagedKVCache:
         device: torch.device,
     ) -> None:
         cfg = model.config
-        shape = (cfg.num_hidden_layers, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (cfg.num_hidden_layers, num_blocks + 1, block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.sink_block = num_blocks
         for i, layer in enumerate(model.model.layers):
             attn = layer.self_attn
             assert isinstance(attn, LlamaAttention)  # LoRA wraps the projections, never the attention

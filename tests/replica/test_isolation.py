@@ -15,6 +15,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -29,6 +30,7 @@ from canary.prompts import SharedPrefixSampler
 from replica.adapter_cache.disk import ENTRY_RE
 from replica.adapter_cache.object_store import Fetched
 from replica.adapter_cache.record import AdapterRecord
+from replica.engine.decode_step import DecodeRow, DecodeStep, PreparedBatch
 from replica.engine.sampler import SamplingParams
 from replica.lora.batch_meta import LoraBatchMeta
 from replica.runtime import build_replica
@@ -145,7 +147,14 @@ async def test_swapped_batch_metadata_is_caught_by_the_canary_markers(
     def swapped(rows, device, segmented=False) -> LoraBatchMeta | None:
         return real(list(reversed(rows)), device, segmented)  # two decode rows: each gets the other's slot
 
+    real_prepare = DecodeStep.prepare
+
+    def swapped_decode(step: DecodeStep, rows: list[DecodeRow]) -> PreparedBatch:
+        slots = [r.slot for r in reversed(rows)]  # the decode step's per-row slots, swapped the same way
+        return real_prepare(step, [replace(r, slot=s) for r, s in zip(rows, slots, strict=True)])
+
     monkeypatch.setattr(model_runner, "build_batch_meta", swapped)
+    monkeypatch.setattr(DecodeStep, "prepare", swapped_decode)
     tokens = {k: list(v) for k, v in first.items()}
     while served.engine.has_work():
         for o in served.step():

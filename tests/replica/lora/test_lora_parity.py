@@ -1,4 +1,5 @@
-"""Unmerged multi-LoRA logits equal transformers + PEFT and equal our merged mode.
+"""Unmerged multi-LoRA logits (a packed prefill, then one decode step) equal transformers + PEFT and equal
+our merged mode.
 
 The unmerged adapters reach their slots through the adapter cache (validation, packing, the GpuTier write);
 the merged ones through read_adapter, as a merged replica reads its adapter.
@@ -75,6 +76,28 @@ async def _check_parity(base_dir: Path, tmp_path: Path, ids: list[list[int]], at
                 m, ours[offset : offset + n], atol=atol, rtol=1e-4, msg=f"merged {name}"
             )
         offset += n
+    await _check_decode_step(runner, peft_model, steps, ours, ids, names, atol)
+
+
+async def _check_decode_step(
+    runner: ModelRunner, peft_model, steps: list[StepInput], prefilled: torch.Tensor, ids, names, atol: float
+) -> None:
+    """One decode step over every row at once (the static decode buffers, every rank bucket plus a base
+    row) equals PEFT on the prompt plus that token."""
+    ends = torch.tensor([len(x) for x in ids]).cumsum(0) - 1
+    nxt = prefilled[ends].argmax(-1).tolist()  # each row's greedy next token
+    decode = [StepInput([t], len(x), s.block_table, s.slot) for t, x, s in zip(nxt, ids, steps, strict=True)]
+    logits = runner.run(decode)  # [rows, vocab]
+    assert logits.shape[0] == len(decode)
+    for i, name in enumerate(names):
+        with torch.no_grad():
+            if name is None:
+                with peft_model.disable_adapter():
+                    ref = peft_model(torch.tensor([ids[i] + [nxt[i]]])).logits[0, -1]
+            else:
+                peft_model.set_adapter(name)
+                ref = peft_model(torch.tensor([ids[i] + [nxt[i]]])).logits[0, -1]
+        torch.testing.assert_close(logits[i], ref.float(), atol=atol, rtol=1e-4, msg=f"decode row {name}")
 
 
 async def test_tiny_unmerged_matches_peft_and_merged(tiny_model_dir: Path, tmp_path: Path) -> None:

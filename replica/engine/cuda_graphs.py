@@ -1,0 +1,71 @@
+"""Decode steps captured as CUDA graphs: one per padded batch size and set of rank buckets present.
+
+A graph replays every kernel of a DecodeStep.forward (embedding, every layer, the adapter kernels of the
+buckets present, the LM head) in one launch, on the step's static buffers. A batch with no adapter row has
+a graph with no adapter kernel in it. Graphs are captured on first use and share one memory pool.
+Capture needs kernels that neither sync with the host nor size anything from the data: the Triton LoRA and
+paged-attention kernels. Without them (no Triton) the runner stays eager.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from replica.engine.decode_step import DecodeStep, PreparedBatch
+from replica.kernels import ops, paged_ops
+
+log = logging.getLogger(__name__)
+
+WARMUP_RUNS = 2  # compile and autotune the Triton kernels before capture
+
+
+def can_capture(device: torch.device) -> bool:
+    """True where the decode step's kernels are all capturable: CUDA with the Triton kernels loaded."""
+    return (
+        device.type == "cuda" and ops.implementation_for(device) == "triton" and paged_ops.has_triton_decode()
+    )
+
+
+@dataclass
+class _Captured:
+    graph: Any  # torch.cuda.CUDAGraph
+    logits: torch.Tensor  # [padded, vocab]: the graph's output buffer
+
+
+class DecodeGraphs:
+    """Replays a captured graph for each prepared decode batch, capturing it the first time."""
+
+    def __init__(self, step: DecodeStep) -> None:
+        self.step = step
+        self.graphs: dict[tuple[int, tuple[int, ...]], _Captured] = {}
+        self.pool: Any = None
+
+    def run(self, batch: PreparedBatch) -> torch.Tensor:
+        """Logits [rows, vocab] of a batch the step has prepared."""
+        key = (batch.padded, batch.buckets)
+        captured = self.graphs.get(key)
+        if captured is None:
+            captured = self.graphs[key] = self._capture(batch)
+        captured.graph.replay()
+        return captured.logits[: batch.rows]
+
+    def _capture(self, batch: PreparedBatch) -> _Captured:
+        # The attention kernel reads each row's own length; the eager path's max_blocks bound is unused.
+        args = (batch.padded, batch.buckets, self.step.width)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up runs redo this step's own rows: same K/V, same slots
+            for _ in range(WARMUP_RUNS):
+                self.step.forward(*args)
+        torch.cuda.current_stream().wait_stream(side)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = self.step.forward(*args)
+        log.info("captured a decode graph: %d rows, rank buckets %s", batch.padded, list(batch.buckets))
+        return _Captured(graph, logits)
