@@ -47,6 +47,8 @@ class ReplicaSettings(BaseSettings):
     kv_cache_bytes: int = Field(default=2 << 30, gt=0)  # the KV cache's size on the CPU
     # on CUDA the KV cache takes this share of the GPU's memory, less what the weights and slots take
     gpu_memory_utilization: float = Field(default=PRODUCTION.gpu_memory_utilization, gt=0, le=1)
+    # decode steps replayed from CUDA graphs, one per padded batch size (CUDA with Triton; else eager)
+    cuda_graphs: bool = True
     # full blocks are reused by requests with the same tokens before them, adapter version and cache salt
     enable_prefix_caching: bool = True
     # a prompt longer than the step's token budget is prefilled over several steps

@@ -91,6 +91,7 @@ class Replica:
             settings.max_model_len,
             kv_blocks(settings, model),
             settings.kv_block_size,
+            cuda_graphs=settings.cuda_graphs,
         )
         namespace = self.base_model_hash
         if self.merged_adapter_id is not None:  # its weights are the base with that adapter folded in

@@ -61,8 +61,9 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         if cuda_graphs and can_capture(self.device):
             self.graphs = DecodeGraphs(self.decode)
-        elif cuda_graphs:
-            log.warning("CUDA graphs need CUDA and the Triton kernels; %s steps run eagerly", self.device)
+        elif cuda_graphs:  # a GPU without the Triton kernels is worth a warning; the CPU is expected
+            level = logging.WARNING if self.device.type == "cuda" else logging.INFO
+            log.log(level, "CUDA graphs need CUDA and the Triton kernels; %s steps run eagerly", self.device)
 
     def row_table(self, row: int) -> list[int]:
         """A fixed block table for callers that drive the runner without a block manager (tests,

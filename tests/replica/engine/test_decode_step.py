@@ -104,7 +104,7 @@ def test_prepare_refuses_more_rank_buckets_than_it_has_columns(runner: ModelRunn
 
 def test_cuda_graphs_on_the_cpu_run_eagerly_and_say_so(tiny_model_dir: Path, caplog) -> None:
     model = load_model(tiny_model_dir, "float32", "cpu")
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         r = ModelRunner(model, max_num_seqs=2, max_model_len=32, cuda_graphs=True)
     assert r.graphs is None and "run eagerly" in caplog.text
     r.run([StepInput([5] * 4, 0, r.row_table(0))])
