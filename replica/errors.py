@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from lorafleet.adapter_rules.errors import AdapterRejected, RejectCode
-from schemas.api import ErrorBody, ErrorDetail
+
+if TYPE_CHECKING:
+    from schemas.api import ErrorBody
 
 
 class ReplicaError(Exception):
@@ -23,6 +26,9 @@ class ReplicaError(Exception):
 
     def to_body(self) -> ErrorBody:
         """Return the OpenAI-shaped error body."""
+        # imported here: the model and slot code import this module and must run with torch alone
+        from schemas.api import ErrorBody, ErrorDetail
+
         return ErrorBody(
             error=ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
         )

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from replica.adapter_cache.lru import ByteLru
 from replica.errors import AdapterTargetModuleError
 from replica.lora.row_layout import ModuleKey, RowLayout, name_order
-from replica.lora.weights import AdapterWeights
+
+if TYPE_CHECKING:  # the slot code runs with torch alone; the adapter rules behind weights need more
+    from replica.lora.weights import AdapterWeights
 
 
 @dataclass(frozen=True)
