@@ -8,7 +8,8 @@ Once per forward pass and rank bucket, prepare(slot_of_row, segmented) builds th
 layout, and every adapted layer passes it back to lora_shrink / lora_expand:
 - on CUDA, with replica.kernels.triton_ops importable, the Triton kernels run; their layout is the prefill
   Segments (None for the per-row decode launch);
-- elsewhere the torch path runs (replica.kernels.grouped): rows grouped by slot, one bmm per layer.
+- elsewhere the torch path runs: rows grouped by slot, one bmm per layer (replica.kernels.grouped), or,
+  for a decode batch where few rows share an adapter, each row gathering its own (replica.kernels.gathered).
 A layout of None is always accepted: the implementation then derives what it needs from slot_of_row.
 """
 
@@ -21,12 +22,19 @@ from typing import Any
 
 import torch
 
+from replica.kernels.gathered import (
+    GatheredRows,
+    build_gathered,
+    gathered_expand,
+    gathered_shrink,
+    mostly_distinct,
+)
 from replica.kernels.grouped import GroupedRows, build_grouped, grouped_expand, grouped_shrink
 from replica.kernels.segments import Segments, build_segments
 
 log = logging.getLogger(__name__)
 
-Layout = Segments | GroupedRows | None
+Layout = Segments | GroupedRows | GatheredRows | None
 
 
 def _grouped_for(slot_of_row: torch.Tensor, layout: Layout) -> GroupedRows | None:
@@ -38,6 +46,8 @@ def _torch_shrink(
     x: torch.Tensor, a_stack: torch.Tensor, slot_of_row: torch.Tensor, layout: Layout = None
 ) -> torch.Tensor:
     # x [num_tokens, hidden_in]; a_stack [num_slots, rank, hidden_in] -> t [num_tokens, rank]
+    if isinstance(layout, GatheredRows):
+        return gathered_shrink(x, a_stack, layout)
     return grouped_shrink(x, a_stack, _grouped_for(slot_of_row, layout))
 
 
@@ -50,10 +60,17 @@ def _torch_expand(
     layout: Layout = None,
 ) -> None:
     # out [num_tokens, hidden_out] (in place); t [num_tokens, rank]; b_stack [num_slots, hidden_out, rank]
+    if isinstance(layout, GatheredRows):
+        gathered_expand(out, t, b_stack, scale, layout)
+        return
     grouped_expand(out, t, b_stack, scale, _grouped_for(slot_of_row, layout))
 
 
 def _torch_prepare(slot_of_row: torch.Tensor, segmented: bool) -> Layout:
+    """Rows gather their own slot where few share one (each adapter is read once either way), else rows are
+    grouped by slot so a shared adapter is read once."""
+    if not segmented and mostly_distinct(slot_of_row):
+        return build_gathered(slot_of_row)
     return build_grouped(slot_of_row)
 
 

@@ -49,12 +49,11 @@ def paged_decode_torch(
 ) -> torch.Tensor:
     """Decode attention by gathering each row's first max_blocks blocks and masking past its length."""
     # q [num_rows, heads, head_dim]; block_tables [num_rows, >= max_blocks]; context_lens [num_rows]
-    tables = block_tables[:, :max_blocks].long()  # [num_rows, max_blocks]
-    rows, width = tables.shape[0], max_blocks * k_cache.shape[1]
-    k = (
-        k_cache[tables].reshape(rows, width, *k_cache.shape[2:]).transpose(1, 2)
-    )  # [rows, kv_heads, width, hd]
-    v = v_cache[tables].reshape(rows, width, *v_cache.shape[2:]).transpose(1, 2)
+    tables = block_tables[:, :max_blocks].reshape(-1).long()  # [num_rows * max_blocks]
+    rows, width = block_tables.shape[0], max_blocks * k_cache.shape[1]
+    # index_select: half the cost of advanced indexing for a gather of whole blocks; k [rows, kvh, width, hd]
+    k = k_cache.index_select(0, tables).view(rows, width, *k_cache.shape[2:]).transpose(1, 2)
+    v = v_cache.index_select(0, tables).view(rows, width, *v_cache.shape[2:]).transpose(1, 2)
     # a row of length 0 (never scheduled, only padding) attends to position 0, so its output stays finite
     keep = torch.arange(width, device=q.device)[None, :] < context_lens.clamp(min=1)[:, None]  # [rows, width]
     out = F.scaled_dot_product_attention(

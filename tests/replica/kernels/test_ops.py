@@ -1,4 +1,4 @@
-"""ops dispatch: the CPU (grouped) path equals the per-row loop for every shape of batch."""
+"""ops dispatch: the CPU paths (grouped, gathered) equal the per-row loop for every shape of batch."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from replica.kernels import ops
-from replica.kernels.grouped import build_grouped
+from replica.kernels.gathered import GatheredRows
+from replica.kernels.grouped import GroupedRows, build_grouped
 from replica.kernels.reference import lora_loop_ref
 
 
@@ -94,3 +95,32 @@ def test_one_adapter_over_every_row_uses_views() -> None:
     assert g is not None and g.in_order and g.single_slot == 3 and g.num_chunks == 1
     mixed = build_grouped(torch.tensor([3, -1, 3], dtype=torch.int32))
     assert mixed is not None and not mixed.in_order and mixed.single_slot == 3
+
+
+def test_decode_batches_of_distinct_adapters_gather_and_shared_ones_group() -> None:
+    distinct = torch.tensor([4, 0, -1, 2, 3, 1], dtype=torch.int32)
+    assert isinstance(ops.prepare(distinct), GatheredRows)
+    assert isinstance(ops.prepare(torch.tensor([1, 1, 1, 2, -1], dtype=torch.int32)), GroupedRows)
+    assert isinstance(ops.prepare(distinct, segmented=True), GroupedRows)  # prefill rows share by prompt
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_gathered_path_equals_loop_into_a_slice_of_a_wider_output(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(2)
+    n, k, d, r, s = 6, 32, 24, 8, 6
+    x = torch.randn(n, k, generator=gen).to(dtype)
+    a, b = torch.randn(s, r, k, generator=gen).to(dtype), torch.randn(s, d, r, generator=gen).to(dtype)
+    scale = torch.rand(s, generator=gen) + 0.5
+    slots = torch.tensor([5, -1, 0, 3, 2, 4], dtype=torch.int32)
+    wide = torch.randn(n, 3 * d, generator=gen).to(dtype)  # a fused output: this projection is the middle
+    before = wide.clone()
+    layout = ops.prepare(slots)
+    assert isinstance(layout, GatheredRows)
+    t = ops.lora_shrink(x, a, slots, layout)
+    assert torch.all(t[1] == 0)
+    ops.lora_expand(wide[:, d : 2 * d], t, b, scale, slots, layout)
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    expected = before[:, d : 2 * d].float() + lora_loop_ref(x, a, b, scale, slots)
+    torch.testing.assert_close(wide[:, d : 2 * d].float(), expected, atol=tol, rtol=tol)
+    assert torch.equal(wide[:, :d], before[:, :d]) and torch.equal(wide[:, 2 * d :], before[:, 2 * d :])
+    assert torch.equal(wide[1, d : 2 * d], before[1, d : 2 * d])  # the base row untouched
