@@ -105,6 +105,21 @@ def engine_ab_cmd(
     emit(engine_ab(before, after, rounds, reps, new_tokens), out)
 
 
+@app.command("step-overhead")
+def step_overhead_cmd(
+    before: str = typer.Option(..., help="the commit to compare against (a worktree is made of it)"),
+    after: str | None = typer.Option(None, help="the other commit (default: this working tree)"),
+    rounds: int = typer.Option(3, help="rounds of one process per side, the sides alternating"),
+    batch: int = typer.Option(32, help="decoding rows per step (and distinct adapters)"),
+    iters: int = typer.Option(200, help="timed steps per process and adapter count"),
+    out: Path | None = typer.Option(None, help="also write the JSON here"),
+) -> None:
+    """The host's cost of a decode step on a tiny base, at two commits side by side (CPU, fp32)."""
+    from bench.step_overhead import step_overhead
+
+    emit(step_overhead(before, after, rounds, batch, iters), out)
+
+
 @app.command("load")
 def load_cmd(
     model: str = typer.Option("smollm2-135m", help="adapter shapes: smollm2-135m | llama-7b"),

@@ -1,0 +1,117 @@
+"""`lorafleet bench step-overhead`: the host's share of a decode step, at two commits side by side.
+
+On a tiny base (the canary's: 2 layers, hidden 64) the arithmetic of a step is negligible, so its time is
+what the host spends around it: Python, tensor building and one CPU dispatch per operator, the same work
+that launches kernels on a GPU. Each side runs in its own process from its own worktree (as engine-ab
+does), the sides alternating over rounds, and times ModelRunner.run on a batch of decoding rows with 0 and
+with as many distinct rank-16 adapters as rows. The result is each side's median step and after / before.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench._util import environment
+from bench.engine_ab import OWN_TREE, REPO, worktree
+
+log = logging.getLogger(__name__)
+
+# Only APIs both sides share: the tiny base, load_model, apply_lora, ModelRunner and its StepInput.
+CHILD = (
+    OWN_TREE
+    + """
+import json, statistics, tempfile, time
+from pathlib import Path
+import torch
+batch, iters = int(sys.argv[2]), int(sys.argv[3])
+from canary.tiny_base import write_tiny_base
+from replica.engine.model_runner import ModelRunner, StepInput
+from replica.lora.replace import apply_lora
+from replica.lora.slots import SlotRef
+from replica.model.loader import load_model
+torch.manual_seed(0)
+torch.set_num_threads(1)
+with tempfile.TemporaryDirectory() as tmp:
+    model = load_model(write_tiny_base(Path(tmp) / "base"), "float32", "cpu")
+wrappers = apply_lora(model, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                      {16: batch})
+with torch.no_grad():
+    for w in wrappers.values():
+        pool = w.pools[16]
+        pool.a.normal_(0.0, 0.1); pool.b.normal_(0.0, 0.1); pool.scale.fill_(2.0)
+runner = ModelRunner(model, max_num_seqs=batch, max_model_len=64)
+prompt = 8
+runner.run([StepInput([5] * prompt, 0, runner.row_table(i)) for i in range(batch)])
+out = {}
+for distinct in (0, batch):
+    steps = [StepInput([7], prompt, runner.row_table(i), SlotRef(16, i % distinct) if distinct else None)
+             for i in range(batch)]
+    for _ in range(5):
+        runner.run(steps)
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        runner.run(steps)
+        times.append(time.perf_counter() - start)
+    out[str(distinct)] = statistics.median(times)
+print("RESULT " + json.dumps(out))
+"""
+)
+
+
+def run_side(tree: Path, batch: int, iters: int) -> dict[str, float]:
+    """One process timing tree's decode step: median seconds per step, by distinct adapters."""
+    argv = [sys.executable, "-c", CHILD, str(tree), str(batch), str(iters)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{tree}: exited {done.returncode}\n{done.stderr[-2000:]}")
+    result: dict[str, float] = json.loads(lines[-1].removeprefix("RESULT "))
+    return result
+
+
+def step_overhead(
+    before: str, after: str | None = None, rounds: int = 3, batch: int = 32, iters: int = 200
+) -> dict[str, Any]:
+    """Median decode-step seconds on the tiny base at before and at after (None: this working tree)."""
+    samples: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
+    with tempfile.TemporaryDirectory(prefix="step-overhead-") as tmp:
+        trees = {
+            "before": worktree(before, Path(tmp)),
+            "after": worktree(after, Path(tmp)) if after else REPO,
+        }
+        try:
+            for r in range(rounds):
+                for side, tree in trees.items():
+                    for d, seconds in run_side(tree, batch, iters).items():
+                        samples[side].setdefault(d, []).append(seconds)
+                    log.info("round %d %s done", r, side)
+        finally:
+            for tree in trees.values():
+                if tree != REPO:
+                    subprocess.run(
+                        ["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False
+                    )
+    medians = {side: {d: statistics.median(v) for d, v in s.items()} for side, s in samples.items()}
+    return {
+        "benchmark": "step-overhead",
+        "before": before,
+        "after": after or "working tree",
+        "batch": batch,
+        "rounds": rounds,
+        "step_us_median": {side: {d: round(v * 1e6, 1) for d, v in m.items()} for side, m in medians.items()},
+        "after_over_before": {
+            d: round(medians["after"][d] / medians["before"][d], 3) for d in medians["after"]
+        },
+        "samples_s": samples,
+        "environment": environment(torch.device("cpu"), "float32"),
+    }
