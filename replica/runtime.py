@@ -32,7 +32,7 @@ from replica.errors import (
     ContextLengthError,
     InvalidRequestError,
 )
-from replica.kv.budget import blocks_in, kv_budget_bytes
+from replica.kv.budget import kv_budget_bytes, sequence_blocks
 from replica.kv.paged_cache import bytes_per_block
 from replica.lifecycle import Lifecycle
 from replica.lora.merge import merge_adapter
@@ -354,9 +354,7 @@ def kv_blocks(settings: ReplicaSettings, model: LlamaForCausalLM) -> int:
     """KV blocks for the budget of the device the model sits on (weights and adapter slots already in)."""
     device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
     budget = kv_budget_bytes(device, settings.kv_cache_bytes, settings.gpu_memory_utilization)
-    count = max(
-        0, blocks_in(budget, bytes_per_block(model.config, settings.kv_block_size, dtype)) - 1
-    )  # the sink
+    count = sequence_blocks(budget, bytes_per_block(model.config, settings.kv_block_size, dtype))
     log.info("KV cache: %d blocks of %d tokens (%d MiB)", count, settings.kv_block_size, budget >> 20)
     return count
 

@@ -14,7 +14,7 @@ import torch
 from bench.gpu_sections.common import Bench, free_memory
 from lorafleet.sizing import PRODUCTION, gpu_budget
 from replica.engine.model_runner import DEFAULT_BLOCK_SIZE
-from replica.kv.budget import blocks_in, kv_budget_bytes
+from replica.kv.budget import kv_budget_bytes, sequence_blocks
 from replica.kv.paged_cache import bytes_per_block
 
 
@@ -25,7 +25,7 @@ def measure(bench: Bench, out: dict[str, Any]) -> None:
     utilization = PRODUCTION.gpu_memory_utilization
     budget = kv_budget_bytes(bench.device, bench.mode.cpu_kv_bytes, utilization)
     block = bytes_per_block(model.config, DEFAULT_BLOCK_SIZE, bench.dtype)
-    blocks = blocks_in(budget, block)
+    blocks = sequence_blocks(budget, block)  # as replica.runtime.kv_blocks counts them
     out.update(
         budget_from="gpu_memory_utilization" if bench.device.type == "cuda" else "cpu kv_cache_bytes",
         gpu_memory_utilization=utilization,

@@ -11,6 +11,11 @@ def blocks_in(budget_bytes: int, block_bytes: int) -> int:
     return max(0, budget_bytes // block_bytes)
 
 
+def sequence_blocks(budget_bytes: int, block_bytes: int) -> int:
+    """Blocks the sequences get: all that fit but one, the padding rows' sink (replica.kv.paged_cache)."""
+    return max(0, blocks_in(budget_bytes, block_bytes) - 1)
+
+
 def gpu_budget_bytes(device: torch.device, utilization: float) -> int:
     """Bytes the KV cache may take on a CUDA device: utilization of its memory, less what is in use now
     (call it after the weights and the LoRA slot stacks are allocated)."""
