@@ -1,8 +1,10 @@
-"""Decode steps captured as CUDA graphs: one per padded batch size and set of rank buckets present.
+"""Decode steps captured as CUDA graphs: one per padded batch size, with and without adapter rows.
 
-A graph replays every kernel of a DecodeStep.forward (embedding, every layer, the adapter kernels of the
-buckets present, the LM head) in one launch, on the step's static buffers. A batch with no adapter row has
-a graph with no adapter kernel in it. Graphs are captured on first use and share one memory pool.
+A graph replays every kernel of a DecodeStep.forward (embedding, every layer, one adapter shrink and expand
+per projection covering every rank bucket, the LM head) in one launch, on the step's static buffers. A
+batch with no adapter row has a graph with no adapter kernel in it. (Without the one-launch kernels there
+is a graph per set of rank buckets present, each bucket its own launches.) Graphs are captured on first use
+and share one memory pool.
 Capture needs kernels that neither sync with the host nor size anything from the data: the Triton LoRA and
 paged-attention kernels. Without them (no Triton) the runner stays eager.
 """
@@ -46,7 +48,7 @@ class DecodeGraphs:
 
     def run(self, batch: PreparedBatch) -> torch.Tensor:
         """Logits [rows, vocab] of a batch the step has prepared."""
-        key = (batch.padded, batch.buckets)
+        key = (batch.padded, batch.graph_buckets)
         captured = self.graphs.get(key)
         if captured is None:
             captured = self.graphs[key] = self._capture(batch)

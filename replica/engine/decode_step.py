@@ -27,7 +27,7 @@ from replica.lora.slots import SlotRef
 from replica.model.llama import LlamaForCausalLM
 
 MAX_RANK_BUCKETS = 8  # rank buckets a replica may serve at once (the production profile has 3)
-_SCALARS = 4  # ids, positions, slot_mapping, context_lens
+_SCALARS = 6  # ids, positions, slot_mapping, context_lens, each row's rank bucket (0: none) and slot
 
 
 def batch_buckets(max_rows: int) -> list[int]:
@@ -54,6 +54,7 @@ class PreparedBatch:
     padded: int
     buckets: tuple[int, ...]
     max_blocks: int  # blocks the longest row spans (bounds the CPU attention path's reads)
+    graph_buckets: tuple[int, ...]  # the part of the rank buckets present that a captured step depends on
 
 
 class DecodeStep:
@@ -79,7 +80,7 @@ class DecodeStep:
 
     def _views(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         r = self.max_rows
-        scalars = flat[: _SCALARS * r].view(_SCALARS, r)  # ids, positions, slot_mapping, context_lens
+        scalars = flat[: _SCALARS * r].view(_SCALARS, r)  # as _SCALARS lists them
         slots = flat[_SCALARS * r : (_SCALARS + MAX_RANK_BUCKETS) * r].view(MAX_RANK_BUCKETS, r)
         tables = flat[(_SCALARS + MAX_RANK_BUCKETS) * r :].view(r, self.width)
         return scalars, slots, tables
@@ -110,9 +111,11 @@ class DecodeStep:
                 [r.position for r in rows] + [0] * pad,
                 [r.block_table[r.position // bs] * bs + r.position % bs for r in rows] + [sink * bs] * pad,
                 [r.position + 1 for r in rows] + [1] * pad,
+                [r.slot.bucket if r.slot is not None else 0 for r in rows] + [0] * pad,
+                [r.slot.index if r.slot is not None else 0 for r in rows] + [0] * pad,
             ],
             dtype=torch.int32,
-        )  # [4, b]
+        )  # [_SCALARS, b]
         width = self.width
         flat = [
             blk for r, u in zip(rows, used, strict=True) for blk in r.block_table[:u] + [sink] * (width - u)
@@ -127,7 +130,14 @@ class DecodeStep:
             )
         if self.dev is not self.host:
             self.dev.copy_(self.host, non_blocking=True)
-        return PreparedBatch(n, b, present, max(used))
+        return PreparedBatch(n, b, present, max(used), self.graph_buckets(present))
+
+    def graph_buckets(self, present: tuple[int, ...]) -> tuple[int, ...]:
+        """What a captured step depends on: the buckets present, or only whether any is where one launch
+        covers every bucket (ops.one_launch_for)."""
+        if ops.one_launch_for(self.device) is not None:
+            return (0,) if present else ()
+        return present
 
     def context(self, padded: int, buckets: tuple[int, ...], max_blocks: int) -> Context:
         """The forward's metadata: views of the device buffers for the first padded rows."""
@@ -136,7 +146,8 @@ class DecodeStep:
         if buckets:
             slot_of_row = {bk: slots[self.bucket_column[bk], :padded] for bk in buckets}  # [padded] each
             layouts = {bk: ops.prepare(s) for bk, s in slot_of_row.items()}  # None on the CUDA kernels
-            lora = LoraBatchMeta(slot_of_row, layouts)
+            rows = (scalars[4, :padded], scalars[5, :padded]) if ops.one_launch_for(self.device) else None
+            lora = LoraBatchMeta(slot_of_row, layouts, rows)
         return Context(
             slot_mapping=scalars[2, :padded].long(),
             prefills=[],

@@ -90,10 +90,28 @@ def _triton() -> Implementation | None:
     return mod.lora_shrink, mod.lora_expand, _triton_prepare
 
 
+# One launch per projection over every rank bucket of a decode batch: (bucket_table, shrink, expand) of
+# replica.kernels.lora_multi, for implementations that have it.
+OneLaunch = tuple[Callable[..., Any], Callable[..., torch.Tensor], Callable[..., None]]
+
+
+def _triton_one_launch() -> OneLaunch | None:
+    try:
+        mod = importlib.import_module("replica.kernels.lora_multi")
+    except Exception as exc:
+        log.info("Triton one-launch LoRA kernels unavailable (%s)", exc)
+        return None
+    return mod.bucket_table, mod.shrink_multi, mod.expand_multi
+
+
 IMPLEMENTATIONS: dict[str, Implementation] = {"torch": (_torch_shrink, _torch_expand, _torch_prepare)}
+ONE_LAUNCH: dict[str, OneLaunch] = {}
 _triton_impl = _triton() if torch.cuda.is_available() else None
 if _triton_impl is not None:
     IMPLEMENTATIONS["triton"] = _triton_impl
+    _one_launch = _triton_one_launch()
+    if _one_launch is not None:
+        ONE_LAUNCH["triton"] = _one_launch
 DEVICE_IMPLEMENTATION: dict[str, str] = {
     "cuda": "triton" if "triton" in IMPLEMENTATIONS else "torch",
     "cpu": "torch",
@@ -103,6 +121,11 @@ DEVICE_IMPLEMENTATION: dict[str, str] = {
 def implementation_for(device: torch.device) -> str:
     """Name of the implementation used for tensors on this device."""
     return DEVICE_IMPLEMENTATION.get(device.type, "torch")
+
+
+def one_launch_for(device: torch.device) -> OneLaunch | None:
+    """The kernels that cover every rank bucket of a decode batch in one launch, where the device has them."""
+    return ONE_LAUNCH.get(implementation_for(device))
 
 
 def prepare(slot_of_row: torch.Tensor, segmented: bool = False) -> Layout:

@@ -20,6 +20,9 @@ class LoraBatchMeta:
 
     slot_of_row: dict[int, torch.Tensor]
     layouts: dict[int, ops.Layout] = field(default_factory=dict)
+    # Where set (a decode step on a device with ops.one_launch_for), each row's rank bucket (0: none) and its
+    # slot in it, [num_tokens] int32 each: every adapted layer covers all buckets in one launch.
+    rows: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def build_batch_meta(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -20,6 +22,7 @@ class LoraLinear(nn.Module):
         w = base.weight  # [out_features, in_features]
         self.in_features, self.out_features = w.shape[1], w.shape[0]
         self.pools = dict(sorted(pools.items()))
+        self._table: Any = None  # the pools as one kernel's bucket table, built at the first one-launch step
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x [num_tokens, in_features] -> y [num_tokens, out_features]
@@ -33,6 +36,13 @@ class LoraLinear(nn.Module):
         ctx = get_context()
         meta = ctx.lora if ctx is not None else None
         if meta is None:  # no row of the batch has an adapter: no adapter kernel runs
+            return
+        one_launch = ops.one_launch_for(x.device) if meta.rows is not None else None
+        if one_launch is not None and meta.rows is not None:  # every bucket in one shrink and one expand
+            if self._table is None:  # the pools are views that never move: built once
+                self._table = one_launch[0]([(r, p.a, p.b, p.scale) for r, p in self.pools.items()])
+            t = one_launch[1](x, self._table, *meta.rows)  # [num_tokens, largest rank]
+            one_launch[2](y, t, self._table, *meta.rows)
             return
         for bucket, slot_of_row in meta.slot_of_row.items():  # a loop over the few rank buckets, not adapters
             pool = self.pools[bucket]

@@ -57,3 +57,29 @@ def test_model_logits_match_torch_path_when_kernels_run_in_the_layers(
     got = run_steps(runner)
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
+
+
+def test_one_launch_over_every_bucket_gives_the_torch_paths_logits(
+    triton_ops: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from replica.kernels import lora_multi
+
+    runner = tiny_runner()
+    expected = run_steps(runner)
+    calls: list[int] = []
+
+    def counted_shrink(*args: object) -> torch.Tensor:
+        calls.append(1)
+        return lora_multi.shrink_multi(*args)  # type: ignore[arg-type]
+
+    triton = (triton_ops.lora_shrink, triton_ops.lora_expand, ops._triton_prepare)
+    monkeypatch.setitem(ops.IMPLEMENTATIONS, "triton", triton)
+    monkeypatch.setitem(
+        ops.ONE_LAUNCH, "triton", (lora_multi.bucket_table, counted_shrink, lora_multi.expand_multi)
+    )
+    monkeypatch.setitem(ops.DEVICE_IMPLEMENTATION, "cpu", "triton")
+    got = run_steps(runner)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
+    # two decode steps, each one shrink per adapted projection (7 per layer, 2 layers), buckets 8 and 16 both in
+    assert len(calls) == 2 * 7 * 2
