@@ -93,6 +93,7 @@ class Replica:
             settings.kv_block_size,
             cuda_graphs=settings.cuda_graphs,
         )
+        runner.capture_graphs(tuple(sorted(settings.lora_slots)) if self.gpu is not None else ())
         namespace = self.base_model_hash
         if self.merged_adapter_id is not None:  # its weights are the base with that adapter folded in
             namespace = f"{namespace}+merged:{self.merged_adapter_id}"

@@ -55,6 +55,15 @@ class DecodeGraphs:
         captured.graph.replay()
         return captured.logits[: batch.rows]
 
+    def capture_all(self, buckets: tuple[int, ...]) -> int:
+        """Capture every padded size before serving, without and with adapter rows (one graph covers every
+        bucket where one launch does; else the smallest bucket alone is captured ahead). Returns the count."""
+        step = self.step
+        for size in step.buckets:
+            for bucket in (None, *buckets[:1]):
+                self.run(step.prepare(step.dummy_rows(size, bucket)))
+        return len(self.graphs)
+
     def _capture(self, batch: PreparedBatch) -> _Captured:
         # The attention kernel reads each row's own length; the eager path's max_blocks bound is unused.
         args = (batch.padded, batch.buckets, self.step.width)

@@ -85,6 +85,12 @@ class DecodeStep:
         tables = flat[(_SCALARS + MAX_RANK_BUCKETS) * r :].view(r, self.width)
         return scalars, slots, tables
 
+    def dummy_rows(self, n: int, bucket: int | None) -> list[DecodeRow]:
+        """n rows that touch nothing but the sink block (and read slot 0 of bucket, if given): for capturing
+        a padded size before any request needs it."""
+        slot = SlotRef(bucket, 0) if bucket is not None else None
+        return [DecodeRow(0, 0, [self.sink_block], slot) for _ in range(n)]
+
     def padded_size(self, rows: int) -> int:
         """The smallest batch bucket holding rows."""
         return next(b for b in self.buckets if b >= rows)

@@ -146,6 +146,16 @@ class ModelRunner:
         return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
+    def capture_graphs(self, buckets: tuple[int, ...]) -> int:
+        """Capture the decode graphs ahead of the first request (buckets: the replica's rank buckets, sorted);
+        returns how many were captured (0 where the runner is eager)."""
+        if self.graphs is None:
+            return 0
+        count = self.graphs.capture_all(buckets)
+        log.info("captured %d decode graphs up to %d rows", count, self.max_num_seqs)
+        return count
+
+    @torch.inference_mode()
     def run_decode(self, steps: list[StepInput]) -> torch.Tensor:
         """fp32 logits [num_steps, vocab] of a batch of decoding rows, through the static decode buffers
         (replayed from a CUDA graph when the runner captures them)."""

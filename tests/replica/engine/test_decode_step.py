@@ -109,3 +109,13 @@ def test_cuda_graphs_on_the_cpu_run_eagerly_and_say_so(tiny_model_dir: Path, cap
     assert r.graphs is None and "run eagerly" in caplog.text
     r.run([StepInput([5] * 4, 0, r.row_table(0))])
     assert r.run([StepInput([6], 4, r.row_table(0))]).shape == (1, model.config.vocab_size)
+
+
+def test_rows_for_capturing_ahead_touch_only_the_sink(runner: ModelRunner) -> None:
+    kv = runner.kv
+    before_k = kv.k.clone()
+    for bucket in (None, 16):
+        batch = runner.decode.prepare(runner.decode.dummy_rows(6, bucket))
+        runner.decode.forward(batch.padded, batch.buckets, batch.max_blocks)
+    assert torch.equal(kv.k[:, : kv.num_blocks], before_k[:, : kv.num_blocks])
+    assert runner.capture_graphs((8, 16)) == 0  # the CPU runner is eager: nothing to capture
