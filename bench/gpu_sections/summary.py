@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-# decode tokens/s with 1 and with 32 distinct adapters against none (docs/benchmarks.md's goals)
-TARGETS_VS_0 = {1: 0.97, 32: 0.85}
+# The goals at the calibration context: 32 distinct rank-16 adapters within 1.25x of the base-only step
+# (tokens/s at least 0.8x), and the base-only step at batch 32 within 1.5x of its bandwidth floor.
+TARGETS_VS_0 = {32: 1 / 1.25}
+BASE_OVER_FLOOR = 1.5
 
 
 def table(report: dict[str, Any]) -> str:
@@ -69,6 +71,8 @@ def decode_rows(s: dict[str, Any], report: dict[str, Any]) -> list[tuple[str, st
             if p["context"] == context and p.get("status") == "ok":
                 ms, floor = p["median_s"] * 1e3, p["over_floor"]
                 value = f"{p['tokens_per_s']:,.0f} tok/s, {ms:.2f} ms, x{floor:.1f} floor"
+                if p["batch"] == 32 and p["distinct"] == 0:
+                    value += f" (target x{BASE_OVER_FLOOR}) " + ("ok" if floor <= BASE_OVER_FLOOR else "MISS")
                 rows.append((f"decode {path}", f"b{p['batch']} c{context} d{p['distinct']}", value))
         for r in entry.get("ratio_vs_0", []):
             target = TARGETS_VS_0.get(r["distinct"])
