@@ -50,26 +50,38 @@ def _load_order(replicas: Sequence[ReplicaLoad]) -> list[ReplicaLoad]:
     return sorted(replicas, key=lambda r: (r.tokens_in_flight, r.replica_id))
 
 
+def _has_room(replica: ReplicaLoad, policy: RouterPolicy) -> bool:
+    """At most the spill threshold in flight: an owner that can take the request without a spill."""
+    return replica.tokens_in_flight <= policy.spill_threshold_tokens
+
+
+def _gpu_first(adapter_id: str, ranked: list[ReplicaLoad], policy: RouterPolicy) -> list[ReplicaLoad]:
+    """Load order, with the least-loaded replica holding the adapter in a GPU slot moved to the front
+    while it is at most gpu_preference_tokens busier than the first."""
+    warm = [r for r in ranked if adapter_id in r.gpu]
+    if warm and warm[0].tokens_in_flight <= ranked[0].tokens_in_flight + policy.gpu_preference_tokens:
+        return [warm[0], *(r for r in ranked if r is not warm[0])]
+    return ranked
+
+
 def route_affinity(
     adapter_id: str, live: Sequence[ReplicaLoad], policy: RouterPolicy, rng: random.Random
 ) -> RoutePlan:
+    """Owners with room first (GPU preference among them), then the overloaded owners, then the rest;
+    spill only when every owner is over the threshold."""
     if not live:
         return RoutePlan((), "none")
     by_id = {r.replica_id: r for r in live}
     owner_ids = set(owners(adapter_id, by_id, policy.owners_k))
     owner_ids |= {r.replica_id for r in live if adapter_id in r.resident}
-    candidates = _load_order([by_id[i] for i in owner_ids])
-    warm = [r for r in candidates if adapter_id in r.gpu]
-    if warm and warm[0].tokens_in_flight <= candidates[0].tokens_in_flight + policy.gpu_preference_tokens:
-        candidates.remove(warm[0])
-        candidates.insert(0, warm[0])
+    ranked = _load_order([by_id[i] for i in owner_ids])
+    room = [r for r in ranked if _has_room(r, policy)]
+    full = [r for r in ranked if not _has_room(r, policy)]
     rest = _load_order([r for r in live if r.replica_id not in owner_ids])
-    best = candidates[0]
-    if (
-        best.tokens_in_flight > policy.spill_threshold_tokens
-        and rest
-        and (rest[0].tokens_in_flight < best.tokens_in_flight)
-    ):
+    if room:
+        return RoutePlan((*_gpu_first(adapter_id, room, policy), *full, *rest), "owner")
+    candidates = _gpu_first(adapter_id, full, policy)
+    if rest and rest[0].tokens_in_flight < candidates[0].tokens_in_flight:
         return RoutePlan((rest[0], *candidates, *rest[1:]), "spill")
     return RoutePlan((*candidates, *rest), "owner")
 
@@ -112,10 +124,11 @@ def route_cost(
         cost = expected_cost_s(adapter_id, r, r.replica_id == home, owner, policy)
         return cost, order.get(r.replica_id, len(order)), r.replica_id
 
-    candidates = sorted((by_id[i] for i in order), key=price)
+    # owners with room first, each group cheapest first; a spill only when every owner is over the threshold
+    candidates = sorted((by_id[i] for i in order), key=lambda r: (not _has_room(r, policy), price(r)))
     rest = sorted((r for r in live if r.replica_id not in order), key=price)
     best = candidates[0]
-    if best.tokens_in_flight > policy.spill_threshold_tokens and rest and price(rest[0]) < price(best):
+    if not _has_room(best, policy) and rest and price(rest[0]) < price(best):
         return RoutePlan((rest[0], *candidates, *rest[1:]), "spill")
     return RoutePlan((*candidates, *rest), "owner")
 

@@ -219,3 +219,41 @@ def test_table_breaks_ties_at_random() -> None:
     rng = random.Random(2)
     firsts = {route_table("x", fleet(), RouterPolicy(), rng).replicas[0].replica_id for _ in range(100)}
     assert firsts == set(IDS)
+
+
+def _warm_busy_owner_and_a_cold_one_with_room(mode: str) -> tuple[str, str, list[ReplicaLoad]]:
+    """The brief's threshold: an owner at 33,000 tokens holding x in a GPU slot, the other owner at 26,000
+    without it, and every other replica idle."""
+    warm, cold = owners("x", IDS, 2)
+    if mode == "cost":  # the cold owner is home: a load there pays the slot price once
+        cold, warm = warm, cold
+    return warm, cold, _live({warm: 33_000, cold: 26_000}, {warm: {"x"}}, {cold: {"x"}})
+
+
+@pytest.mark.parametrize("mode", ["affinity", "cost"])
+def test_an_owner_under_the_threshold_goes_first_though_the_busy_one_holds_a_gpu_slot(mode: str) -> None:
+    warm, cold, live = _warm_busy_owner_and_a_cold_one_with_room(mode)
+    plan = ROUTING_MODES[mode]("x", live, RouterPolicy(), random.Random(0))
+    assert plan.reason == "owner"
+    assert [r.replica_id for r in plan.replicas[:2]] == [cold, warm]  # the overloaded owner is next
+    assert sorted(r.replica_id for r in plan.replicas) == IDS
+
+
+@pytest.mark.parametrize("mode", ["affinity", "cost"])
+def test_every_owner_over_the_threshold_spills_to_the_least_loaded_replica(mode: str) -> None:
+    warm, cold = owners("x", IDS, 2)
+    idle = next(i for i in IDS if i not in (warm, cold))
+    load = {i: 20_000 for i in IDS} | {warm: 33_000, cold: 32_001, idle: 0}
+    plan = ROUTING_MODES[mode]("x", _live(load, {warm: {"x"}}), RouterPolicy(), random.Random(0))
+    assert plan.reason == "spill" and plan.replicas[0].replica_id == idle
+    assert {r.replica_id for r in plan.replicas[1:3]} == {warm, cold}
+    at_threshold = load | {cold: 32_000}  # at the threshold an owner still has room
+    plan = ROUTING_MODES[mode]("x", _live(at_threshold, {warm: {"x"}}), RouterPolicy(), random.Random(0))
+    assert plan.reason == "owner" and plan.replicas[0].replica_id == cold
+
+
+def test_among_owners_with_room_the_one_holding_a_gpu_slot_still_goes_first() -> None:
+    warm, cold = owners("x", IDS, 2)
+    live = _live({warm: 31_000, cold: 26_000}, {warm: {"x"}})
+    plan = route_affinity("x", live, RouterPolicy(), random.Random(0))
+    assert plan.reason == "owner" and [r.replica_id for r in plan.replicas[:2]] == [warm, cold]
