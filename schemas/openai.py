@@ -1,32 +1,64 @@
 """OpenAI Chat Completions and Models bodies as the public gateway speaks them.
 
-Requests: `model` is the caller's alias (tenant/name:label); n must be 1; max_completion_tokens wins over
-the deprecated max_tokens. Unknown fields are ignored, as vLLM does. Responses follow openapi.yaml's
-CreateChatCompletionResponse, CreateChatCompletionStreamResponse and ListModelsResponse; errors use
-schemas.api.ErrorBody.
+Requests: `model` is the caller's alias (tenant/name:label); max_completion_tokens wins over the deprecated
+max_tokens. A field outside OpenAI's spec is refused, as OpenAI refuses it (extra="forbid", at every level),
+and so is a value of a parameter lorafleet has not implemented (schemas.openai_params.UNSUPPORTED), so no
+request's meaning changes silently. Fields that change no output (store, metadata, service_tier, user,
+prompt_cache_key, prompt_cache_retention, safety_identifier, parallel_tool_calls, a message's name and
+tool_call_id, stream_options.include_obfuscation) are checked for shape and ignored. Responses follow
+openapi.yaml's CreateChatCompletionResponse, CreateChatCompletionStreamResponse and ListModelsResponse;
+errors use schemas.api.ErrorBody, built by schemas.openai_params.request_error.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
+
+from schemas.openai_params import describe_unsupported, supported, unsupported_fields
 
 Role = Literal["developer", "system", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length"]
 
+# OpenAI's ranges, shared with the replica's GenerateRequest: the gateway and the replica refuse alike.
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
+# A token id as OpenAI writes it, a JSON object key: decimal, no sign or leading zero, so two keys are never
+# the same id. The replica checks it against its vocabulary.
+TokenIdKey = Annotated[str, StringConstraints(pattern=r"^(0|[1-9][0-9]{0,9})$")]
+LogitBias = Annotated[
+    dict[TokenIdKey, Annotated[float, Field(ge=-100.0, le=100.0, allow_inf_nan=False)]],
+    Field(max_length=300, json_schema_extra={"additionalProperties": False}),  # only keys of the pattern
+]
+AnyObject = dict[str, Any]
+
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["text"]
+    model_config = ConfigDict(extra="forbid", json_schema_extra=describe_unsupported("messages[].content[]."))
+    type: Literal["text", "image_url", "input_audio", "file", "refusal"]
     text: str
+
+    @field_validator(*unsupported_fields("messages[].content[]."))
+    @classmethod
+    def _refuse_unsupported(cls, value: Any, info: ValidationInfo) -> Any:
+        return supported(f"messages[].content[].{info.field_name}", value)
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=describe_unsupported("messages[]."))
     role: Role
     content: str | Annotated[list[ContentPart], Field(min_length=1)]
     name: str | None = None
+    tool_call_id: str | None = None  # a tool message's; the chat template is given its content only
+    tool_calls: list[AnyObject] | None = None
+    function_call: AnyObject | None = None
+    audio: AnyObject | None = None
+    refusal: str | None = None
+
+    @field_validator(*unsupported_fields("messages[]."))
+    @classmethod
+    def _refuse_unsupported(cls, value: Any, info: ValidationInfo) -> Any:
+        return supported(f"messages[].{info.field_name}", value)
 
     def text(self) -> str:
         """The content as plain text (text parts joined)."""
@@ -36,14 +68,15 @@ class Message(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     include_usage: bool | None = None
+    include_obfuscation: bool | None = None  # no obfuscation field is sent either way
 
 
 class ChatCompletionRequest(BaseModel):
     """POST /v1/chat/completions."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=describe_unsupported(""))
 
     model: Annotated[str, Field(min_length=1, max_length=200)]
     messages: Annotated[list[Message], Field(min_length=1, max_length=1024)]
@@ -51,19 +84,57 @@ class ChatCompletionRequest(BaseModel):
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: LogitBias | None = None
     stop: (
         Annotated[str, Field(max_length=256)]
         | Annotated[list[Annotated[str, Field(max_length=256)]], Field(min_length=1, max_length=4)]
         | None
     ) = None
     seed: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | None = None
-    n: Literal[1] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    user: Annotated[str, Field(max_length=256)] | None = None
     # An extension (vLLM's): KV blocks are reused only between requests with the same salt, so one
     # tenant's end users cannot learn each other's prompts from the time to first token.
     cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+
+    # Accepted and ignored: they change no output. `user` also keeps a caller on one side of a canary.
+    user: Annotated[str, Field(max_length=256)] | None = None
+    store: bool | None = None
+    metadata: (
+        Annotated[
+            dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+            Field(max_length=16),
+        ]
+        | None
+    ) = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    prompt_cache_key: Annotated[str, Field(max_length=256)] | None = None
+    prompt_cache_retention: Literal["in-memory", "24h"] | None = None
+    safety_identifier: Annotated[str, Field(max_length=64)] | None = None
+    parallel_tool_calls: bool | None = None  # a no-op while no tools are accepted
+
+    # Not implemented: refused unless the value is a no-op (schemas.openai_params.UNSUPPORTED).
+    n: Annotated[int, Field(ge=1, le=128, strict=True)] | None = None  # strict: true is not 1
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    response_format: AnyObject | None = None
+    tools: list[AnyObject] | None = None
+    tool_choice: Literal["none", "auto", "required"] | AnyObject | None = None
+    functions: list[AnyObject] | None = None
+    function_call: Literal["none", "auto"] | AnyObject | None = None
+    audio: AnyObject | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    prediction: AnyObject | None = None
+    web_search_options: AnyObject | None = None
+    reasoning_effort: Annotated[str, Field(max_length=32)] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+    @field_validator(*unsupported_fields(""))
+    @classmethod
+    def _refuse_unsupported(cls, value: Any, info: ValidationInfo) -> Any:
+        return supported(str(info.field_name), value)
 
     def completion_limit(self, default: int) -> int:
         """max_completion_tokens, else max_tokens, else the gateway's default."""

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, TypeAdapter
 from schemas.api import ErrorDetail
 from schemas.events import ReplicaState, ReplicaStateBody
 from schemas.ids import AdapterId, Sha256, TenantId
-from schemas.openai import FinishReason, Usage
+from schemas.openai import FinishReason, LogitBias, Penalty, Usage
 
 _CONTRACT = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -58,6 +58,9 @@ class GenerateRequest(BaseModel):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    logit_bias: LogitBias | None = None  # token id (a decimal string, as OpenAI writes it) -> bias
     max_tokens: int = Field(default=256, ge=1)
     # True when max_tokens is the gateway's default, not the caller's: the replica lowers it (as it does a
     # max_tokens left out) to what the context leaves after the prompt. Otherwise a prompt plus max_tokens
