@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from schemas.api import ErrorBody, ErrorDetail
+from schemas.openai_params import request_error
 
 log = logging.getLogger(__name__)
 
@@ -170,12 +171,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return _render(exc.status, exc.body(), exc.headers or headers)
 
     async def on_validation(_req: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "path", "query")]
-        param = ".".join(loc) or None
-        msg = f"{param or 'request'}: {first.get('msg', 'invalid request')}"
-        code = "invalid_json" if first.get("type") == "json_invalid" else "invalid_parameter"
-        return _render(422, GatewayError(code, msg, param).body())
+        error = request_error(exc.errors(), from_request=True)
+        return _render(422, ErrorBody(error=error).model_dump())
 
     async def on_http(_req: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)

@@ -16,12 +16,13 @@ from lorafleet.private_openapi import CLOSED_DOCS, serve_private_openapi
 from replica.arrival import StampArrival
 from replica.control.drain import Drain
 from replica.control.placements import PlacementsTable
-from replica.errors import InvalidRequestError, ReplicaError
+from replica.errors import ReplicaError
 from replica.lifespans import LIFESPANS, serving_mode
 from replica.routes import generate, internal, probes
 from replica.routes.deps import authorized, service_authorized
 from replica.runtime import Replica
 from schemas.api import ErrorBody, ErrorDetail
+from schemas.openai_params import request_error
 
 __all__ = ["authorized", "create_app", "service_authorized"]
 
@@ -56,10 +57,8 @@ async def replica_error(request: Request, exc: ReplicaError) -> JSONResponse:
 
 
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    first = exc.errors()[0] if exc.errors() else {}
-    param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-    err = InvalidRequestError(f"invalid request: {first.get('msg', 'malformed body')}", param=param)
-    return JSONResponse(err.to_body().model_dump(), status_code=400)
+    error = request_error(exc.errors(), from_request=True)  # the gateway's answer to the same body
+    return JSONResponse(ErrorBody(error=error).model_dump(), status_code=400)
 
 
 async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -200,7 +200,8 @@ HOSTILE_JSON = st.recursive(
 )
 FIELDS = [
     "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "seed", "n",
-    "stream", "stream_options", "user", "tools", "logprobs",
+    "stream", "stream_options", "user", "tools", "logprobs", "presence_penalty", "logit_bias", "metadata",
+    "response_format",
 ]  # fmt: skip
 
 

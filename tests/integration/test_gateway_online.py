@@ -197,7 +197,16 @@ async def test_other_tenants_alias_is_the_same_404_as_an_unknown_one(stack: Gate
 @pytest.mark.parametrize(
     "change, code, param",
     [
-        ({"n": 2}, "invalid_parameter", "n"),
+        ({"n": 2}, "unsupported_parameter", "n"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "unsupported_parameter", "tools"),
+        (
+            {"messages": [{"role": "user", "content": "Hi", "cache": True}]},
+            "unknown_parameter",
+            "messages[0].cache",
+        ),
+        ({"presence_penalty": 2.5}, "invalid_parameter", "presence_penalty"),
+        # an id past the vocabulary: the replica refuses it, and the gateway passes its 400 on
+        ({"logit_bias": {"99999999": 1}}, "invalid_request", "logit_bias"),
         ({"temperature": 5}, "invalid_parameter", "temperature"),
         ({"messages": []}, "invalid_parameter", "messages"),
         ({"max_tokens": -1}, "invalid_parameter", "max_tokens"),
@@ -210,6 +219,62 @@ async def test_bad_parameters_are_400(stack: GatewayStack, change: dict, code: s
         resp = await c.post("/v1/chat/completions", json={**CHAT, **change, "max_tokens": 4} | change)
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["code"] == code and resp.json()["error"]["param"] == param
+
+
+async def test_the_openai_client_gets_bad_request_errors_naming_refused_fields(stack: GatewayStack) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys["acme"], max_retries=0)
+    refused: list[tuple[dict, str]] = [
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
+        ({"n": 3}, "n"),
+        ({"tools": [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]}, "tools"),
+        ({"extra_body": {"top_k": 5}}, "top_k"),
+    ]
+    for fields, param in refused:
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.chat.completions.create(
+                model="acme/support:prod",
+                messages=[{"role": "user", "content": "Hi"}],
+                max_tokens=4,
+                **fields,
+            )
+        assert err.value.param == param, (fields, err.value.body)
+        assert err.value.code in {"unsupported_parameter", "unknown_parameter"}, err.value.body
+    done = await client.chat.completions.create(
+        model="acme/support:prod",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=2,
+        n=1,
+        logprobs=False,
+        store=True,
+        metadata={"ticket": "T-7"},
+        user="end-user-1",
+        safety_identifier="hash-1",
+        prompt_cache_key="conversation-1",
+    )
+    assert done.choices[0].finish_reason in {"stop", "length"}
+
+
+async def test_the_openai_clients_logit_bias_reaches_the_replica(stack: GatewayStack) -> None:
+    """+100 on one token id makes every greedy token that id: four tokens are the one-token answer four
+    times."""
+    client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys["acme"], max_retries=0)
+
+    async def answer(max_tokens: int) -> openai.types.chat.ChatCompletion:
+        return await client.chat.completions.create(
+            model="acme/support:prod",
+            messages=[{"role": "user", "content": "Say hello."}],
+            temperature=0,
+            max_tokens=max_tokens,
+            logit_bias={"42": 100},
+            presence_penalty=0.5,
+            frequency_penalty=0.5,
+        )
+
+    one, four = await answer(1), await answer(4)
+    assert four.usage is not None and four.usage.completion_tokens == 4
+    piece = one.choices[0].message.content
+    assert piece and four.choices[0].message.content == piece * 4
 
 
 async def test_invalid_json_is_400_and_oversized_body_is_413(stack: GatewayStack) -> None:

@@ -28,6 +28,7 @@ from gateway.public.upstream.replica_client import ReplicaRejected, ReplicaUnava
 from gateway.sse_response import SseResponse
 from gateway.tenants import Caller
 from schemas.openai import ChatCompletionRequest
+from schemas.openai_params import request_error
 from schemas.replica_api import ChatMessage, GenerateRequest
 
 log = logging.getLogger(__name__)
@@ -58,15 +59,12 @@ async def read_body(request: Request, limit: int, timeout_s: float = 30.0) -> by
 
 
 def parse_request(raw: bytes) -> ChatCompletionRequest:
+    """The body, or a 400 naming the first parameter refused (the replica would name the same)."""
     try:
         return ChatCompletionRequest.model_validate_json(raw)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        if first["type"] == "json_invalid":
-            raise BadRequest("invalid_json", "the request body is not valid JSON") from exc
-        loc = [str(p) for p in first["loc"]]
-        param = loc[0] if loc else None
-        raise BadRequest("invalid_parameter", f"{'.'.join(loc) or 'body'}: {first['msg']}", param) from exc
+        error = request_error(exc.errors(include_url=False))
+        raise BadRequest(error.code or "invalid_parameter", error.message, error.param) from exc
 
 
 def estimate_prompt_tokens(body: ChatCompletionRequest) -> int:
@@ -84,7 +82,17 @@ def replica_body(
         for m in body.messages
     ]
     sampling = body.model_dump(
-        include={"temperature", "top_p", "seed", "stop", "cache_salt"}, exclude_none=True
+        include={
+            "temperature",
+            "top_p",
+            "seed",
+            "stop",
+            "presence_penalty",
+            "frequency_penalty",
+            "logit_bias",
+            "cache_salt",
+        },
+        exclude_none=True,
     )
     return GenerateRequest(
         messages=messages,

@@ -3,15 +3,18 @@ reader against the replica server on SmolLM2, over a real socket."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from gateway.errors import BadRequest
 from gateway.public.online import RequestRecord
-from gateway.public.routes.chat import replica_body
+from gateway.public.routes.chat import parse_request, replica_body
 from gateway.public.routing.policy import ReplicaLoad
+from gateway.public.upstream.errors import public_error
 from gateway.public.upstream.events import completion_events
 from gateway.public.upstream.replica_client import ReplicaClient, ReplicaRejected, UpstreamStream
 from lorafleet.model.base_hash import base_model_hash
@@ -141,3 +144,60 @@ async def test_load_and_state_bodies_parse_as_the_contract(served) -> None:
     assert loaded.adapter_id == "join-a" and loaded.rank_bucket == 8
     assert "join-a" in state.gpu_adapters and state.replica_id == "rj" and state.url
     assert state.replica_state().gpu_adapters == state.gpu_adapters
+
+
+def _chat(**fields: object) -> ChatCompletionRequest:
+    body = {"model": "acme/support:prod", "messages": [{"role": "user", "content": "Say hello."}]}
+    return parse_request(json.dumps(body | fields).encode())
+
+
+async def test_the_callers_logit_bias_and_penalties_reach_the_replicas_sampler(
+    served, client: ReplicaClient
+) -> None:
+    """Through the gateway's parser and request builder: +100 on one id makes every greedy token that id."""
+    _, load = served
+    chat = _chat(temperature=0, logit_bias={"42": 100}, presence_penalty=0.5, frequency_penalty=-0.5)
+    body = replica_body(chat, "join-a", "join-3", 6, "acme")
+    assert (body.presence_penalty, body.frequency_penalty, body.logit_bias) == (0.5, -0.5, {"42": 100.0})
+    rec = RequestRecord(request_id="join-3", tenant_id="acme", started=0.0)
+    events = await _read(await client.open([load], body, _failed), rec)
+    tokens = [e.token_id for e in events if isinstance(e, TokenEvent)]
+    assert tokens and set(tokens) == {42}
+
+
+async def test_a_logit_bias_past_the_vocabulary_is_the_replicas_400_naming_it(
+    served, client: ReplicaClient
+) -> None:
+    _, load = served
+    body = replica_body(_chat(logit_bias={"99999999": 1}), "join-a", "join-4", 4, "acme")
+    with pytest.raises(ReplicaRejected) as err:
+        await client.open([load], body, _failed)
+    public = public_error(err.value)
+    assert isinstance(public, BadRequest) and (public.status, public.param) == (400, "logit_bias")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"presence_penalty": 2.5},
+        {"frequency_penalty": -3},
+        {"logit_bias": {"5": 101}},
+        {"logit_bias": {"abc": 1}},
+        {"logit_bias": {str(i): 1 for i in range(301)}},
+        {"messages": [{"role": "user", "content": "Hi", "foo": 1}]},
+        {"temperature": -1},
+    ],
+    ids=lambda f: next(iter(f)),
+)
+async def test_the_gateway_and_the_replica_refuse_a_field_alike(served, fields: dict) -> None:
+    """The same bad field sent to the gateway (as a chat body) and to a replica directly (as a generate
+    body) gets the same error object."""
+    _, load = served
+    with pytest.raises(BadRequest) as at_gateway:
+        _chat(**fields)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    generate = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4} | fields
+    async with httpx.AsyncClient(base_url=load.url, headers=headers) as c:
+        resp = await c.post("/internal/replicas/rj/generate", json=generate)
+    assert resp.status_code == at_gateway.value.status == 400
+    assert resp.json() == at_gateway.value.body(), fields

@@ -175,7 +175,7 @@ async def test_bad_input_gets_error_json_not_500(client: httpx.AsyncClient) -> N
         ("post", f"{BASE}/adapters/smol-bad/load", None, 409, "base_model_mismatch"),
         ("post", f"{BASE}/adapters/nope/load", None, 404, "adapter_not_found"),
         ("post", f"{BASE}/adapters/..%2Fetc/load", None, 404, "not_found"),
-        ("post", f"{BASE}/adapters/-x/load", None, 400, "invalid_request"),
+        ("post", f"{BASE}/adapters/-x/load", None, 400, "invalid_parameter"),
         (
             "post",
             f"{BASE}/generate",
@@ -183,7 +183,7 @@ async def test_bad_input_gets_error_json_not_500(client: httpx.AsyncClient) -> N
             404,
             "adapter_not_found",
         ),
-        ("post", f"{BASE}/generate", {"prompt_token_ids": [1], "temperature": -1}, 400, "invalid_request"),
+        ("post", f"{BASE}/generate", {"prompt_token_ids": [1], "temperature": -1}, 400, "invalid_parameter"),
         ("post", f"{BASE}/generate", {"prompt_token_ids": [1] * 300}, 400, "context_length_exceeded"),
         ("post", f"{BASE}/generate", {}, 400, "invalid_request"),
         ("get", "/internal/replicas/other/state", None, 404, "wrong_replica"),
@@ -234,3 +234,50 @@ async def test_a_default_max_tokens_shrinks_to_what_the_context_leaves(client: h
         resp = await client.post(f"{BASE}/generate", json=body, headers=AUTH)
         assert resp.status_code == 200, resp.text
         assert _events(resp.text)[-1]["usage"]["completion_tokens"] == 6
+
+
+async def test_logit_bias_reaches_the_sampler(client: httpx.AsyncClient) -> None:
+    """+100 on one id outweighs every other logit: each greedy token is that id."""
+    tokens, done = await _generate(client, ignore_eos=True, logit_bias={"42": 100})
+    assert [e["token_id"] for e in tokens] == [42] * 8 and done["usage"]["completion_tokens"] == 8
+
+
+async def test_penalties_reach_the_sampler(client: httpx.AsyncClient, replica: Replica) -> None:
+    """The served tokens are the engine's under the same penalties, and not its unpenalised ones."""
+    from replica.engine.sampler import SamplingParams
+
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+    body = {"prompt_token_ids": prompt, "temperature": 0, "max_tokens": 24, "ignore_eos": True}
+    penalties = {"presence_penalty": 1.5, "frequency_penalty": 2.0}
+    resp = await client.post(f"{BASE}/generate", json=body | penalties, headers=AUTH)
+    served = [e["token_id"] for e in _events(resp.text) if e["type"] == "token"]
+
+    async def direct(**changes: float) -> list[int | None]:
+        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, **changes)
+        return [o.token_id async for o in replica.engine.generate(prompt, params)]
+
+    assert served == await direct(**penalties) != await direct()
+
+
+@pytest.mark.parametrize(
+    ("change", "param", "code"),
+    [
+        ({"logit_bias": {"99999999": 5}}, "logit_bias", "invalid_request"),  # past the vocabulary
+        ({"logit_bias": {"5": 101}}, "logit_bias", "invalid_parameter"),
+        ({"presence_penalty": -3}, "presence_penalty", "invalid_parameter"),
+        ({"messages": [{"role": "user", "content": "Hi", "foo": 1}]}, "messages[0].foo", "unknown_parameter"),
+        ({"top_k": 5}, "top_k", "unknown_parameter"),
+    ],
+)
+async def test_a_refused_sampling_field_is_named(
+    client: httpx.AsyncClient, change: dict, param: str, code: str
+) -> None:
+    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4} | change
+    resp = await client.post(f"{BASE}/generate", json=body, headers=AUTH)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"] | {"message": ""} == {
+        "message": "",
+        "type": "invalid_request_error",
+        "param": param,
+        "code": code,
+    }

@@ -1,0 +1,56 @@
+"""The public OpenAPI document describes the chat body a schema-driven fuzzer generates from: every field of
+OpenAI's chat request, lorafleet's extensions, and no room for any other field at any level."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from gateway.config import GatewayConfig
+from gateway.public.app import build_public_app
+from schemas.openai_params import UNSUPPORTED
+
+# CreateChatCompletionRequest's properties in OpenAI's openapi.yaml
+OPENAI_CHAT_FIELDS = {
+    "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
+    "max_completion_tokens", "max_tokens", "messages", "metadata", "modalities", "model", "n",
+    "parallel_tool_calls", "prediction", "presence_penalty", "prompt_cache_key", "prompt_cache_retention",
+    "reasoning_effort", "response_format", "safety_identifier", "seed", "service_tier", "stop", "store",
+    "stream", "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user",
+    "verbosity", "web_search_options",
+}  # fmt: skip
+EXTENSIONS = {"cache_salt"}
+
+
+async def _document() -> dict[str, Any]:
+    transport = httpx.ASGITransport(app=build_public_app(GatewayConfig.from_env()))
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+        resp = await c.get("/openapi.json")
+    assert resp.status_code == 200
+    return resp.json()
+
+
+async def test_the_chat_body_has_every_openai_field_and_refuses_others_at_every_level() -> None:
+    doc = await _document()
+    content = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]
+    body = content["application/json"]["schema"]
+    components = doc["components"]["schemas"]
+    chat = components[body["$ref"].rsplit("/", 1)[1]]
+    assert set(chat["properties"]) == OPENAI_CHAT_FIELDS | EXTENSIONS
+    assert "top_k" not in chat["properties"]  # the engine's, not OpenAI's
+    for name in ("ChatCompletionRequest", "Message", "ContentPart", "StreamOptions"):
+        assert components[name]["additionalProperties"] is False, name
+    bias = next(s for s in chat["properties"]["logit_bias"]["anyOf"] if s["type"] == "object")
+    assert bias["additionalProperties"] is False and bias["maxProperties"] == 300
+    penalty = next(s for s in chat["properties"]["presence_penalty"]["anyOf"] if s["type"] == "number")
+    assert (penalty["minimum"], penalty["maximum"]) == (-2.0, 2.0)
+
+
+async def test_each_unsupported_field_says_what_it_accepts() -> None:
+    components = (await _document())["components"]["schemas"]
+    models = {"": "ChatCompletionRequest", "messages[].": "Message", "messages[].content[].": "ContentPart"}
+    for key in UNSUPPORTED:
+        prefix, name = key.rsplit(".", 1) if "." in key else ("", key)
+        properties = components[models[prefix + "." if prefix else ""]]["properties"]
+        assert properties[name]["description"].startswith("Not supported by this server"), key
