@@ -12,7 +12,6 @@ paged-attention kernels. Without them (no Triton) the runner stays eager.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,28 +31,32 @@ def can_capture(device: torch.device) -> bool:
     )
 
 
-@dataclass
-class _Captured:
-    graph: Any  # torch.cuda.CUDAGraph
-    logits: torch.Tensor  # [padded, vocab]: the graph's output buffer
-
-
 class DecodeGraphs:
-    """Replays a captured graph for each prepared decode batch, capturing it the first time."""
+    """Replays a captured graph for each prepared decode batch, capturing it the first time.
+
+    Every graph writes its logits into one static buffer, so graphs hold no output of their own; what run()
+    returns is a view of it, valid until the next run(). A key whose capture failed runs eagerly from then on.
+    Capture checks only this thread's CUDA calls (thread_local), so the adapter loader's copies on other
+    threads may go on.
+    """
 
     def __init__(self, step: DecodeStep) -> None:
         self.step = step
-        self.graphs: dict[tuple[int, tuple[int, ...]], _Captured] = {}
+        self.graphs: dict[tuple[int, tuple[int, ...]], Any] = {}  # torch.cuda.CUDAGraph, or None: eager
         self.pool: Any = None
+        vocab = step.model.lm_head.weight.shape[0]
+        self.logits = torch.empty(step.max_rows, vocab, dtype=torch.float32, device=step.device)
 
     def run(self, batch: PreparedBatch) -> torch.Tensor:
         """Logits [rows, vocab] of a batch the step has prepared."""
         key = (batch.padded, batch.graph_buckets)
-        captured = self.graphs.get(key)
-        if captured is None:
-            captured = self.graphs[key] = self._capture(batch)
-        captured.graph.replay()
-        return captured.logits[: batch.rows]
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(batch)
+        graph = self.graphs[key]
+        if graph is None:
+            return self.step.forward(batch.padded, batch.buckets, batch.max_blocks)[: batch.rows]
+        graph.replay()
+        return self.logits[: batch.rows]
 
     def capture_all(self, buckets: tuple[int, ...]) -> int:
         """Capture every padded size before serving, without and with adapter rows (one graph covers every
@@ -62,21 +65,25 @@ class DecodeGraphs:
         for size in step.buckets:
             for bucket in (None, *buckets[:1]):
                 self.run(step.prepare(step.dummy_rows(size, bucket)))
-        return len(self.graphs)
+        return sum(g is not None for g in self.graphs.values())
 
-    def _capture(self, batch: PreparedBatch) -> _Captured:
+    def _capture(self, batch: PreparedBatch) -> Any:
         # The attention kernel reads each row's own length; the eager path's max_blocks bound is unused.
         args = (batch.padded, batch.buckets, self.step.width)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up runs redo this step's own rows: same K/V, same slots
-            for _ in range(WARMUP_RUNS):
-                self.step.forward(*args)
-        torch.cuda.current_stream().wait_stream(side)
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            logits = self.step.forward(*args)
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up runs redo this step's own rows: same K/V, same slots
+                for _ in range(WARMUP_RUNS):
+                    self.step.forward(*args)
+            torch.cuda.current_stream().wait_stream(side)
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                self.logits[: batch.padded].copy_(self.step.forward(*args))
+        except Exception:
+            log.exception("capturing a decode graph of %d rows failed; it runs eagerly", batch.padded)
+            return None
         log.info("captured a decode graph: %d rows, rank buckets %s", batch.padded, list(batch.buckets))
-        return _Captured(graph, logits)
+        return graph

@@ -10,8 +10,8 @@ row's blocks up to its own length). On the CPU the same function runs eagerly on
 Padding rows write their K and V into the cache's sink block, which no sequence owns, attend to it alone,
 and have no adapter; their logits are never returned.
 
-The staging tensor is rewritten at the next step's prepare(): the engine reads each step's sampled tokens
-back (a sync) before it prepares the next, so the copy has landed by then.
+The staging tensor is rewritten at the next step's prepare(), after the last copy from it has landed (the
+engine's read-back of each step's tokens has waited for it already; prepare() also waits on its event).
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class DecodeStep:
         self._dev_views = self._views(self.dev)
         self.row_index = torch.arange(max_rows, dtype=torch.long, device=self.device)  # [max_rows]
         self.bucket_column: dict[int, int] = {}  # rank bucket -> its row of the slot block, fixed once given
+        self.copied: torch.cuda.Event | None = None  # the last staging copy, waited for before a rewrite
 
     def _views(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         r = self.max_rows
@@ -95,6 +96,11 @@ class DecodeStep:
         """The smallest batch bucket holding rows."""
         return next(b for b in self.buckets if b >= rows)
 
+    def check_buckets(self, buckets: tuple[int, ...]) -> None:
+        """Refuse, at start, more rank buckets than the slot block has rows for."""
+        if len(buckets) > MAX_RANK_BUCKETS:
+            raise ValueError(f"{len(buckets)} rank buckets; a decode step serves at most {MAX_RANK_BUCKETS}")
+
     def _column(self, bucket: int) -> int:
         if bucket not in self.bucket_column:
             if len(self.bucket_column) == MAX_RANK_BUCKETS:
@@ -109,6 +115,8 @@ class DecodeStep:
             raise ValueError(f"a decode step takes 1 to {self.max_rows} rows, got {n}")
         b = self.padded_size(n)
         pad, sink = b - n, self.sink_block
+        if self.copied is not None:  # the engine's token read-back has waited already; other callers may not
+            self.copied.synchronize()
         used = [r.position // bs + 1 for r in rows]  # blocks each row attends to
         scalars, slots, tables = self._host_views
         scalars[:, :b] = torch.tensor(
@@ -136,6 +144,8 @@ class DecodeStep:
             )
         if self.dev is not self.host:
             self.dev.copy_(self.host, non_blocking=True)
+            self.copied = torch.cuda.Event()
+            self.copied.record()
         return PreparedBatch(n, b, present, max(used), self.graph_buckets(present))
 
     def graph_buckets(self, present: tuple[int, ...]) -> tuple[int, ...]:

@@ -54,7 +54,8 @@ class ModelRunner:
         if num_blocks < self.blocks_per_seq:
             raise ValueError(
                 f"a KV cache of {num_blocks} blocks of {block_size} tokens cannot hold one sequence of "
-                f"max_model_len {max_model_len}: raise the KV budget or lower max_model_len"
+                f"max_model_len {max_model_len} (one more block of the budget is the padding rows' sink): "
+                "raise the KV budget or lower max_model_len"
             )
         self.kv = PagedKVCache(model, num_blocks, block_size, self.dtype, self.device)
         self.decode = DecodeStep(model, max_num_seqs, self.blocks_per_seq, block_size, self.kv.sink_block)
@@ -149,6 +150,7 @@ class ModelRunner:
     def capture_graphs(self, buckets: tuple[int, ...]) -> int:
         """Capture the decode graphs ahead of the first request (buckets: the replica's rank buckets, sorted);
         returns how many were captured (0 where the runner is eager)."""
+        self.decode.check_buckets(buckets)
         if self.graphs is None:
             return 0
         count = self.graphs.capture_all(buckets)
@@ -158,7 +160,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run_decode(self, steps: list[StepInput]) -> torch.Tensor:
         """fp32 logits [num_steps, vocab] of a batch of decoding rows, through the static decode buffers
-        (replayed from a CUDA graph when the runner captures them)."""
+        (replayed from a CUDA graph when the runner captures them: then a view valid until the next step)."""
         rows = [DecodeRow(s.token_ids[0], s.start_pos, s.block_table, s.slot) for s in steps]
         batch = self.decode.prepare(rows)
         if self.graphs is not None:

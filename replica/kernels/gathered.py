@@ -35,9 +35,10 @@ def build_gathered(slot_of_row: torch.Tensor) -> GatheredRows:
 
 
 def mostly_distinct(slot_of_row: torch.Tensor) -> bool:
-    """True when fewer than two rows share each adapter on average: the gathered path's case."""
+    """True when the batch has more than half as many distinct adapters as rows: the gathered path's case
+    (it also gathers a slot for each row without one, so those rows count against it)."""
     slots = slot_of_row[slot_of_row >= 0]
-    return slots.numel() > 0 and 2 * int(slots.unique().numel()) > int(slots.numel())
+    return 2 * int(slots.unique().numel()) > int(slot_of_row.numel())
 
 
 def _fp32(t: torch.Tensor) -> torch.Tensor:

@@ -4,11 +4,13 @@ fuse_projections swaps them in after the weights are loaded (the model file buil
 modules, so checkpoints load by name). Each original projection keeps its name and its weight, which
 becomes a view of its rows of the fused weight: code that works by module name (an adapter merged into the
 base, the LoRA wrappers' shapes) reads and edits the same memory, and the parameters are counted once.
+A state_dict holds the fused tensors (qkv_proj, gate_up_proj), not the per-name ones.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,14 +35,27 @@ class FusedLinear(nn.Module):
         bias = torch.cat([b for b in biases if b is not None]).detach() if all(has_bias) else None
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.sizes = [w.shape[0] for w in weights]
-        first = 0
-        for part, size in zip(parts, self.sizes, strict=True):
-            del part.weight  # re-pointed below as a plain view: the memory is the fused weight's
-            part.weight = self.weight.data[first : first + size]
-            if part.bias is not None and self.bias is not None:
+        for part in parts:  # re-pointed below as plain views: the memory is the fused weight's
+            del part.weight
+            if self.bias is not None:
                 del part.bias
+        self._parts: list[nn.Linear] = list(parts)  # a plain list: they stay registered where they are
+        self._point_parts()
+
+    def _point_parts(self) -> None:
+        """Make each part's weight (and bias) its rows of the fused ones."""
+        first = 0
+        for part, size in zip(self._parts, self.sizes, strict=True):
+            part.weight = self.weight.data[first : first + size]
+            if self.bias is not None:
                 part.bias = self.bias.data[first : first + size]  # type: ignore[assignment]
             first += size
+
+    def _apply(self, fn: Any, recurse: bool = True) -> FusedLinear:
+        """After .to(), .half() and the like move the fused weight, the parts' views follow it."""
+        super()._apply(fn, recurse)
+        self._point_parts()
+        return self
 
     def forward(self, x: torch.Tensor, parts: Sequence[nn.Module]) -> torch.Tensor:
         # x [num_tokens, in_features] -> y [num_tokens, sum out]: the parts' outputs side by side, in order
@@ -53,7 +68,7 @@ class FusedLinear(nn.Module):
 
 
 def fuse_projections(model: nn.Module) -> None:
-    """Give every decoder layer a fused q/k/v and gate/up; call after loading and after any .to()."""
+    """Give every decoder layer a fused q/k/v and gate/up (after loading; a later .to() keeps them joined)."""
     for layer in model.model.layers:  # type: ignore[union-attr]
         attn, mlp = layer.self_attn, layer.mlp
         if attn.qkv_proj is None:

@@ -119,3 +119,8 @@ def test_rows_for_capturing_ahead_touch_only_the_sink(runner: ModelRunner) -> No
         runner.decode.forward(batch.padded, batch.buckets, batch.max_blocks)
     assert torch.equal(kv.k[:, : kv.num_blocks], before_k[:, : kv.num_blocks])
     assert runner.capture_graphs((8, 16)) == 0  # the CPU runner is eager: nothing to capture
+
+
+def test_more_rank_buckets_than_a_step_serves_are_refused_at_start(runner: ModelRunner) -> None:
+    with pytest.raises(ValueError, match="at most"):
+        runner.capture_graphs(tuple(2 ** (i + 1) for i in range(MAX_RANK_BUCKETS + 1)))

@@ -101,6 +101,9 @@ def test_decode_batches_of_distinct_adapters_gather_and_shared_ones_group() -> N
     distinct = torch.tensor([4, 0, -1, 2, 3, 1], dtype=torch.int32)
     assert isinstance(ops.prepare(distinct), GatheredRows)
     assert isinstance(ops.prepare(torch.tensor([1, 1, 1, 2, -1], dtype=torch.int32)), GroupedRows)
+    one_of_many = torch.full((32,), -1, dtype=torch.int32)
+    one_of_many[5] = 3  # one adapted row among base rows: gathering would copy a slot for every row
+    assert isinstance(ops.prepare(one_of_many), GroupedRows)
     assert isinstance(ops.prepare(distinct, segmented=True), GroupedRows)  # prefill rows share by prompt
 
 

@@ -40,3 +40,13 @@ def test_fused_forward_equals_the_separate_projections(tiny_model_dir: Path) -> 
         torch.testing.assert_close(
             plain.compute_logits(plain(ids, torch.arange(17))), a, atol=1e-5, rtol=1e-5
         )
+
+
+def test_moving_the_model_keeps_each_projection_a_view_of_the_fused_weight(tiny_model_dir: Path) -> None:
+    model = load_model(tiny_model_dir, "float32", "cpu").to(torch.float64)
+    attn = model.model.layers[1].self_attn
+    assert attn.qkv_proj is not None and attn.q_proj.weight.dtype == torch.float64
+    assert attn.q_proj.weight.data_ptr() == attn.qkv_proj.weight.data_ptr()
+    with torch.no_grad():
+        attn.q_proj.weight.zero_()  # an edit by name still reaches the fused GEMM
+    assert torch.all(attn.qkv_proj.weight[: attn.q_proj.weight.shape[0]] == 0)
