@@ -125,9 +125,9 @@ def watch_slot_writes(replica: Replica) -> SlotWrites:
     writes = SlotWrites()
     real = gpu.load
 
-    def load(host: HostAdapter) -> Loaded:
+    def load(host: HostAdapter, hold: bool = False) -> Loaded:
         decoding = len(running) > 0
-        result = real(host)
+        result = real(host, hold)
         with writes.lock:
             writes.total += 1
             writes.off_loop += threading.get_ident() != loop_thread

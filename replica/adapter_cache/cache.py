@@ -27,6 +27,7 @@ from replica.adapter_cache.loader import AdapterLoader, ReadBack, Slotted
 from replica.adapter_cache.object_store import Fetched, ObjectStore
 from replica.adapter_cache.promote import Layout
 from replica.adapter_cache.record import AdapterRecord
+from replica.adapter_cache.slot_claims import SlotClaims
 from replica.adapter_cache.tier import CacheEvent, RateWindow, Tier, satisfies
 from replica.errors import AdapterInUseError, NoFreeSlotError
 from replica.lora.slots import SlotRef
@@ -107,6 +108,7 @@ class AdapterCache:
         self.gpu_evictions = RateWindow(clock=clock)
         self.gpu_loads = RateWindow(clock=clock)
         self.flights = Flights()
+        self.claims = SlotClaims()
         self.disk_writes = DiskWrites(self._write)
         self.cold_loads = ColdLoadGate(cold_loads_per_tenant, cold_loads_total)
         self.failure_ttl_s = failure_ttl_s
@@ -144,9 +146,11 @@ class AdapterCache:
     async def acquire(self, adapter_id: str, tenant_id: str | None = None) -> Lease:
         """Bring the adapter into a GPU slot and pin it for one request (release() when it ends).
 
-        A tenant's cold load counts against its cap (TenantColdLoadsError) and the replica's
-        (ColdLoadsFullError); a request without a tenant (an operator's probe, a benchmark) is not capped.
-        A load that failed within failure_ttl_s raises its error again at once."""
+        The load that brings the adapter into a slot pins it for this request (and for every other request
+        waiting on the same load) before any other load can evict it. A tenant's cold load counts against
+        its cap (TenantColdLoadsError) and the replica's (ColdLoadsFullError); a request without a tenant
+        (an operator's probe, a benchmark) is not capped. A load that failed within failure_ttl_s raises its
+        error again at once."""
         self.failed.refuse_if_failed(
             adapter_id,
             self.clock,
@@ -163,19 +167,37 @@ class AdapterCache:
                 if ref is not None:
                     return Lease(adapter_id, ref, found)
                 try:
-                    await self.ensure(adapter_id, "gpu")
+                    ref = await self._load_pinned(adapter_id)
                 except NoFreeSlotError:
                     if time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(0.02)  # every slot of its bucket is running: wait for one to drain
+                    continue
                 except TierFullError:
                     raise  # capacity held by running requests, not this adapter's fault: not remembered
                 except AdapterCacheError as exc:
                     self.failed.remember(adapter_id, exc, self.clock(), self.failure_ttl_s)
                     raise
+                if ref is not None:
+                    return Lease(adapter_id, ref, found)
         finally:
             if counted:
                 self.cold_loads.done(adapter_id)
+
+    async def _load_pinned(self, adapter_id: str) -> SlotRef | None:
+        """ensure(adapter_id, "gpu") with a claim open: the slot pinned for this request by the load that
+        made it ready, or None (no load landed for it: the caller pins or tries again). The pin is released
+        if the request fails or is cancelled before it holds the lease."""
+        claim = self.claims.claim(adapter_id)
+        try:
+            await self.ensure(adapter_id, "gpu")
+        except BaseException:
+            if claim.ref is not None:
+                self.gpu.release(adapter_id)
+            raise
+        finally:
+            self.claims.close(claim)
+        return claim.ref
 
     def release(self, lease: Lease) -> None:
         self.gpu.release(lease.adapter_id)
@@ -303,13 +325,20 @@ class AdapterCache:
                 self.disk_writes.queue(record.digest, PendingWrite(fetched, validated.layout))
         host, slotted = read.host, read.slotted
         ram_s = time.perf_counter() - start - (slotted.seconds if slotted is not None else 0.0)
-        for victim in self.host.put(host):
-            self._emit("evict", victim, "ram", None)
-        self._emit("load", record.adapter_id, source, "ram", ram_s, read.nbytes)
-        if slotted is not None:
-            self._slotted(host, slotted)
+        try:
+            for victim in self.host.put(host):
+                self._emit("evict", victim, "ram", None)
+            self._emit("load", record.adapter_id, source, "ram", ram_s, read.nbytes)
+        finally:
+            if slotted is not None:  # the slot is ready and pinned for the write: hand it on even so
+                self._slotted(host, slotted)
 
     def _slotted(self, host: HostAdapter, slotted: Slotted) -> None:
+        """A slot write landed, the slot pinned once for it: pin it for each request waiting on the adapter,
+        then drop the write's pin (no await in between, so no load evicts it first)."""
+        adapter_id = host.adapter_id
+        self.claims.grant(adapter_id, lambda: self.gpu.try_pin(adapter_id))
+        self.gpu.release(adapter_id)
         if slotted.evicted is not None:
             self.gpu_evictions.mark()
             self._emit("evict", slotted.evicted, "gpu", "ram" if slotted.evicted in self.host else None)

@@ -138,17 +138,21 @@ class GpuTier:
         with self.lock:
             return sorted(self._ready)
 
-    def load(self, host: HostAdapter) -> Loaded:
-        """Write host's weights into a slot. Blocking."""
+    def load(self, host: HostAdapter, hold: bool = False) -> Loaded:
+        """Write host's weights into a slot. Blocking. With hold, the slot comes back pinned once (also when
+        it was resident already), so no other load evicts it before the caller hands the pin on or
+        release()s it."""
         with self.lock:
             if host.adapter_id in self._ready:
                 entry = self.table.lookup(host.adapter_id)
                 assert entry is not None  # a ready adapter holds its slot-table entry
+                if hold:
+                    self.table.pin(host.adapter_id, self.clock())
                 return Loaded(entry.ref, None)
         write = self.begin(host.adapter_id, host.rank, host.bucket, host.targets)
         try:
             self.copy_span(write, host.flat, 0, host.flat.numel())
-            self.finish(write, host)
+            self.finish(write, host, hold)
         except BaseException:
             self.abort(write)
             raise
@@ -191,8 +195,9 @@ class GpuTier:
         with self._on_stream():
             slot_copy.copy_span(write.plan, write.arena.data[write.ref.index], flat, lo, hi, write.host)
 
-    def finish(self, write: SlotWrite, host: HostAdapter) -> None:
-        """Write the scales, wait for the copies, and make the slot ready for requests."""
+    def finish(self, write: SlotWrite, host: HostAdapter, hold: bool = False) -> None:
+        """Write the scales, wait for the copies, and make the slot ready for requests; with hold, the
+        write's pin stays (the caller release()s it)."""
         if write.arena is not None and write.plan is not None:
             plan, arena = write.plan, write.arena
             if host.flat.numel() != plan.numel or host.scales.numel() != plan.num_scales:
@@ -206,7 +211,8 @@ class GpuTier:
         self._write_lock.release()
         write.done = True
         with self.lock:
-            self.table.unpin(write.adapter_id, self.clock())
+            if not hold:
+                self.table.unpin(write.adapter_id, self.clock())
             self._ready.add(write.adapter_id)
 
     def abort(self, write: SlotWrite) -> None:

@@ -21,6 +21,8 @@ from replica.lora.spec import AdapterSpec
 
 
 class Slotted(NamedTuple):
+    """A slot write that landed; the slot stays pinned once for it until AdapterCache hands the pin on."""
+
     evicted: str | None  # the idle adapter evicted for the slot
     seconds: float  # the slot write's time
 
@@ -73,9 +75,10 @@ class AdapterLoader:
         return Slotted(evicted, time.perf_counter() - start)
 
     def load_checked(self, host: HostAdapter) -> str | None:
-        """Metadata checks (promote.check_fits), then the slot write; returns the idle adapter evicted."""
+        """Metadata checks (promote.check_fits), then the slot write, the slot left pinned once (see
+        Slotted); returns the idle adapter evicted."""
         check_fits(host, self.spec, self.gpu.row_layout(host.rank))
-        return self.gpu.load(host).evicted
+        return self.gpu.load(host, hold=True).evicted
 
     def read_disk(self, disk: DiskTier, name: str, record: AdapterRecord, slot: bool) -> ReadBack:
         """One read of the disk tier's entry, proven by its identities (or hashed if unverified).
@@ -106,7 +109,7 @@ class AdapterLoader:
             )
             if write is not None:
                 check_fits(read.host, self.spec, self.gpu.row_layout(read.host.rank))
-                self.gpu.finish(write, read.host)
+                self.gpu.finish(write, read.host, hold=True)
         except ChecksumMismatchError:
             disk.drop_corrupt(name)
             raise
