@@ -151,14 +151,16 @@ def make_env(
     slot_wait_s: float = 0.2,
     inline_write_bytes: int | None = None,
     stream_disk_to_slot: bool | None = None,
+    spec: AdapterSpec = SPEC,
 ) -> Env:
+    """A cache on tmp; spec may differ from SPEC in max_rank only (its layers are SPEC's modules)."""
     store_root = tmp / "store"
     store_root.mkdir()
     layers = make_layers(capacities or {8: 4})
     events: list[CacheEvent] = []
     registry = DictRegistry()
     cache = AdapterCache(
-        SPEC,
+        spec,
         registry,
         ObjectStore(None, file_roots=[store_root]),
         DiskTier(tmp / "disk", disk_bytes),
