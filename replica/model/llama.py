@@ -17,7 +17,7 @@ from torch import nn
 
 from replica.errors import UnsupportedModelError
 from replica.forward_context import Context, get_context
-from replica.kernels import paged_ops
+from replica.kernels import norm_ops, paged_ops
 from replica.model.fused import FusedLinear
 
 
@@ -114,11 +114,6 @@ def rope_inv_freq(config: LlamaConfig) -> torch.Tensor:
     return ROPE_SCALINGS[kind](inv_freq, scaling)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class RotaryEmbedding(nn.Module):
     """cos and sin of RoPE at given positions, computed in fp32 (as transformers does) once per forward."""
 
@@ -129,15 +124,10 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions [num_tokens] -> cos, sin [num_tokens, 1, head_dim] in dtype
+        # positions [num_tokens] -> cos, sin [num_tokens, head_dim] in dtype
         freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]  # [num_tokens, head_dim/2]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [num_tokens, 1, head_dim]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [num_tokens, head_dim]
         return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [num_tokens, heads, head_dim] rotated by cos, sin [num_tokens, 1, head_dim]."""
-    return x * cos + _rotate_half(x) * sin
 
 
 class RMSNorm(nn.Module):
@@ -149,9 +139,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x [num_tokens, hidden]; one fused norm op instead of five elementwise ones
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+        # x [num_tokens, hidden]; one kernel on CUDA (replica.kernels.norm_ops)
+        return norm_ops.rms_norm(x, self.weight, self.eps)
 
 
 class LlamaAttention(nn.Module):
@@ -174,16 +163,16 @@ class LlamaAttention(nn.Module):
         self.v_cache: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        # x [num_tokens, hidden]; rope: cos, sin [num_tokens, 1, head_dim]
+        # x [num_tokens, hidden]; rope: cos, sin [num_tokens, head_dim]
         n, heads, kv_heads, hd = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         projections = (self.q_proj, self.k_proj, self.v_proj)
         if self.qkv_proj is not None:  # q, k and v side by side: rotate q and k in one pass
             qkv = self.qkv_proj(x, projections).view(n, heads + 2 * kv_heads, hd)
-            q, k = apply_rope(qkv[:, : heads + kv_heads], *rope).split([heads, kv_heads], dim=1)
+            q, k = norm_ops.rope(qkv, heads + kv_heads, *rope).split([heads, kv_heads], dim=1)
             v = qkv[:, heads + kv_heads :]
         else:
-            q = apply_rope(self.q_proj(x).view(n, heads, hd), *rope)
-            k = apply_rope(self.k_proj(x).view(n, kv_heads, hd), *rope)
+            q = norm_ops.rope(self.q_proj(x).view(n, heads, hd), heads, *rope)
+            k = norm_ops.rope(self.k_proj(x).view(n, kv_heads, hd), kv_heads, *rope)
             v = self.v_proj(x).view(n, kv_heads, hd)
         ctx = get_context()
         if ctx is None or self.k_cache is None:
@@ -269,7 +258,7 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        # x [num_tokens, hidden]; rope: cos, sin [num_tokens, 1, head_dim]
+        # x [num_tokens, hidden]; rope: cos, sin [num_tokens, head_dim]
         x = x + self.self_attn(self.input_layernorm(x), rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
