@@ -1,6 +1,7 @@
 """`lorafleet loadtest`: replay the shared workload through a gateway's public API at several rates (or a
-saved trace), then the distinct-adapter bursts, and write summary.json, requests.jsonl, the traces,
-report.md, report.html and its PNG plots to the report directory."""
+trace file, sim.trace), then the distinct-adapter bursts, and write summary.json, requests.jsonl, the
+traces, report.md, report.html and its PNG plots to the report directory. Prompts are real text of each
+request's length (loadtest.prompts)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ from tqdm import tqdm
 
 from loadtest import plots
 from loadtest.burst import BurstConfig, run_bursts
+from loadtest.prompts import PromptSource, default_tokenizer
 from loadtest.replica_metrics import parse_replicas, per_minute, scrape
-from loadtest.runner import LoadTestConfig, run_trace, trace_for
+from loadtest.runner import LoadTestConfig, replay_trace, run_trace, trace_for
 from loadtest.summary import markdown, summarise
 from lorafleet.profile import DEV_TOKEN
 from ops import html_report
-from sim.workload import Request, WorkloadConfig, load, save
+from sim import trace as traces
+from sim.workload import Request, WorkloadConfig, save
 
 DEMO_MODELS = "acme/support:prod,acme/support:next,globex/sales:prod"
 
@@ -40,6 +43,7 @@ def run_loadtest(
     replicas: dict[str, str] | None = None,
     trace: list[Request] | None = None,
     burst: BurstConfig | None = None,
+    trace_info: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Every rate in turn (or the one given trace), then the bursts; also written under report/."""
     report.mkdir(parents=True, exist_ok=True)
@@ -65,6 +69,7 @@ def run_loadtest(
         "zipf_s": cfg.workload.zipf_s,
         "prompt_mean": cfg.workload.prompt_mean,
         "output_mean": cfg.workload.output_mean,
+        **({"trace": trace_info} if trace_info is not None else {}),
         "rates": summaries,
     }
     if burst is not None and burst.distinct:
@@ -87,7 +92,10 @@ def _ints(text: str) -> tuple[int, ...]:
 def loadtest(
     gateway: Annotated[str, typer.Option(help="Public gateway URL.")] = "http://127.0.0.1:18080",
     rates: Annotated[str, typer.Option(help="Comma-separated request rates, req/s.")] = "1,2,4,8",
-    duration: Annotated[float, typer.Option(help="Seconds of arrivals per rate.")] = 60.0,
+    duration: Annotated[
+        float | None,
+        typer.Option(help="Seconds of arrivals per rate (default 60; with --trace: the whole trace)."),
+    ] = None,
     models: Annotated[str, typer.Option(help="Comma-separated aliases, most popular first.")] = DEMO_MODELS,
     adapters: Annotated[int, typer.Option(help="Use the first N aliases (0: all).")] = 0,
     zipf: Annotated[float, typer.Option(help="Zipf exponent over the aliases.")] = 1.0,
@@ -97,7 +105,29 @@ def loadtest(
     keys: Annotated[Path, typer.Option(help="JSON {tenant: api key}.")] = Path(".data/demo/keys.json"),
     seed: Annotated[int, typer.Option()] = 0,
     trace_in: Annotated[
-        Path | None, typer.Option(help="Replay this JSONL trace (sim.workload) instead of --rates.")
+        Path | None,
+        typer.Option(
+            "--trace",
+            "--trace-in",
+            help="Replay this trace instead of --rates: a CSV with TIMESTAMP, ContextTokens and "
+            "GeneratedTokens (aliases drawn from a --zipf mix), or a sim JSONL trace.",
+        ),
+    ] = None,
+    rate: Annotated[
+        float | None,
+        typer.Option(help="With --trace: rescale its time to this mean rate, req/s (default: as recorded)."),
+    ] = None,
+    trace_offset: Annotated[
+        float, typer.Option(help="With --trace: skip this many seconds of the trace's own clock first.")
+    ] = 0.0,
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="tokenizer.json that cuts prompts to their token counts (default: the prepared default "
+            "model's; without one, lengths are estimated from words).",
+        ),
     ] = None,
     setup: Annotated[
         int, typer.Option(help="First make and register N adapters for --tenant and load-test them.")
@@ -136,13 +166,26 @@ def loadtest(
             return
     names = names[:adapters] if adapters > 0 else names
     workload = WorkloadConfig(
-        zipf_s=zipf, duration_s=duration, prompt_mean=prompt_mean, output_mean=output_mean, seed=seed
+        zipf_s=zipf,
+        duration_s=60.0 if duration is None else duration,
+        prompt_mean=prompt_mean,
+        output_mean=output_mean,
+        seed=seed,
     )
     cfg = LoadTestConfig(gateway, names, key_map, workload, temperature=temperature)
     bursts = BurstConfig(_ints(burst), burst_size, burst_tokens, burst_repeats, replica_token)
-    trace = load(trace_in) if trace_in is not None else None
-    if trace is not None:
+    trace, info = None, None
+    if trace_in is not None:
+        replay = traces.ReplayConfig(rate or 0.0, duration or 0.0, trace_offset, len(names), zipf, 0, seed)
+        try:
+            trace, info = replay_trace(trace_in, replay, names)
+        except traces.TraceError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--trace") from None
+        if not trace:
+            raise typer.BadParameter(f"{trace_in}: no request in the window", param_hint="--trace")
         cfg = replace(cfg, workload=replace(workload, duration_s=max(r.arrival_s for r in trace)))
+    cfg = replace(cfg, prompts=PromptSource(seed, tokenizer or default_tokenizer()))
     rate_list = [float(r) for r in rates.split(",") if r.strip()]
-    summary = run_loadtest(cfg, rate_list, report, True, parse_replicas(replica or []), trace, bursts)
+    replicas = parse_replicas(replica or [])
+    summary = run_loadtest(cfg, rate_list, report, True, replicas, trace, bursts, info)
     typer.echo(json.dumps({k: v for k, v in summary.items() if k != "models"}, indent=2))

@@ -7,7 +7,8 @@ from collections import Counter
 from typing import Any
 
 from loadtest.client import RequestRecord
-from sim.report import TIERS, percentile
+from loadtest.runner import tenant_of
+from sim.report import TIERS, percentile, tenant_p95
 
 
 def _pcts(values: list[float]) -> dict[str, float | None]:
@@ -29,6 +30,7 @@ def summarise(records: list[RequestRecord], rate: float, duration_s: float) -> d
         "ttft": _pcts([r.ttft_s for r in ok]),
         "ttft_by_tier": {t: _pcts([r.ttft_s for r in ok if r.tier == t]) for t in TIERS if tiers[t]},
         "tpot": _pcts([r.tpot_s for r in ok if r.tpot_s >= 0]),
+        "ttft_by_tenant": tenant_p95((tenant_of(r.model), r.ttft_s) for r in ok),
         "tier_share": {t: round(tiers[t] / n, 4) for t in TIERS},
         "gpu_hit_rate": round(tiers["gpu"] / n, 4) if ok else None,
         "ram_hit_rate": round(tiers["ram"] / misses, 4) if misses else None,
@@ -70,6 +72,20 @@ def markdown(summary: dict[str, Any]) -> str:
     for s in summary["rates"]:
         for tier, p in s["ttft_by_tier"].items():
             lines.append(f"| {s['rate']:g} | {tier} | {_fmt(p['p50_s'])} | {_fmt(p['p95_s'])} |")
+    tenants = [(s["rate"], s["ttft_by_tenant"]) for s in summary["rates"] if s.get("ttft_by_tenant")]
+    if tenants:
+        lines += [
+            "",
+            "## TTFT p95 by tenant (s)",
+            "",
+            "| rate | tenant | requests | p95 |",
+            "|---|---|---|---|",
+        ]
+        for rate, t in tenants:
+            rows = [*t["top"], {**t["worst"], "tenant": f"{t['worst']['tenant']} (worst)"}]
+            lines += [
+                f"| {rate:g} | {r['tenant']} | {r['requests']} | {_fmt(r['p95_ttft_s'])} |" for r in rows
+            ]
     cache = [
         (s["rate"], url, c) for s in summary["rates"] for url, c in s.get("replica_cache_per_min", {}).items()
     ]

@@ -1,5 +1,5 @@
 """`lorafleet simulate`: the fleet simulator from the command line (one run, a routing A/B, or a search for
-the smallest fleet that holds a p95 TTFT target)."""
+the smallest fleet that holds a p95 TTFT target), on a generated workload or a replayed trace (sim.trace)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ import typer
 from ops import html_report
 from placement_worker.planner import Policy
 from sim import report
+from sim import trace as traces
 from sim.replica import CacheSizes
 from sim.simulator import SimConfig, simulate
 from sim.timing import TimingModel, load_timing
-from sim.workload import Request, WorkloadConfig, generate, load, save
+from sim.workload import Request, WorkloadConfig, generate, save
 
 log = logging.getLogger(__name__)
 
@@ -67,24 +68,57 @@ def find_replicas(
             hi = mid
         else:
             lo = mid
+    chosen = tried[hi]
     return {
         "slo_p95_ttft_s": slo_p95_s,
         "replicas": hi,
+        "ttft": chosen["ttft"],
+        "gpu_hit_rate": chosen["gpu_hit_rate"],
+        "gpus_needed": chosen["gpus_needed"],
+        "cost": chosen["cost"],
         "tried": {
             n: {"p95_ttft_s": r["ttft"]["p95_s"], "gpu_hit_rate": r["gpu_hit_rate"]}
             for n, r in sorted(tried.items())
         },
-        "report": tried[hi],
+        "report": chosen,
     }
+
+
+def load_trace(path: Path, replay: traces.ReplayConfig) -> tuple[list[Request], dict[str, Any]]:
+    """The replay of a trace file and what it took from it; a bad file is a usage error, not a traceback."""
+    try:
+        source = traces.read(path)
+    except traces.TraceError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--trace") from None
+    shaped = traces.shape(source, replay)
+    if not shaped:
+        raise typer.BadParameter(
+            f"{path}: no request in the window "
+            f"(offset {replay.offset_s:g} s, duration {replay.duration_s:g} s)",
+            param_hint="--trace",
+        )
+    return shaped, traces.describe(source, shaped, replay)
 
 
 def simulate_cmd(
     replicas: Annotated[int, typer.Option(help="Replicas (GPUs) in the fleet.")] = 26,
     adapters: Annotated[int, typer.Option(help="Adapters in the Zipf mix.")] = 5000,
-    rate: Annotated[float, typer.Option(help="Requests per second (Poisson).")] = 40.0,
+    rate: Annotated[
+        float | None,
+        typer.Option(
+            help="Requests per second: Poisson (default 40), or a --trace rescaled to this mean "
+            "(default: the trace's own clock)."
+        ),
+    ] = None,
     zipf: Annotated[float, typer.Option(help="Zipf exponent s of adapter popularity.")] = 1.0,
+    tenants: Annotated[
+        int, typer.Option(help="Tenants owning the adapters (adapter rank r -> tenant r mod N); 0: one each.")
+    ] = 0,
     routing: Annotated[str, typer.Option(help="cost | affinity | table | random")] = "cost",
-    duration: Annotated[float, typer.Option(help="Simulated seconds of arrivals.")] = 3600.0,
+    duration: Annotated[
+        float | None,
+        typer.Option(help="Simulated seconds of arrivals (default 3600; with --trace: the whole trace)."),
+    ] = None,
     warmup: Annotated[float, typer.Option(help="Seconds of arrivals left out of the report.")] = 60.0,
     seed: Annotated[int, typer.Option()] = 0,
     gpu_slots: Annotated[int, typer.Option(help="GPU adapter slots per replica.")] = CacheSizes.gpu_slots,
@@ -114,8 +148,17 @@ def simulate_cmd(
         list[Path] | None, typer.Option(help="bench engine / bench load calibration JSON (repeatable).")
     ] = None,
     trace_in: Annotated[
-        Path | None, typer.Option(help="Replay this JSONL trace instead of generating.")
+        Path | None,
+        typer.Option(
+            "--trace",
+            "--trace-in",
+            help="Replay this trace instead of generating: a CSV with TIMESTAMP, ContextTokens and "
+            "GeneratedTokens (adapters drawn from --adapters/--zipf/--tenants), or --trace-out's JSONL.",
+        ),
     ] = None,
+    trace_offset: Annotated[
+        float, typer.Option(help="Skip this many seconds of the trace's own clock first.")
+    ] = 0.0,
     trace_out: Annotated[Path | None, typer.Option(help="Save the trace as JSONL.")] = None,
     ab: Annotated[
         bool, typer.Option("--ab", help="Run cost, table, affinity and random routing on one trace.")
@@ -130,8 +173,19 @@ def simulate_cmd(
 ) -> None:
     """Simulate the fleet at scale with the real router, placement and cache code."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    workload = WorkloadConfig(adapters=adapters, rate=rate, zipf_s=zipf, duration_s=duration, seed=seed)
-    trace = load(trace_in) if trace_in is not None else generate(workload)
+    replayed: dict[str, Any] | None = None
+    if trace_in is not None:
+        replay = traces.ReplayConfig(
+            rate or 0.0, duration or 0.0, trace_offset, adapters, zipf, tenants, seed
+        )
+        trace, replayed = load_trace(trace_in, replay)
+    else:
+        rate = 40.0 if rate is None else rate
+        duration = 3600.0 if duration is None else duration
+        workload = WorkloadConfig(
+            adapters=adapters, rate=rate, zipf_s=zipf, duration_s=duration, seed=seed, tenants=tenants
+        )
+        trace = generate(workload)
     if trace_out is not None:
         save(trace, trace_out)
     timing = load_timing(calibration or [])
@@ -161,17 +215,22 @@ def simulate_cmd(
         result = {"comparison": report.compare(runs), "runs": runs}
     else:
         result = _run(cfg, timing, trace, gpu_hour_usd)
+    if replayed is not None:
+        result = {"trace": {"file": str(trace_in), **replayed}, **result}
     text = json.dumps(result, indent=2)
     if out is not None:
         out.write_text(text + "\n")
     if html is not None:
-        intro = f"{adapters} adapters, {rate:g} req/s, Zipf {zipf:g}."
+        shown_rate = replayed["rate"] if replayed is not None else rate
+        intro = f"{adapters} adapters, {shown_rate:g} req/s, Zipf {zipf:g}."
+        if replayed is not None:
+            intro = f"Trace {trace_in}: {intro}"
         html_report.write(html, "Simulator", result, intro=intro)
     if as_json:
         typer.echo(text)
     else:
         brief = result.get("comparison") or {
             k: result.get(k)
-            for k in ("replicas", "ttft", "gpu_hit_rate", "ram_hit_rate", "gpus_needed", "cost")
+            for k in ("trace", "replicas", "ttft", "gpu_hit_rate", "ram_hit_rate", "gpus_needed", "cost")
         }
         typer.echo(json.dumps(brief, indent=2))

@@ -4,7 +4,8 @@ per minute per replica, utilisation, GPUs needed and cost per million tokens."""
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 from sim.replica import SimRequest
@@ -27,6 +28,34 @@ def ttft_stats(requests: list[SimRequest]) -> dict[str, Any]:
         v = percentile(values, q)
         out[f"p{q}_s"] = None if v is None else round(v, 4)
     return out
+
+
+def tenant_p95(
+    samples: Iterable[tuple[str, float]], top: int = 5, min_requests: int = 20
+) -> dict[str, Any] | None:
+    """p95 TTFT of the `top` tenants by traffic and of the worst tenant, from (tenant, TTFT s) pairs.
+
+    The worst is taken among tenants with at least `min_requests` requests (a p95 of three requests is
+    noise), or among the top ones when none has that many. None when no sample names a tenant."""
+    by: dict[str, list[float]] = defaultdict(list)
+    for tenant, ttft in samples:
+        if tenant:
+            by[tenant].append(ttft)
+    if not by:
+        return None
+    p95 = {t: percentile(sorted(v), 95) or 0.0 for t, v in by.items()}
+
+    def row(t: str) -> dict[str, Any]:
+        return {"tenant": t, "requests": len(by[t]), "p95_ttft_s": round(p95[t], 4)}
+
+    busiest = sorted(by, key=lambda t: (-len(by[t]), t))[:top]
+    heavy = [t for t in by if len(by[t]) >= min_requests]
+    return {
+        "tenants": len(by),
+        "top": [row(t) for t in busiest],
+        "worst": row(max(heavy or busiest, key=lambda t: (p95[t], t))),
+        "worst_among": f"tenants with >= {min_requests} requests" if heavy else f"the top {len(busiest)}",
+    }
 
 
 def tpot_p50(requests: list[SimRequest]) -> float | None:
@@ -110,6 +139,7 @@ def build(result: SimResult, gpu_hour_usd: float = 2.5, headroom: float = 0.3) -
         "ttft": ttft_stats(measured),
         "ttft_by_tier": {t: ttft_stats([r for r in measured if r.found_in == t]) for t in TIERS if found[t]},
         "tpot_p50_s": tpot_p50(measured),
+        "ttft_by_tenant": tenant_p95((r.req.tenant, r.first_token_s - r.req.arrival_s) for r in measured),
         "tier_share": {t: round(found[t] / n, 5) for t in TIERS},
         "gpu_hit_rate": round(found["gpu"] / n, 5),
         "ram_hit_rate": round(found["ram"] / misses, 5) if misses else None,  # of GPU misses

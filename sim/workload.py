@@ -25,6 +25,7 @@ class WorkloadConfig:
     output_sigma: float = 0.6
     max_tokens: int = 4096  # a length above this is clipped (the KV budget of one request)
     seed: int = 0
+    tenants: int = 0  # tenants owning the adapters (sim.workload.tenant_id); 0: one per adapter
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,17 @@ class Request:
     adapter_id: str
     prompt_tokens: int
     output_tokens: int
+    tenant: str = ""  # the adapter's owner; "" where the trace does not say
 
 
 def adapter_id(rank: int) -> str:
     """The id of the adapter with popularity rank `rank` (0 = most popular)."""
     return f"adapter-{rank:05d}"
+
+
+def tenant_id(rank: int, tenants: int) -> str:
+    """The tenant owning the adapter of popularity rank `rank`: rank mod `tenants` (tenant 0 owns the top)."""
+    return f"tenant-{rank % max(tenants, 1):05d}"
 
 
 def zipf_weights(n: int, s: float) -> list[float]:
@@ -70,6 +77,7 @@ def generate(cfg: WorkloadConfig) -> list[Request]:
                 adapter_id=adapter_id(rank),
                 prompt_tokens=_lognormal(rng, cfg.prompt_mean, cfg.prompt_sigma, cfg.max_tokens),
                 output_tokens=_lognormal(rng, cfg.output_mean, cfg.output_sigma, cfg.max_tokens),
+                tenant=tenant_id(rank, cfg.tenants or cfg.adapters),
             )
         )
         t += rng.expovariate(cfg.rate)

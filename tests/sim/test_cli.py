@@ -54,7 +54,9 @@ def test_ab_replays_one_saved_trace_under_both_routings(tmp_path: Path) -> None:
     trace = tmp_path / "trace.jsonl"
     first = CliRunner().invoke(app, [*SMALL, "--ab", "--trace-out", str(trace), "--json"])
     assert first.exit_code == 0, first.output
-    again = CliRunner().invoke(app, [*SMALL, "--ab", "--trace-in", str(trace), "--json"])
+    # the saved trace keeps its own clock: no --rate (which would rescale it) and no --duration
+    replay = ["simulate", "--replicas", "4", "--adapters", "100", "--warmup", "5", "--trace-in", str(trace)]
+    again = CliRunner().invoke(app, [*replay, "--ab", "--json"])
     a, b = json.loads(first.output), json.loads(again.output)
     assert set(a["comparison"]) == {"cost", "table", "affinity", "random"}
     assert a["comparison"] == b["comparison"]
