@@ -14,6 +14,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,13 +89,13 @@ def run_side(tree: Path, new_tokens: int, reps: int, distinct: tuple[int, ...]) 
     return samples
 
 
-def engine_ab(
-    before: str, after: str | None, rounds: int = 3, reps: int = 2, new_tokens: int = 16
-) -> dict[str, Any]:
-    """Decode tokens/s of the engine at before and at after (None: this working tree), alternating."""
-    distinct = (0, 1, 8, 32)
+def alternate(
+    before: str, after: str | None, rounds: int, measure: Callable[[Path], dict[str, list[float]]]
+) -> dict[str, dict[str, list[float]]]:
+    """Samples per side and key from measure(tree), each side in its own worktree (after None: this working
+    tree), the sides alternating over rounds so that a noisy neighbour slows both alike."""
     samples: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
-    with tempfile.TemporaryDirectory(prefix="engine-ab-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="ab-") as tmp:
         trees = {
             "before": worktree(before, Path(tmp)),
             "after": worktree(after, Path(tmp)) if after else REPO,
@@ -102,8 +103,8 @@ def engine_ab(
         try:
             for r in range(rounds):
                 for side, tree in trees.items():
-                    for d, values in run_side(tree, new_tokens, reps, distinct).items():
-                        samples[side].setdefault(d, []).extend(values)
+                    for key, values in measure(tree).items():
+                        samples[side].setdefault(key, []).extend(values)
                     log.info("round %d %s done", r, side)
         finally:
             for tree in trees.values():
@@ -111,6 +112,15 @@ def engine_ab(
                     subprocess.run(
                         ["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False
                     )
+    return samples
+
+
+def engine_ab(
+    before: str, after: str | None, rounds: int = 3, reps: int = 2, new_tokens: int = 16
+) -> dict[str, Any]:
+    """Decode tokens/s of the engine at before and at after (None: this working tree), alternating."""
+    distinct = (0, 1, 8, 32)
+    samples = alternate(before, after, rounds, lambda tree: run_side(tree, new_tokens, reps, distinct))
     medians = {side: {d: round(statistics.median(v), 1) for d, v in s.items()} for side, s in samples.items()}
     return {
         "benchmark": "engine-ab",

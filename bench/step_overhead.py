@@ -14,14 +14,13 @@ import logging
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from bench._util import environment
-from bench.engine_ab import OWN_TREE, REPO, worktree
+from bench.engine_ab import OWN_TREE, alternate
 
 log = logging.getLogger(__name__)
 
@@ -83,24 +82,9 @@ def step_overhead(
     before: str, after: str | None = None, rounds: int = 3, batch: int = 32, iters: int = 200
 ) -> dict[str, Any]:
     """Median decode-step seconds on the tiny base at before and at after (None: this working tree)."""
-    samples: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
-    with tempfile.TemporaryDirectory(prefix="step-overhead-") as tmp:
-        trees = {
-            "before": worktree(before, Path(tmp)),
-            "after": worktree(after, Path(tmp)) if after else REPO,
-        }
-        try:
-            for r in range(rounds):
-                for side, tree in trees.items():
-                    for d, seconds in run_side(tree, batch, iters).items():
-                        samples[side].setdefault(d, []).append(seconds)
-                    log.info("round %d %s done", r, side)
-        finally:
-            for tree in trees.values():
-                if tree != REPO:
-                    subprocess.run(
-                        ["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False
-                    )
+    samples = alternate(
+        before, after, rounds, lambda tree: {d: [t] for d, t in run_side(tree, batch, iters).items()}
+    )
     medians = {side: {d: statistics.median(v) for d, v in s.items()} for side, s in samples.items()}
     return {
         "benchmark": "step-overhead",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from bench.step_overhead import REPO, run_side
+from bench.engine_ab import REPO
+from bench.step_overhead import run_side
 
 
 def test_a_side_reports_a_median_step_with_and_without_adapters() -> None:
