@@ -93,6 +93,16 @@ def step_overhead(
         "batch": batch,
         "rounds": rounds,
         "step_us_median": {side: {d: round(v * 1e6, 1) for d, v in m.items()} for side, m in medians.items()},
+        # each round's after / before, its two sides run back to back: steadier on a noisy host
+        "paired_ratio_median": {
+            d: round(
+                statistics.median(
+                    a / b for a, b in zip(samples["after"][d], samples["before"][d], strict=True)
+                ),
+                3,
+            )
+            for d in samples["after"]
+        },
         "after_over_before": {
             d: round(medians["after"][d] / medians["before"][d], 3) for d in medians["after"]
         },
