@@ -4,7 +4,8 @@ On a tiny base (the canary's: 2 layers, hidden 64) the arithmetic of a step is n
 what the host spends around it: Python, tensor building and one CPU dispatch per operator, the same work
 that launches kernels on a GPU. Each side runs in its own process from its own worktree (as engine-ab
 does), the sides alternating over rounds, and times ModelRunner.run on a batch of decoding rows with 0 and
-with as many distinct rank-16 adapters as rows. The result is each side's median step and after / before.
+with as many distinct rank-16 adapters as rows. The result is each side's median step, its operators per
+step, and after / before.
 """
 
 from __future__ import annotations
@@ -62,13 +63,17 @@ for distinct in (0, batch):
         runner.run(steps)
         times.append(time.perf_counter() - start)
     out[str(distinct)] = statistics.median(times)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        runner.run(steps)
+    out[f"operators:{distinct}"] = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
 print("RESULT " + json.dumps(out))
 """
 )
 
 
 def run_side(tree: Path, batch: int, iters: int) -> dict[str, float]:
-    """One process timing tree's decode step: median seconds per step, by distinct adapters."""
+    """One process timing tree's decode step: median seconds per step, by distinct adapters, and
+    ("operators:<distinct>") the aten calls of one step."""
     argv = [sys.executable, "-c", CHILD, str(tree), str(batch), str(iters)]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -85,6 +90,11 @@ def step_overhead(
     samples = alternate(
         before, after, rounds, lambda tree: {d: [t] for d, t in run_side(tree, batch, iters).items()}
     )
+    operators = {
+        side: {d.removeprefix("operators:"): int(v[0]) for d, v in s.items() if d.startswith("operators:")}
+        for side, s in samples.items()
+    }  # the same every round: torch's profiler counts one step's aten calls
+    samples = {side: {d: v for d, v in s.items() if ":" not in d} for side, s in samples.items()}
     medians = {side: {d: statistics.median(v) for d, v in s.items()} for side, s in samples.items()}
     return {
         "benchmark": "step-overhead",
@@ -106,6 +116,7 @@ def step_overhead(
         "after_over_before": {
             d: round(medians["after"][d] / medians["before"][d], 3) for d in medians["after"]
         },
+        "operators_per_step": operators,
         "samples_s": samples,
         "environment": environment(torch.device("cpu"), "float32"),
     }
