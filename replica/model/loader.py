@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 from pathlib import Path
@@ -73,6 +74,15 @@ def _set_tensor(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
     setattr(module, leaf, nn.Parameter(tensor, requires_grad=False))
 
 
+def _return_freed_heap() -> None:
+    """Hand the pages of the per-name weights that fusing freed back to the OS: glibc keeps freed heap
+    pages mapped, and a CPU replica's resident memory would count them for its whole life."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim this way
+        pass
+
+
 def load_model(model_dir: Path, dtype: str = "float32", device: str = "auto") -> LlamaForCausalLM:
     """Build the model on the meta device, then fill it shard by shard (a 7B directory loads the same way)."""
     config = read_config(model_dir)
@@ -97,6 +107,8 @@ def load_model(model_dir: Path, dtype: str = "float32", device: str = "auto") ->
         raise UnsupportedModelError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
     model.model.rotary_emb.to(torch_device)
     fuse_projections(model)
+    if torch_device.type == "cpu":
+        _return_freed_heap()
     model.eval()
     log.info(
         "loaded %s: %d layers, hidden %d, %s on %s",

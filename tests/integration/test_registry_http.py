@@ -86,7 +86,7 @@ async def test_same_id_with_different_content_is_a_conflict(client, pool) -> Non
         ({"tenant_id": "initech"}, "unknown_tenant"),
         ({"rank": "sixteen"}, "invalid_parameter"),
         ({"adapter_id": "../etc/passwd"}, "invalid_parameter"),
-        ({"extra": 1}, "invalid_parameter"),
+        ({"extra": 1}, "unknown_parameter"),  # a field outside the contract, named
     ],
 )
 async def test_bad_registrations_are_refused_at_once_with_their_code(client, pool, change, code) -> None:
