@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from replica.kernels.grouped import compute_dtype
+
 
 @dataclass(frozen=True)
 class GatheredRows:
@@ -41,15 +43,11 @@ def mostly_distinct(slot_of_row: torch.Tensor) -> bool:
     return 2 * int(slots.unique().numel()) > int(slot_of_row.numel())
 
 
-def _fp32(t: torch.Tensor) -> torch.Tensor:
-    return t if t.dtype == torch.float32 else t.float()
-
-
 def gathered_shrink(x: torch.Tensor, a_stack: torch.Tensor, g: GatheredRows) -> torch.Tensor:
     """t [num_tokens, rank] = A[slot] @ x per row; zeros for rows without an adapter in this pool."""
     # x [num_tokens, hidden_in]; a_stack [num_slots, rank, hidden_in]
-    a = _fp32(a_stack.index_select(0, g.safe))  # [num_tokens, rank, hidden_in]
-    t = torch.bmm(_fp32(x).unsqueeze(1), a.transpose(1, 2)).squeeze(1)  # [num_tokens, rank]
+    a = compute_dtype(a_stack.index_select(0, g.safe))  # [num_tokens, rank, hidden_in]
+    t = torch.bmm(compute_dtype(x).unsqueeze(1), a.transpose(1, 2)).squeeze(1)  # [num_tokens, rank]
     return (t * g.keep).to(x.dtype)
 
 
@@ -58,7 +56,7 @@ def gathered_expand(
 ) -> None:
     """out[i] += scale[slot] * B[slot] @ t[i] in place; rows without an adapter in this pool untouched."""
     # out [num_tokens, hidden_out]; t [num_tokens, rank]; b_stack [num_slots, hidden_out, rank]
-    b = _fp32(b_stack.index_select(0, g.safe))  # [num_tokens, hidden_out, rank]
-    delta = torch.bmm(_fp32(t).unsqueeze(1), b.transpose(1, 2)).squeeze(1)  # [num_tokens, hidden_out]
+    b = compute_dtype(b_stack.index_select(0, g.safe))  # [num_tokens, hidden_out, rank]
+    delta = torch.bmm(compute_dtype(t).unsqueeze(1), b.transpose(1, 2)).squeeze(1)  # [num_tokens, hidden_out]
     delta.mul_(scale.index_select(0, g.safe).float().unsqueeze(1) * g.keep)
     out.add_(delta.to(out.dtype))

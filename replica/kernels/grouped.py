@@ -81,7 +81,7 @@ def _per_chunk(stack: torch.Tensor, g: GroupedRows) -> torch.Tensor:
     return stack.index_select(0, g.chunk_slot)  # half the cost of stack[g.chunk_slot] on strided views
 
 
-def _compute_dtype(t: torch.Tensor) -> torch.Tensor:
+def compute_dtype(t: torch.Tensor) -> torch.Tensor:
     """fp32 stays as is (no copy); half types are widened, as the reference accumulates in fp32."""
     return t if t.dtype == torch.float32 else t.float()
 
@@ -92,12 +92,12 @@ def grouped_shrink(x: torch.Tensor, a_stack: torch.Tensor, g: GroupedRows | None
     rank = a_stack.shape[1]
     if g is None:
         return x.new_zeros(x.shape[0], rank)
-    xc = _compute_dtype(x)
+    xc = compute_dtype(x)
     if g.in_order:  # one adapter over the whole batch: a plain matmul against the slot's A
         assert g.single_slot is not None
-        return (xc @ _compute_dtype(a_stack[g.single_slot]).T).to(x.dtype)  # [num_tokens, rank]
+        return (xc @ compute_dtype(a_stack[g.single_slot]).T).to(x.dtype)  # [num_tokens, rank]
     xp = xc[g.gather]  # [num_chunks, width, hidden_in]
-    tp = torch.bmm(xp, _compute_dtype(_per_chunk(a_stack, g)).transpose(1, 2))  # [num_chunks, width, rank]
+    tp = torch.bmm(xp, compute_dtype(_per_chunk(a_stack, g)).transpose(1, 2))  # [num_chunks, width, rank]
     flat = tp.view(-1, rank)
     t = x.new_zeros(x.shape[0], rank)
     t[g.out_rows] = (flat if g.out_pos is None else flat[g.out_pos]).to(x.dtype)
@@ -111,14 +111,14 @@ def grouped_expand(
     # out [num_tokens, hidden_out]; t [num_tokens, rank]; b_stack [num_slots, hidden_out, rank]
     if g is None:
         return
-    tc = _compute_dtype(t)
+    tc = compute_dtype(t)
     if g.in_order and out.dtype == torch.float32 and out.device.type == "cpu":
         assert g.single_slot is not None  # one fused multiply-add into out (scale read on the host: no sync)
         out.addmm_(tc, b_stack[g.single_slot].T, alpha=float(scale[g.single_slot]))
         return
     tp = tc.unsqueeze(0) if g.in_order else tc[g.gather]  # [num_chunks, width, rank]
     tp = tp * scale[g.chunk_slot].float().view(-1, 1, 1)
-    delta = torch.bmm(tp, _compute_dtype(_per_chunk(b_stack, g)).transpose(1, 2))  # [chunks, width, out]
+    delta = torch.bmm(tp, compute_dtype(_per_chunk(b_stack, g)).transpose(1, 2))  # [chunks, width, out]
     flat = delta.view(-1, out.shape[1])
     if g.in_order:
         out.add_(flat.to(out.dtype))

@@ -26,6 +26,27 @@ from replica.kernels.segments import Segments
 
 
 @triton.jit
+def expand_row(out_row, t_row, b_slot, scale, hidden_out, rank, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
+    # out_row[d] += scale * B[d, :rank] @ t_row[:rank] for this program's tile of hidden_out; b_slot points at
+    # the slot's B [hidden_out, rank]. delta is rounded to out's dtype before adding, as the reference's
+    # out.add_(delta.to(out.dtype)) does.
+    d_offs = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # [BLOCK_D]
+    d_mask = d_offs < hidden_out
+    r_offs = tl.arange(0, BLOCK_R)  # [BLOCK_R]
+    r_mask = r_offs < rank
+    tv = tl.load(t_row + r_offs, mask=r_mask, other=0.0).to(tl.float32)
+    bv = tl.load(  # [BLOCK_D, BLOCK_R]
+        b_slot + d_offs[:, None].to(tl.int64) * rank + r_offs[None, :],
+        mask=d_mask[:, None] & r_mask[None, :],
+        other=0.0,
+    )
+    delta = tl.sum(bv.to(tl.float32) * tv[None, :], axis=1) * scale  # [BLOCK_D]
+    old = tl.load(out_row + d_offs, mask=d_mask, other=0.0).to(tl.float32)
+    new = old + delta.to(out_row.dtype.element_ty).to(tl.float32)
+    tl.store(out_row + d_offs, new.to(out_row.dtype.element_ty), mask=d_mask)
+
+
+@triton.jit
 def _expand_gathered_kernel(
     out_ptr,  # [num_tokens, hidden_out]
     t_ptr,  # [num_tokens, rank]
@@ -45,23 +66,10 @@ def _expand_gathered_kernel(
     slot = tl.load(slot_ptr + row).to(tl.int64)
     if slot < 0:
         return
-    d_offs = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # [BLOCK_D]
-    d_mask = d_offs < hidden_out
-    r_offs = tl.arange(0, BLOCK_R)  # [BLOCK_R]
-    r_mask = r_offs < rank
-    tv = tl.load(t_ptr + row.to(tl.int64) * rank + r_offs, mask=r_mask, other=0.0).to(tl.float32)
-    bv = tl.load(  # [BLOCK_D, BLOCK_R]
-        b_ptr + slot * stride_b + d_offs[:, None].to(tl.int64) * rank + r_offs[None, :],
-        mask=d_mask[:, None] & r_mask[None, :],
-        other=0.0,
-    )
     scale = tl.load(scale_ptr + slot * stride_scale).to(tl.float32)
-    delta = tl.sum(bv.to(tl.float32) * tv[None, :], axis=1) * scale  # [BLOCK_D]
-    out_ptrs = out_ptr + row.to(tl.int64) * stride_out + d_offs
-    old = tl.load(out_ptrs, mask=d_mask, other=0.0).to(tl.float32)
-    # Round delta to out's dtype before adding, as the reference's out.add_(delta.to(out.dtype)) does.
-    new = old + delta.to(out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptrs, new.to(out_ptr.dtype.element_ty), mask=d_mask)
+    t_row = t_ptr + row.to(tl.int64) * rank
+    out_row = out_ptr + row.to(tl.int64) * stride_out
+    expand_row(out_row, t_row, b_ptr + slot * stride_b, scale, hidden_out, rank, BLOCK_D, BLOCK_R)
 
 
 @triton.jit

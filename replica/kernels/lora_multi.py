@@ -28,6 +28,8 @@ import triton
 import triton.language as tl
 
 from replica.kernels.launch_checks import check_float, check_rows, check_same_device, check_slots, check_stack
+from replica.kernels.lora_expand import expand_row
+from replica.kernels.lora_shrink import gathered_block_r, gemv_rows
 
 _COLUMNS = 8  # bucket, a_off, a_stride, b_off, b_stride, s_off, s_stride, rank
 
@@ -120,14 +122,7 @@ def _shrink_multi_kernel(
     r_mask = r_offs < rank
     x_row = x_ptr + row.to(tl.int64) * stride_x
     a_rows = a_ptr + a_off + slot * a_stride + r_offs[:, None].to(tl.int64) * hidden_in  # [BLOCK_R, 1]
-    acc = tl.zeros([BLOCK_R, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, hidden_in, BLOCK_K):
-        k_offs = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K]
-        k_mask = k_offs < hidden_in
-        xv = tl.load(x_row + k_offs, mask=k_mask, other=0.0).to(tl.float32)  # [BLOCK_K]
-        av = tl.load(a_rows + k_offs[None, :], mask=r_mask[:, None] & k_mask[None, :], other=0.0)
-        acc += av.to(tl.float32) * xv[None, :]  # [BLOCK_R, BLOCK_K]
-    t_val = tl.sum(acc, axis=1)  # [BLOCK_R]: zero past the row's rank
+    t_val = gemv_rows(x_row, a_rows, r_mask, hidden_in, BLOCK_R, BLOCK_K)  # [BLOCK_R]: 0 past the rank
     tl.store(t_row + r_offs, t_val.to(t_ptr.dtype.element_ty), mask=t_mask)
 
 
@@ -158,23 +153,10 @@ def _expand_multi_kernel(
     s_off = _entry(entries_ptr, row_bucket, NUM_BUCKETS, 5)
     s_stride = _entry(entries_ptr, row_bucket, NUM_BUCKETS, 6)
     slot = tl.load(slot_ptr + row).to(tl.int64)
-    d_offs = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # [BLOCK_D]
-    d_mask = d_offs < hidden_out
-    r_offs = tl.arange(0, BLOCK_R)  # [BLOCK_R]
-    r_mask = r_offs < rank
-    tv = tl.load(t_ptr + row.to(tl.int64) * max_rank + r_offs, mask=r_mask, other=0.0).to(tl.float32)
-    bv = tl.load(  # [BLOCK_D, BLOCK_R]
-        b_ptr + b_off + slot * b_stride + d_offs[:, None].to(tl.int64) * rank + r_offs[None, :],
-        mask=d_mask[:, None] & r_mask[None, :],
-        other=0.0,
-    )
     scale = tl.load(scale_ptr + s_off + slot * s_stride).to(tl.float32)
-    delta = tl.sum(bv.to(tl.float32) * tv[None, :], axis=1) * scale  # [BLOCK_D]
-    out_ptrs = out_ptr + row.to(tl.int64) * stride_out + d_offs
-    old = tl.load(out_ptrs, mask=d_mask, other=0.0).to(tl.float32)
-    # Round delta to out's dtype before adding, as the reference's out.add_(delta.to(out.dtype)) does.
-    new = old + delta.to(out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptrs, new.to(out_ptr.dtype.element_ty), mask=d_mask)
+    t_row = t_ptr + row.to(tl.int64) * max_rank
+    out_row = out_ptr + row.to(tl.int64) * stride_out
+    expand_row(out_row, t_row, b_ptr + b_off + slot * b_stride, scale, hidden_out, rank, BLOCK_D, BLOCK_R)
 
 
 def _check_rows_meta(
@@ -202,9 +184,7 @@ def shrink_multi(
     t = torch.empty(num_tokens, table.max_rank, dtype=x.dtype, device=x.device)
     if num_tokens == 0:
         return t
-    block_r = triton.next_power_of_2(table.max_rank)
-    while block_r > 4 and num_tokens * triton.cdiv(table.max_rank, block_r) < 256:
-        block_r //= 2  # split the rank across programs until a small decode batch fills the GPU
+    block_r = gathered_block_r(table.max_rank, num_tokens)
     block_k = max(64, min(512, 4096 // block_r, triton.next_power_of_2(table.hidden_in)))
     grid = (num_tokens, triton.cdiv(table.max_rank, block_r))
     _shrink_multi_kernel[grid](

@@ -25,6 +25,20 @@ from replica.kernels.segments import Segments
 
 
 @triton.jit
+def gemv_rows(x_row, a_rows, r_mask, hidden_in, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    # [BLOCK_R] fp32: rows a_rows [BLOCK_R, 1] (pointers to each rank row's start) times x_row, zero where
+    # r_mask is off; a GEMV without tl.dot, so any rank works without padding.
+    acc = tl.zeros([BLOCK_R, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, hidden_in, BLOCK_K):
+        k_offs = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K]
+        k_mask = k_offs < hidden_in
+        xv = tl.load(x_row + k_offs, mask=k_mask, other=0.0).to(tl.float32)  # [BLOCK_K]
+        av = tl.load(a_rows + k_offs[None, :], mask=r_mask[:, None] & k_mask[None, :], other=0.0)
+        acc += av.to(tl.float32) * xv[None, :]  # [BLOCK_R, BLOCK_K]
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
 def _shrink_gathered_kernel(
     x_ptr,  # [num_tokens, hidden_in]
     a_ptr,  # [num_slots, rank, hidden_in]
@@ -48,14 +62,7 @@ def _shrink_gathered_kernel(
         return
     x_row = x_ptr + row.to(tl.int64) * stride_x
     a_rows = a_ptr + slot * stride_a + r_offs[:, None].to(tl.int64) * hidden_in  # [BLOCK_R, 1]
-    acc = tl.zeros([BLOCK_R, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, hidden_in, BLOCK_K):
-        k_offs = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K]
-        k_mask = k_offs < hidden_in
-        xv = tl.load(x_row + k_offs, mask=k_mask, other=0.0).to(tl.float32)  # [BLOCK_K]
-        av = tl.load(a_rows + k_offs[None, :], mask=r_mask[:, None] & k_mask[None, :], other=0.0)
-        acc += av.to(tl.float32) * xv[None, :]  # [BLOCK_R, BLOCK_K]
-    t_val = tl.sum(acc, axis=1)  # [BLOCK_R]
+    t_val = gemv_rows(x_row, a_rows, r_mask, hidden_in, BLOCK_R, BLOCK_K)  # [BLOCK_R]
     tl.store(t_row + r_offs, t_val.to(t_ptr.dtype.element_ty), mask=r_mask)
 
 
@@ -111,7 +118,7 @@ def _shrink_segmented_kernel(
     tl.store(t_ptrs, acc.to(t_ptr.dtype.element_ty), mask=m_mask[:, None] & r_mask[None, :])
 
 
-def _gathered_block_r(rank: int, num_tokens: int) -> int:
+def gathered_block_r(rank: int, num_tokens: int) -> int:
     """Split the rank across programs until a small decode batch fills the GPU."""
     block_r = triton.next_power_of_2(rank)
     while block_r > 4 and num_tokens * triton.cdiv(rank, block_r) < 256:
@@ -129,7 +136,7 @@ def shrink_gathered(x: torch.Tensor, a_stack: torch.Tensor, slot_of_row: torch.T
     t = torch.empty(num_tokens, rank, dtype=x.dtype, device=x.device)  # [num_tokens, rank]
     if num_tokens == 0:
         return t
-    block_r = _gathered_block_r(rank, num_tokens)
+    block_r = gathered_block_r(rank, num_tokens)
     block_k = max(64, min(512, 4096 // block_r, triton.next_power_of_2(hidden_in)))
     grid = (num_tokens, triton.cdiv(rank, block_r))
     _shrink_gathered_kernel[grid](
