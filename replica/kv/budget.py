@@ -19,7 +19,7 @@ def sequence_blocks(budget_bytes: int, block_bytes: int) -> int:
 def gpu_budget_bytes(device: torch.device, utilization: float) -> int:
     """Bytes the KV cache may take on a CUDA device: utilization of its memory, less what is in use now
     (call it after the weights and the LoRA slot stacks are allocated)."""
-    torch.cuda.empty_cache()  # blocks the allocator keeps idle (e.g. from fusing projections) are free
+    torch.cuda.empty_cache()  # blocks the allocator keeps idle are free
     free, total = torch.cuda.mem_get_info(device)
     return max(0, int(utilization * total) - (total - free))
 

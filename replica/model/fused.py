@@ -1,9 +1,10 @@
 """Fused projections: q/k/v and gate/up each become one GEMM over their weights stacked at load.
 
-fuse_projections swaps them in after the weights are loaded (the model file builds the plain Hugging Face
-modules, so checkpoints load by name). Each original projection keeps its name and its weight, which
-becomes a view of its rows of the fused weight: code that works by module name (an adapter merged into the
-base, the LoRA wrappers' shapes) reads and edits the same memory, and the parameters are counted once.
+fuse_projections swaps them in (the model file builds the plain Hugging Face modules); the loader does it on
+the meta device, before any memory exists, and checkpoints still load by name into the parts' views. Each
+original projection keeps its name and its weight, which becomes a view of its rows of the fused weight:
+code that works by module name (an adapter merged into the base, the LoRA wrappers' shapes) reads and edits
+the same memory, and the parameters are counted once.
 A state_dict holds the fused tensors (qkv_proj, gate_up_proj), not the per-name ones.
 """
 
@@ -40,9 +41,9 @@ class FusedLinear(nn.Module):
             if self.bias is not None:
                 del part.bias
         self._parts: list[nn.Linear] = list(parts)  # a plain list: they stay registered where they are
-        self._point_parts()
+        self.point_parts()
 
-    def _point_parts(self) -> None:
+    def point_parts(self) -> None:
         """Make each part's weight (and bias) its rows of the fused ones."""
         first = 0
         for part, size in zip(self._parts, self.sizes, strict=True):
@@ -54,7 +55,7 @@ class FusedLinear(nn.Module):
     def _apply(self, fn: Any, recurse: bool = True) -> FusedLinear:
         """After .to(), .half() and the like move the fused weight, the parts' views follow it."""
         super()._apply(fn, recurse)
-        self._point_parts()
+        self.point_parts()
         return self
 
     def forward(self, x: torch.Tensor, parts: Sequence[nn.Module]) -> torch.Tensor:
@@ -68,7 +69,7 @@ class FusedLinear(nn.Module):
 
 
 def fuse_projections(model: nn.Module) -> None:
-    """Give every decoder layer a fused q/k/v and gate/up (after loading; a later .to() keeps them joined)."""
+    """Give every decoder layer a fused q/k/v and gate/up (a later .to() keeps them joined)."""
     for layer in model.model.layers:  # type: ignore[union-attr]
         attn, mlp = layer.self_attn, layer.mlp
         if attn.qkv_proj is None:

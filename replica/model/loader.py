@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 from pathlib import Path
@@ -12,7 +11,7 @@ from safetensors import safe_open
 from torch import nn
 
 from replica.errors import UnsupportedModelError
-from replica.model.fused import fuse_projections
+from replica.model.fused import FusedLinear, fuse_projections
 from replica.model.llama import LlamaConfig, LlamaForCausalLM
 
 log = logging.getLogger(__name__)
@@ -60,27 +59,40 @@ def weight_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def _set_tensor(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
+def _allocate(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+    """Give every parameter of the meta-built model uninitialised memory of its own on the device.
+
+    The loader then copies each checkpoint tensor into its place, converting dtype and device in that one
+    copy. Nothing keeps the checkpoint's file mapping alive afterwards, and a fused projection is never
+    built by concatenating loaded parts (which held the parts' pages and the fused copy at once).
+    """
+    allocated: dict[int, nn.Parameter] = {}  # a tied weight stays one tensor
+    for module in model.modules():
+        for leaf, param in module._parameters.items():
+            if param is None or not param.is_meta:
+                continue
+            if id(param) not in allocated:
+                memory = torch.empty(param.shape, dtype=dtype, device=device)
+                allocated[id(param)] = nn.Parameter(memory, requires_grad=False)
+            module._parameters[leaf] = allocated[id(param)]
+        if isinstance(module, FusedLinear):
+            module.point_parts()  # q/k/v and gate/up become views of the fused memory
+
+
+def _fill(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """Copy one checkpoint tensor into the model's memory for that name (a parameter or a fused view)."""
     module_path, _, leaf = name.rpartition(".")
-    module = model.get_submodule(module_path)
-    param = module._parameters.get(leaf)
-    if param is None:  # no such parameter, or one registered as None (a bias the config turned off)
-        raise UnsupportedModelError(f"checkpoint tensor {name} has no place in the model")
-    expected = param.shape
-    if tuple(expected) != tuple(tensor.shape):
-        raise UnsupportedModelError(
-            f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(expected)}"
-        )
-    setattr(module, leaf, nn.Parameter(tensor, requires_grad=False))
-
-
-def _return_freed_heap() -> None:
-    """Hand the pages of the per-name weights that fusing freed back to the OS: glibc keeps freed heap
-    pages mapped, and a CPU replica's resident memory would count them for its whole life."""
     try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim this way
-        pass
+        target = getattr(model.get_submodule(module_path), leaf, None)
+    except AttributeError:
+        target = None
+    if not isinstance(target, torch.Tensor):  # no such tensor, or a bias the config turned off
+        raise UnsupportedModelError(f"checkpoint tensor {name} has no place in the model")
+    if tuple(target.shape) != tuple(tensor.shape):
+        shapes = f"checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}"
+        raise UnsupportedModelError(f"{name}: {shapes}")
+    with torch.no_grad():
+        target.copy_(tensor)
 
 
 def load_model(model_dir: Path, dtype: str = "float32", device: str = "auto") -> LlamaForCausalLM:
@@ -89,26 +101,24 @@ def load_model(model_dir: Path, dtype: str = "float32", device: str = "auto") ->
     torch_dtype, torch_device = resolve_dtype(dtype), resolve_device(device)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
+    expected = [name for name, _ in model.named_parameters()]  # a tied lm_head is the embedding's name
+    fuse_projections(model)
+    _allocate(model, torch_dtype, torch_device)
+    skipped = {"lm_head.weight"} if config.tie_word_embeddings else set()  # the embedding serves as the head
     seen: set[str] = set()
     for path in weight_files(model_dir):
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():
-                if name.endswith(IGNORED_SUFFIXES):
+                if name.endswith(IGNORED_SUFFIXES) or name in skipped:
                     continue
-                tensor = f.get_tensor(name).to(device=torch_device, dtype=torch_dtype)
-                _set_tensor(model, name, tensor)
+                _fill(model, name, f.get_tensor(name))
                 seen.add(name)
-    if config.tie_word_embeddings or "lm_head.weight" not in seen:
-        if not config.tie_word_embeddings:
-            raise UnsupportedModelError("lm_head.weight missing and tie_word_embeddings is false")
-        model.lm_head.weight = model.model.embed_tokens.weight
-    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if "lm_head.weight" in expected and "lm_head.weight" not in seen:
+        raise UnsupportedModelError("lm_head.weight missing and tie_word_embeddings is false")
+    missing = [name for name in expected if name not in seen]
     if missing:
         raise UnsupportedModelError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
     model.model.rotary_emb.to(torch_device)
-    fuse_projections(model)
-    if torch_device.type == "cpu":
-        _return_freed_heap()
     model.eval()
     log.info(
         "loaded %s: %d layers, hidden %d, %s on %s",
