@@ -5,6 +5,10 @@ affinity routing, p95 TTFT within the SLO), and runs every routing mode on that 
 (the new one), table (a fixed score table, GIE's LoRA-affinity manner), affinity (today's) and random (the
 baseline). Cells run in parallel processes.
 
+With --trace, every cell replays one trace file (sim.trace: its arrivals rescaled to the cell's rate, so its
+bursts keep their shape, and its prompt and answer lengths) with the cell's adapters drawn from its Zipf
+mix, instead of generating Poisson arrivals with log-normal lengths.
+
 slot_bound is the GPU hit rate a fleet of that many slots could reach at best if every adapter took one
 slot and traffic were stationary: the popularity of the replicas x gpu_slots most popular adapters. A
 cell's goal (GPU hit >= hit_goal, p95 TTFT < the SLO) is in reach only where the bound clears it.
@@ -26,11 +30,12 @@ import typer
 
 from ops import html_report
 from sim import report
+from sim import trace as traces
 from sim.cli import find_replicas
 from sim.replica import CacheSizes
 from sim.simulator import SimConfig, simulate
 from sim.timing import TimingModel
-from sim.workload import WorkloadConfig, generate, zipf_weights
+from sim.workload import Request, WorkloadConfig, generate, zipf_weights
 
 MODES = ("cost", "table", "affinity", "random")  # new; a fixed table; today's (sizes the fleet); baseline
 
@@ -46,6 +51,7 @@ class GridConfig:
     slo_p95_ttft_s: float = 1.0
     hit_goal: float = 0.95
     gpu_slots: int = CacheSizes.gpu_slots
+    trace: str = ""  # a trace file every cell replays; "" generates each cell's workload
 
 
 @dataclass(frozen=True)
@@ -60,24 +66,33 @@ def slot_bound(adapters: int, zipf: float, slots: int) -> float:
     return sum(zipf_weights(adapters, zipf)[: max(slots, 0)])
 
 
-def first_guess(timing: TimingModel, rate: float, workload: WorkloadConfig) -> tuple[int, int]:
-    """(a fleet that misses the SLO, one that should hold it): the brief's GPU arithmetic, x 1 and x 1.35."""
-    needed = rate * (
-        workload.output_mean / timing.decode_tokens_per_s()
-        + workload.prompt_mean / timing.prefill_tokens_per_s
-    )
+def first_guess(timing: TimingModel, rate: float, trace: list[Request]) -> tuple[int, int]:
+    """(a fleet that misses the SLO, one that should hold it): the brief's GPU arithmetic on the trace's mean
+    lengths, x 1 and x 1.35."""
+    count = max(len(trace), 1)
+    prompt_mean = sum(r.prompt_tokens for r in trace) / count
+    output_mean = sum(r.output_tokens for r in trace) / count
+    needed = rate * (output_mean / timing.decode_tokens_per_s() + prompt_mean / timing.prefill_tokens_per_s)
     return max(math.floor(needed), 1), max(math.ceil(needed * 1.35), 2)
+
+
+def cell_trace(cell: Cell, grid: GridConfig) -> list[Request]:
+    """The cell's arrivals: the grid's trace file replayed at the cell's rate, or a generated workload."""
+    if grid.trace:
+        replay = traces.ReplayConfig(cell.rate, grid.duration_s, 0.0, cell.adapters, cell.zipf, 0, grid.seed)
+        return traces.shape(traces.read(Path(grid.trace)), replay)
+    workload = WorkloadConfig(
+        adapters=cell.adapters, rate=cell.rate, zipf_s=cell.zipf, duration_s=grid.duration_s, seed=grid.seed
+    )
+    return generate(workload)
 
 
 def run_cell(cell: Cell, grid: GridConfig) -> dict[str, Any]:
     """Size the fleet for one cell, then run every routing mode on its trace."""
     start = time.perf_counter()
-    workload = WorkloadConfig(
-        adapters=cell.adapters, rate=cell.rate, zipf_s=cell.zipf, duration_s=grid.duration_s, seed=grid.seed
-    )
-    trace = generate(workload)
+    trace = cell_trace(cell, grid)
     timing = TimingModel()
-    lo, hi = first_guess(timing, cell.rate, workload)
+    lo, hi = first_guess(timing, cell.rate, trace)
     cfg = SimConfig(
         replicas=hi,
         routing="affinity",
@@ -99,6 +114,7 @@ def run_cell(cell: Cell, grid: GridConfig) -> dict[str, Any]:
     return {
         **asdict(cell),
         "requests": runs["affinity"]["requests"],
+        "span_s": round(max((r.arrival_s for r in trace), default=0.0), 1),
         "replicas": replicas,
         "sizing": found["tried"],
         "slot_bound": round(bound, 4),
@@ -165,7 +181,14 @@ def simgrid(
     seed: int = typer.Option(0),
     slo_p95_ttft: float = typer.Option(1.0, help="p95 TTFT target that sizes each cell's fleet, s"),
     jobs: int = typer.Option(os.cpu_count() or 1, help="cells simulated in parallel processes"),
-    out_dir: Path = typer.Option(Path("bench/results"), help="writes simgrid.json, .png and .html here"),
+    trace: Path | None = typer.Option(
+        None,
+        "--trace",
+        help="replay this CSV (TIMESTAMP, ContextTokens, GeneratedTokens) in each cell at its rate",
+    ),
+    out_dir: Path = typer.Option(
+        Path("bench/results"), help="writes simgrid.json, .png and .html here (simgrid-trace.* with --trace)"
+    ),
 ) -> None:
     """Cost vs table vs affinity vs random routing over adapters x Zipf x rate, fleets by --find-replicas."""
     from bench._util import emit
@@ -179,15 +202,22 @@ def simgrid(
         warmup_s=warmup,
         seed=seed,
         slo_p95_ttft_s=slo_p95_ttft,
+        trace=str(trace or ""),
     )
+    if trace is not None:
+        try:
+            traces.read(trace)  # a bad file is a usage error here, not a traceback in every cell
+        except traces.TraceError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--trace") from None
+    name = "simgrid-trace" if trace is not None else "simgrid"
     result = run_grid(grid, max(jobs, 1))
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "simgrid.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, out_dir / "simgrid.png")
+    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, out_dir / f"{name}.png")
     html_report.write(
-        out_dir / "simgrid.html",
-        "Simulator grid: replicas and routing modes",
+        out_dir / f"{name}.html",
+        f"Simulator grid{f' on {trace.name}' if trace is not None else ''}: replicas and routing modes",
         json.loads(json.dumps(result)),  # as the JSON file holds it (tuples as lists)
-        ["simgrid.png"],
+        [f"{name}.png"],
     )
     emit({"summary": result["summary"], "wall_s": result["wall_s"], "out_dir": str(out_dir)})

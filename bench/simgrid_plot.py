@@ -48,7 +48,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax.set_yticks(range(len(rows)), [f"{a:,} s={z:g}" for a, z in rows])
             ax.set_title(f"{mode}: {label}")
     fig.suptitle(
-        f"lorafleet simulate grid: {cfg['duration_s']:g} s per cell, fleets sized for p95 TTFT "
+        f"lorafleet simulate grid{' on ' + Path(cfg['trace']).name if cfg.get('trace') else ''}: "
+        f"{cfg['duration_s']:g} s per cell, fleets sized for p95 TTFT "
         f"<= {cfg['slo_p95_ttft_s']:g} s with affinity routing"
     )
     fig.tight_layout()

@@ -68,3 +68,40 @@ def test_find_replicas_from_a_lower_bound_finds_what_the_full_search_finds() -> 
         find_replicas(cfg, TimingModel(), trace, 1.0, 0.0, lo=full["replicas"] + 1)["replicas"]
         == full["replicas"]
     )
+
+
+def test_a_trace_grid_replays_the_file_at_each_cells_rate(tmp_path: Path) -> None:
+    # two bursts of 40 arrivals, 60 s apart, with the file's own lengths
+    rows = [f"{t:.3f},{300 + 7 * i},{40 + i % 5}" for i, t in enumerate([*range(40), *range(60, 100)])]
+    trace = tmp_path / "burst.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    args = [
+        "simgrid",
+        "--adapters",
+        "50",
+        "--zipf",
+        "0.9",
+        "--rates",
+        "2,4",
+        "--duration",
+        "0",
+        "--warmup",
+        "0",
+    ]
+    result = CliRunner().invoke(
+        app, [*args, "--trace", str(trace), "--jobs", "1", "--out-dir", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    grid = json.loads((tmp_path / "simgrid-trace.json").read_text())
+    assert grid["config"]["trace"] == str(trace) and (tmp_path / "simgrid-trace.html").is_file()
+    slow, fast = grid["cells"]
+    assert slow["requests"] == fast["requests"] == 80  # every row, whatever the rate
+    assert slow["span_s"] == pytest.approx(2 * fast["span_s"], rel=0.01)  # the clock rescaled to each rate
+
+
+def test_a_trace_grid_refuses_a_bad_file_before_any_cell_runs(tmp_path: Path) -> None:
+    trace = tmp_path / "bad.csv"
+    trace.write_text("TIMESTAMP,ContextTokens\n1,2\n")
+    result = CliRunner().invoke(app, ["simgrid", "--trace", str(trace), "--out-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "GeneratedTokens" in result.output
+    assert not (tmp_path / "simgrid-trace.json").exists()
