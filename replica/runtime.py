@@ -44,7 +44,7 @@ from replica.model.llama import LlamaForCausalLM
 from replica.model.loader import load_model, resolve_device
 from replica.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from schemas.events import ReplicaState
-from schemas.replica_api import StateResponse
+from schemas.replica_api import GenerateRequest, StateResponse
 
 log = logging.getLogger(__name__)
 
@@ -241,43 +241,41 @@ class Replica:
 
     # requests and state
 
-    def prompt_ids(
-        self,
-        messages: list[dict[str, str]] | None,
-        token_ids: list[int] | None,
-        trace: AdmissionTrace | None = None,
-    ) -> list[int]:
-        """Exactly one of chat messages or token ids; trace gets the template's and the tokenizer's marks."""
-        if (messages is None) == (token_ids is None):
-            raise InvalidRequestError("send exactly one of messages or prompt_token_ids", param="messages")
-        if token_ids is not None:
+    def prompt_ids(self, body: GenerateRequest, trace: AdmissionTrace | None = None) -> list[int]:
+        """The request's prompt as token ids (GenerateRequest holds exactly one of its three forms); trace
+        gets the template's and the tokenizer's marks."""
+        if body.prompt_token_ids is not None:
             if trace is not None:
                 trace.templated = trace.tokenized = time.perf_counter()
-            return token_ids
-        assert messages is not None  # exactly one of the two was given
+            return body.prompt_token_ids
+        param = "messages" if body.messages is not None else "prompt"
         if self.tokenizer is None:
-            raise InvalidRequestError(
-                "this replica has no tokenizer; send prompt_token_ids", param="messages"
-            )
-        # What can never fit is refused by its length in bytes, before the template or the tokenizer runs.
-        self._refuse_by_bytes(sum(len(str(m.get("content") or "").encode()) for m in messages))
-        text = self.tokenizer.render_chat(messages, add_generation_prompt=True)
-        self._refuse_by_bytes(len(text.encode()))
+            raise InvalidRequestError("this replica has no tokenizer; send prompt_token_ids", param=param)
+        if body.messages is not None:
+            messages = [m.model_dump() for m in body.messages]
+            # What can never fit is refused by its length in bytes, before the template or the tokenizer runs.
+            self._refuse_by_bytes(sum(len(m["content"].encode()) for m in messages), param)
+            text = self.tokenizer.render_chat(messages, add_generation_prompt=True)
+            special = False  # the template writes its special tokens itself
+        else:
+            assert body.prompt is not None  # the contract's validator: exactly one form was given
+            text, special = body.prompt, True
+        self._refuse_by_bytes(len(text.encode()), param)
         templated = time.perf_counter()
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        ids = self.tokenizer.encode(text, add_special_tokens=special)
         if trace is not None:
             trace.templated, trace.tokenized = templated, time.perf_counter()
         return ids
 
-    def _refuse_by_bytes(self, n_bytes: int) -> None:
+    def _refuse_by_bytes(self, n_bytes: int, param: str) -> None:
         """A text of more bytes than max_model_len tokens could hold has more tokens than fit."""
         assert self.tokenizer is not None
         limit = self.settings.max_model_len
         if n_bytes > limit * self.tokenizer.max_token_bytes:
             raise ContextLengthError(
-                f"This model's maximum context length is {limit} tokens; the messages have {n_bytes} bytes, "
+                f"This model's maximum context length is {limit} tokens; {n_bytes} bytes of {param} are "
                 f"more than {limit} tokens of at most {self.tokenizer.max_token_bytes} bytes can hold",
-                param="messages",
+                param=param,
             )
 
     def engine_load(self) -> EngineLoad:

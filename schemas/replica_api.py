@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, TypeAdapter, model_validator
 
 from schemas.api import ErrorDetail
 from schemas.events import ReplicaState, ReplicaStateBody
@@ -45,12 +45,16 @@ class ChatMessage(BaseModel):
 
 
 class GenerateRequest(BaseModel):
-    """A prompt (exactly one of chat messages or token ids), the adapter to use (None = base), the tenant
-    whose fair share of the replica it counts against (None = no tenant) and sampling."""
+    """A prompt (exactly one of chat messages, raw text or token ids), the adapter to use (None = base), the
+    tenant whose fair share of the replica it counts against (None = no tenant) and sampling.
+
+    messages go through the model's chat template; prompt is tokenized as it is (the tokenizer's own special
+    tokens added, as a legacy completion's prompt is); prompt_token_ids are used as given."""
 
     model_config = _CONTRACT
 
     messages: list[ChatMessage] | None = None
+    prompt: str | None = Field(default=None, min_length=1)
     prompt_token_ids: list[int] | None = None
     adapter_id: AdapterId | None = None
     tenant_id: TenantId | None = None
@@ -70,6 +74,13 @@ class GenerateRequest(BaseModel):
     ignore_eos: bool = False
     # KV blocks are shared only between requests of the same adapter version and the same salt
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerateRequest:
+        given = [f for f in (self.messages, self.prompt, self.prompt_token_ids) if f is not None]
+        if len(given) != 1:
+            raise ValueError("send exactly one of messages, prompt or prompt_token_ids")
+        return self
 
 
 class TokenEvent(BaseModel):

@@ -79,9 +79,12 @@ class LLMEngine:
         self.seqs: dict[str, Sequence] = {}
         self.prefill_delay_s = prefill_delay_s  # fault injection only (ReplicaSettings.fault_prefill_delay_s)
 
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def check_request(
+        self, prompt_token_ids: list[int], params: SamplingParams, prompt_param: str = "messages"
+    ) -> None:
         """Raise a domain error for a request that can never run, or whose prompt plus max_tokens does not fit
-        the context: refused before it is queued, never cut short at the context's end."""
+        the context: refused before it is queued, never cut short at the context's end. prompt_param names
+        the field the prompt came in (messages, or a completion's prompt)."""
         vocab = self.runner.model.config.vocab_size
         params.validate(vocab)
         if not prompt_token_ids:
@@ -91,13 +94,13 @@ class LLMEngine:
         limit, prompt = self.runner.max_model_len, len(prompt_token_ids)
         if prompt >= limit:
             raise ContextLengthError(
-                f"This model's maximum context length is {limit} tokens; the messages have {prompt}",
-                param="messages",
+                f"This model's maximum context length is {limit} tokens; the {prompt_param} take {prompt}",
+                param=prompt_param,
             )
         if prompt + params.max_tokens > limit:
             raise ContextLengthError(
                 f"This model's maximum context length is {limit} tokens; the request asks for "
-                f"{prompt + params.max_tokens} ({prompt} in the messages, {params.max_tokens} in the "
+                f"{prompt + params.max_tokens} ({prompt} in the {prompt_param}, {params.max_tokens} in the "
                 "completion)",
                 param="max_tokens",
             )

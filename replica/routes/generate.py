@@ -37,11 +37,10 @@ async def generate(
     trace = AdmissionTrace(arrived(request.scope), parsed=time.perf_counter())
     if not replica.lifecycle.accepting:
         raise ReplicaDrainingError("this replica is draining; send the request to another one")
-    messages = [m.model_dump() for m in body.messages] if body.messages is not None else None
     # the template and the tokenizer run on a worker thread: a long prompt never stalls the event loop
-    prompt = await asyncio.to_thread(replica.prompt_ids, messages, body.prompt_token_ids, trace)
+    prompt = await asyncio.to_thread(replica.prompt_ids, body, trace)
     params = _sampling_params(body, len(prompt), replica.settings.max_model_len)
-    replica.engine.engine.check_request(prompt, params)
+    replica.engine.engine.check_request(prompt, params, "prompt" if body.prompt is not None else "messages")
     timer = replica.metrics.request()
     use = await replica.acquire(body.adapter_id, body.tenant_id)
     if use.header_adapter_id is not None:

@@ -172,11 +172,13 @@ def test_penalties_and_logit_bias_outside_their_ranges_are_refused(
 
 
 def test_the_replica_contract_takes_the_same_ranges() -> None:
-    ok = GenerateRequest.model_validate_json('{"presence_penalty": 2, "logit_bias": {"5": -100}}')
+    ok = GenerateRequest.model_validate_json(
+        '{"prompt_token_ids": [1], "presence_penalty": 2, "logit_bias": {"5": -100}}'
+    )
     assert ok.presence_penalty == 2.0 and ok.logit_bias == {"5": -100.0}
-    for bad in ('{"frequency_penalty": 2.5}', '{"logit_bias": {"05": 1}}', '{"logit_bias": {"5": 101}}'):
+    for bad in ('"frequency_penalty": 2.5', '"logit_bias": {"05": 1}', '"logit_bias": {"5": 101}'):
         with pytest.raises(ValidationError):
-            GenerateRequest.model_validate_json(bad)
+            GenerateRequest.model_validate_json('{"prompt_token_ids": [1], ' + bad + "}")
 
 
 @pytest.mark.parametrize(

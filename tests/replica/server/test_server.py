@@ -87,6 +87,19 @@ async def test_generate_streams_tokens_then_usage(client: httpx.AsyncClient) -> 
     assert text.startswith("".join(e["text"] for e in stopped) + done["text"])
 
 
+async def test_a_raw_prompt_is_tokenized_as_is_without_the_chat_template(
+    client: httpx.AsyncClient, replica: Replica
+) -> None:
+    """A legacy completion's prompt: the tokenizer's ids of the text, the same answer as those ids sent."""
+    assert replica.tokenizer is not None
+    text = "The capital of France is"
+    ids = replica.tokenizer.encode(text, add_special_tokens=True)
+    tokens, done = await _generate(client, messages=None, prompt=text, ignore_eos=True)
+    assert done["usage"]["prompt_tokens"] == len(ids) < 16  # no template around it
+    same, _ = await _generate(client, messages=None, prompt_token_ids=ids, ignore_eos=True)
+    assert [e["token_id"] for e in tokens] == [e["token_id"] for e in same]
+
+
 async def test_adapter_request_reports_tier_and_differs_from_base(
     client: httpx.AsyncClient, replica: Replica
 ) -> None:
@@ -185,7 +198,16 @@ async def test_bad_input_gets_error_json_not_500(client: httpx.AsyncClient) -> N
         ),
         ("post", f"{BASE}/generate", {"prompt_token_ids": [1], "temperature": -1}, 400, "invalid_parameter"),
         ("post", f"{BASE}/generate", {"prompt_token_ids": [1] * 300}, 400, "context_length_exceeded"),
-        ("post", f"{BASE}/generate", {}, 400, "invalid_request"),
+        ("post", f"{BASE}/generate", {}, 400, "invalid_parameter"),
+        (
+            "post",
+            f"{BASE}/generate",
+            {"prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}]},
+            400,
+            "invalid_parameter",
+        ),
+        ("post", f"{BASE}/generate", {"prompt": ""}, 400, "invalid_parameter"),
+        ("post", f"{BASE}/generate", {"prompt": "word " * 2000}, 400, "context_length_exceeded"),
         ("get", "/internal/replicas/other/state", None, 404, "wrong_replica"),
     ]
     for method, url, body, status, code in cases:
