@@ -73,14 +73,13 @@ class StreamOptions(BaseModel):
     include_obfuscation: bool | None = None  # no obfuscation field is sent either way
 
 
-class ChatCompletionRequest(BaseModel):
-    """POST /v1/chat/completions."""
+class SamplingRequest(BaseModel):
+    """The fields the chat and the legacy completions bodies share: the alias, the token limit, sampling,
+    streaming and the fields of both that change no output."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra=describe_unsupported(""))
+    model_config = ConfigDict(extra="forbid")
 
     model: Annotated[str, Field(min_length=1, max_length=200)]
-    messages: Annotated[list[Message], Field(min_length=1, max_length=1024)]
-    max_completion_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] | None = None
@@ -98,9 +97,32 @@ class ChatCompletionRequest(BaseModel):
     # An extension (vLLM's): KV blocks are reused only between requests with the same salt, so one
     # tenant's end users cannot learn each other's prompts from the time to first token.
     cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
-
-    # Accepted and ignored: they change no output. `user` also keeps a caller on one side of a canary.
+    # Accepted and ignored: it changes no output, and keeps a caller on one side of a canary.
     user: Annotated[str, Field(max_length=256)] | None = None
+    # Not implemented: refused unless 1 (each body's table in schemas.openai_params).
+    n: Annotated[int, Field(ge=1, le=128, strict=True)] | None = None  # strict: true is not 1
+
+    def caller_limit(self) -> int | None:
+        """The completion's token limit the caller named, if any."""
+        return self.max_tokens
+
+    def completion_limit(self, default: int) -> int:
+        """The caller's limit, else the gateway's default."""
+        return self.caller_limit() or default
+
+    def wants_usage_chunk(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """POST /v1/chat/completions."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=describe_unsupported(""))
+
+    messages: Annotated[list[Message], Field(min_length=1, max_length=1024)]
+    max_completion_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+
+    # Accepted and ignored: they change no output.
     store: bool | None = None
     metadata: (
         Annotated[
@@ -116,7 +138,6 @@ class ChatCompletionRequest(BaseModel):
     parallel_tool_calls: bool | None = None  # a no-op while no tools are accepted
 
     # Not implemented: refused unless the value is a no-op (schemas.openai_params.UNSUPPORTED).
-    n: Annotated[int, Field(ge=1, le=128, strict=True)] | None = None  # strict: true is not 1
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     response_format: AnyObject | None = None
@@ -136,12 +157,9 @@ class ChatCompletionRequest(BaseModel):
     def _refuse_unsupported(cls, value: Any, info: ValidationInfo) -> Any:
         return supported(str(info.field_name), value)
 
-    def completion_limit(self, default: int) -> int:
-        """max_completion_tokens, else max_tokens, else the gateway's default."""
-        return self.max_completion_tokens or self.max_tokens or default
-
-    def wants_usage_chunk(self) -> bool:
-        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+    def caller_limit(self) -> int | None:
+        """max_completion_tokens, else the deprecated max_tokens."""
+        return self.max_completion_tokens or self.max_tokens
 
 
 class PromptTokensDetails(BaseModel):

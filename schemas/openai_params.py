@@ -1,10 +1,10 @@
-"""The OpenAI chat parameters lorafleet has not implemented, and the OpenAI error a body that fails validation
+"""The OpenAI parameters lorafleet has not implemented, and the OpenAI error a body that fails validation
 gets.
 
-UNSUPPORTED maps each such parameter to the values that leave a request's meaning unchanged (null always
-does); any other value is refused with a 400 naming it, never dropped. A key is the parameter's path in the
-body, with `[]` for "every item": `messages[].tool_calls` is a field of every message. Implementing a
-parameter removes its entry.
+UNSUPPORTED (chat completions) and COMPLETIONS_UNSUPPORTED (legacy completions) map each such parameter to
+the values that leave a request's meaning unchanged (null always does); any other value is refused with a
+400 naming it, never dropped. A key is the parameter's path in the body, with `[]` for "every item":
+`messages[].tool_calls` is a field of every message. Implementing a parameter removes its entry.
 
 request_error turns pydantic's errors into the one ErrorDetail both the gateway and the replica answer, so
 the same body gets the same 400 from either: `param` is OpenAI's path (`messages[0].content[1].type`).
@@ -58,31 +58,43 @@ UNSUPPORTED: dict[str, NoOp] = {
     "messages[].content[].type": NoOp(lambda v: v == "text", '"text"'),
 }
 
+# POST /v1/completions: `n` as chat has it; the prompt as one string only (no batch of prompts).
+COMPLETIONS_UNSUPPORTED: dict[str, NoOp] = {
+    "n": UNSUPPORTED["n"],
+    "prompt": NoOp(lambda v: isinstance(v, str), "a string"),
+    "logprobs": NoOp(_never),
+    "echo": NoOp(lambda v: v is False, "false"),
+    "suffix": NoOp(_never),
+    "best_of": NoOp(lambda v: v == 1, "1"),
+}
 
-def unsupported_fields(prefix: str) -> tuple[str, ...]:
-    """The field names in UNSUPPORTED directly under prefix ("" for the body, "messages[]." for a message)."""
+Table = Mapping[str, NoOp]
+
+
+def unsupported_fields(prefix: str, table: Table = UNSUPPORTED) -> tuple[str, ...]:
+    """The field names in table directly under prefix ("" for the body, "messages[]." for a message)."""
     return tuple(
-        key[len(prefix) :] for key in UNSUPPORTED if key.startswith(prefix) and "." not in key[len(prefix) :]
+        key[len(prefix) :] for key in table if key.startswith(prefix) and "." not in key[len(prefix) :]
     )
 
 
-def describe_unsupported(prefix: str) -> Callable[[dict[str, Any]], None]:
+def describe_unsupported(prefix: str, table: Table = UNSUPPORTED) -> Callable[[dict[str, Any]], None]:
     """A model's json_schema_extra: the OpenAPI document says which values of each field under prefix are
     accepted, so what it describes is what the server takes."""
 
     def describe(schema: dict[str, Any]) -> None:
-        for name in unsupported_fields(prefix):
-            shown = UNSUPPORTED[prefix + name].shown
+        for name in unsupported_fields(prefix, table):
+            shown = table[prefix + name].shown
             accepted = f"only {shown} is accepted" if shown else "leave it out"
             schema["properties"][name]["description"] = f"Not supported by this server: {accepted}."
 
     return describe
 
 
-def supported(key: str, value: Any) -> Any:
-    """value when UNSUPPORTED[key] takes it as a no-op; otherwise an unsupported_parameter error (a field
+def supported(key: str, value: Any, table: Table = UNSUPPORTED) -> Any:
+    """value when table[key] takes it as a no-op; otherwise an unsupported_parameter error (a field
     validator's: pydantic adds the location)."""
-    rule = UNSUPPORTED[key]
+    rule = table[key]
     if value is None or rule.accepts(value):
         return value
     raise PydanticCustomError(UNSUPPORTED_PARAMETER, "not supported by this server", {"shown": rule.shown})

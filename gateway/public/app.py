@@ -1,5 +1,5 @@
-"""Build the public OpenAI-compatible app (chat, models, the tenants' console page; the health probes and a
-tenant-free /metrics) and serve it with uvicorn.
+"""Build the public OpenAI-compatible app (chat and legacy completions, models, the tenants' console page;
+the health probes and a tenant-free /metrics) and serve it with uvicorn.
 
 Its own listener, separate from /internal: tenants authenticate with API keys here, services with the
 service token there, and nothing here takes the service token (the operator console and its admin API are
@@ -36,7 +36,7 @@ from gateway.public.idempotency import IdempotencyStore, idempotency_prefix
 from gateway.public.listener import bind_listener
 from gateway.public.metrics import GatewayMetrics
 from gateway.public.online import Online
-from gateway.public.routes import chat, health, models
+from gateway.public.routes import chat, completions, health, models
 from gateway.public.routing.alias_cache import AliasCache, consume_alias_changes
 from gateway.public.routing.replica_view import ReplicaView, consume_states
 from gateway.public.store_guard import StoreGuard
@@ -207,6 +207,7 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
     install_error_handlers(app)
     install_openapi(app)
     app.include_router(chat.router)
+    app.include_router(completions.router)
     app.include_router(models.router)
     app.include_router(health.router)
     app.include_router(console.page_router(console.TENANT_VIEWS))

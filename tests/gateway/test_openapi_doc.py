@@ -1,5 +1,6 @@
-"""The public OpenAPI document describes the chat body a schema-driven fuzzer generates from: every field of
-OpenAI's chat request, lorafleet's extensions, and no room for any other field at any level."""
+"""The public OpenAPI document describes the chat and legacy completions bodies a schema-driven fuzzer
+generates from: every field of OpenAI's request, lorafleet's extensions, and no room for any other field at
+any level."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import httpx
 
 from gateway.config import GatewayConfig
 from gateway.public.app import build_public_app
-from schemas.openai_params import UNSUPPORTED
+from schemas.openai_params import COMPLETIONS_UNSUPPORTED, UNSUPPORTED
 
 # CreateChatCompletionRequest's properties in OpenAI's openapi.yaml
 OPENAI_CHAT_FIELDS = {
@@ -19,6 +20,12 @@ OPENAI_CHAT_FIELDS = {
     "reasoning_effort", "response_format", "safety_identifier", "seed", "service_tier", "stop", "store",
     "stream", "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user",
     "verbosity", "web_search_options",
+}  # fmt: skip
+# CreateCompletionRequest's properties in OpenAI's openapi.yaml
+OPENAI_COMPLETION_FIELDS = {
+    "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "model", "n",
+    "presence_penalty", "prompt", "seed", "stop", "stream", "stream_options", "suffix", "temperature",
+    "top_p", "user",
 }  # fmt: skip
 EXTENSIONS = {"cache_salt"}
 
@@ -54,3 +61,16 @@ async def test_each_unsupported_field_says_what_it_accepts() -> None:
         prefix, name = key.rsplit(".", 1) if "." in key else ("", key)
         properties = components[models[prefix + "." if prefix else ""]]["properties"]
         assert properties[name]["description"].startswith("Not supported by this server"), key
+
+
+async def test_the_completions_body_has_every_openai_field_and_refuses_others() -> None:
+    doc = await _document()
+    content = doc["paths"]["/v1/completions"]["post"]["requestBody"]["content"]
+    components = doc["components"]["schemas"]
+    body = components[content["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]]
+    assert body["additionalProperties"] is False and body["required"] == ["model", "prompt"]
+    assert set(body["properties"]) == OPENAI_COMPLETION_FIELDS | EXTENSIONS
+    assert components["StreamOptions"]["additionalProperties"] is False
+    for name in COMPLETIONS_UNSUPPORTED:
+        assert body["properties"][name]["description"].startswith("Not supported by this server"), name
+    assert "422" not in doc["paths"]["/v1/completions"]["post"]["responses"]

@@ -58,6 +58,7 @@ OPEN = {
 }
 TENANT_ROUTES = {
     ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
     ("GET", "/v1/models"),
     ("GET", "/v1/models/{model:path}"),
 }

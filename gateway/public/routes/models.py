@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from gateway.deps import PublicCaller
 from gateway.errors import NotFound
 from gateway.public.admission.refusals import refuse_if_limited
-from gateway.public.routes.chat import MODEL_NOT_FOUND
+from gateway.public.endpoint import MODEL_NOT_FOUND
 from schemas.openai import ModelCard, ModelList
 
 router = APIRouter()

@@ -12,7 +12,8 @@ import pytest
 
 from gateway.errors import BadRequest
 from gateway.public.online import RequestRecord
-from gateway.public.routes.chat import parse_request, replica_body
+from gateway.public.routes.chat import CHAT
+from gateway.public.routes.completions import COMPLETIONS
 from gateway.public.routing.policy import ReplicaLoad
 from gateway.public.upstream.errors import public_error
 from gateway.public.upstream.events import completion_events
@@ -116,7 +117,7 @@ async def test_the_gateways_chat_request_is_one_the_replica_serves(served, clien
     )
     rec = RequestRecord(request_id="join-2", tenant_id="acme", started=0.0)
     events = await _read(
-        await client.open([load], replica_body(chat, "join-a", "join-2", 12, "acme"), _failed), rec
+        await client.open([load], CHAT.replica_body(chat, "join-a", "join-2", 12, "acme"), _failed), rec
     )
     done = events[-1]
     assert isinstance(done, DoneEvent) and "".join(e.text for e in events).strip()
@@ -125,6 +126,33 @@ async def test_the_gateways_chat_request_is_one_the_replica_serves(served, clien
     # the caller's tenant reached the replica's fair admission, charged with the prompt and the completion
     fair = replica.engine.engine.scheduler.waiting
     assert isinstance(fair, FairQueue) and fair.served["acme"] >= done.usage.total_tokens - 1
+
+
+async def test_the_gateways_completion_request_is_the_raw_prompt_the_replica_serves(
+    served, client: ReplicaClient
+) -> None:
+    """A legacy completion's prompt reaches the model as its own tokens, no chat template around them."""
+    replica, load = served
+    assert replica.tokenizer is not None
+    text = "The capital of France is"
+    parsed = COMPLETIONS.parse(json.dumps({"model": "acme/support:prod", "prompt": text, "seed": 1}).encode())
+    body = COMPLETIONS.replica_body(parsed, "join-a", "join-5", 4, "acme")
+    assert (body.prompt, body.messages, body.max_tokens_is_default) == (text, None, True)
+    rec = RequestRecord(request_id="join-5", tenant_id="acme", started=0.0)
+    done = (await _read(await client.open([load], body, _failed), rec))[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.usage.prompt_tokens == len(replica.tokenizer.encode(text, add_special_tokens=True))
+
+
+async def test_a_completion_prompt_past_the_context_is_refused_naming_prompt(
+    served, client: ReplicaClient
+) -> None:
+    _, load = served
+    parsed = COMPLETIONS.parse(json.dumps({"model": "m/a:b", "prompt": "word " * 300}).encode())
+    with pytest.raises(ReplicaRejected) as err:
+        await client.open([load], COMPLETIONS.replica_body(parsed, "join-a", "join-6", 4, "acme"), _failed)
+    assert err.value.status == 400 and err.value.error.code == "context_length_exceeded"
+    assert err.value.error.param == "prompt"
 
 
 async def test_a_refused_request_comes_back_as_the_replicas_error(served, client: ReplicaClient) -> None:
@@ -148,7 +176,7 @@ async def test_load_and_state_bodies_parse_as_the_contract(served) -> None:
 
 def _chat(**fields: object) -> ChatCompletionRequest:
     body = {"model": "acme/support:prod", "messages": [{"role": "user", "content": "Say hello."}]}
-    return parse_request(json.dumps(body | fields).encode())
+    return CHAT.parse(json.dumps(body | fields).encode())
 
 
 async def test_the_callers_logit_bias_and_penalties_reach_the_replicas_sampler(
@@ -157,7 +185,7 @@ async def test_the_callers_logit_bias_and_penalties_reach_the_replicas_sampler(
     """Through the gateway's parser and request builder: +100 on one id makes every greedy token that id."""
     _, load = served
     chat = _chat(temperature=0, logit_bias={"42": 100}, presence_penalty=0.5, frequency_penalty=-0.5)
-    body = replica_body(chat, "join-a", "join-3", 6, "acme")
+    body = CHAT.replica_body(chat, "join-a", "join-3", 6, "acme")
     assert (body.presence_penalty, body.frequency_penalty, body.logit_bias) == (0.5, -0.5, {"42": 100.0})
     rec = RequestRecord(request_id="join-3", tenant_id="acme", started=0.0)
     events = await _read(await client.open([load], body, _failed), rec)
@@ -169,7 +197,7 @@ async def test_a_logit_bias_past_the_vocabulary_is_the_replicas_400_naming_it(
     served, client: ReplicaClient
 ) -> None:
     _, load = served
-    body = replica_body(_chat(logit_bias={"99999999": 1}), "join-a", "join-4", 4, "acme")
+    body = CHAT.replica_body(_chat(logit_bias={"99999999": 1}), "join-a", "join-4", 4, "acme")
     with pytest.raises(ReplicaRejected) as err:
         await client.open([load], body, _failed)
     public = public_error(err.value)

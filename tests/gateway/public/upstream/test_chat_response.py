@@ -14,7 +14,7 @@ from sse_starlette.event import ServerSentEvent
 
 from gateway.errors import install_error_handlers
 from gateway.public.online import RequestRecord
-from gateway.public.upstream.chat_response import completion_response, sse_chunks
+from gateway.public.upstream.chat_response import TEXT_SHAPE, completion_response, sse_chunks
 from gateway.sse_response import SseResponse
 from schemas.openai import ChatCompletionChunk, ChunkChoice, Delta, Usage
 from tests.gateway.public.upstream.replica_lines import failed, outputs, record, replica_bytes, upstream
@@ -50,13 +50,20 @@ async def relay() -> AsyncIterator[tuple[httpx.AsyncClient, dict[str, bytes], Fi
             return SseResponse(sse_chunks(rec, up, MODEL, True, finished))
         return await completion_response(rec, up, MODEL, {"x-request-id": rec.request_id}, finished)
 
+    @app.post("/text")
+    async def text(stream: bool) -> Response:
+        up, rec = upstream(bodies["next"], chunk=7), record()
+        if stream:
+            return SseResponse(sse_chunks(rec, up, MODEL, True, finished, TEXT_SHAPE))
+        return await completion_response(rec, up, MODEL, {}, finished, TEXT_SHAPE)
+
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
         yield client, bodies, finished
 
 
-async def _sse(client: httpx.AsyncClient) -> list[tuple[str, str]]:
-    async with aconnect_sse(client, "POST", "/chat", params={"stream": "true"}) as source:
+async def _sse(client: httpx.AsyncClient, path: str = "/chat") -> list[tuple[str, str]]:
+    async with aconnect_sse(client, "POST", path, params={"stream": "true"}) as source:
         assert source.response.status_code == 200
         return [(sse.event, sse.data) async for sse in source.aiter_sse()]
 
@@ -108,6 +115,29 @@ async def test_json_completion_has_the_whole_text_and_usage(relay) -> None:
     done = resp.json()
     assert done["choices"][0]["message"]["content"] == "Hello 世界"
     assert done["choices"][0]["finish_reason"] == "stop" and done["usage"]["total_tokens"] == 9
+    assert finished.calls == [("ok", None)]
+
+
+async def test_a_text_completion_streams_text_chunks_then_usage_and_done(relay) -> None:
+    client, bodies, finished = relay
+    bodies["next"] = GOOD
+    events = await _sse(client, "/text")
+    chunks = [json.loads(data) for _, data in events[:-1]]
+    assert events[-1] == ("message", "[DONE]")
+    assert {c["object"] for c in chunks} == {"text_completion"}
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == "Hello 世界"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-2])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+    assert finished.calls == [("ok", None)]
+
+
+async def test_a_whole_text_completion_has_the_text_and_usage(relay) -> None:
+    client, bodies, finished = relay
+    bodies["next"] = GOOD
+    done = (await client.post("/text", params={"stream": "false"})).json()
+    assert done["object"] == "text_completion" and done["usage"]["total_tokens"] == 9
+    assert done["choices"] == [{"text": "Hello 世界", "index": 0, "logprobs": None, "finish_reason": "stop"}]
     assert finished.calls == [("ok", None)]
 
 

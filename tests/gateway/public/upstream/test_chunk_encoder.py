@@ -9,9 +9,10 @@ import pytest
 from sse_starlette.event import ServerSentEvent
 
 from gateway.errors import BadGateway, ServiceUnavailable
-from gateway.public.upstream.chunk_encoder import DONE, ChunkEncoder, error_frame
+from gateway.public.upstream.chunk_encoder import DONE, ChunkEncoder, TextChunkEncoder, error_frame
 from gateway.public.upstream.events import replica_lost
 from schemas.openai import ChatCompletionChunk, ChunkChoice, Delta, Usage
+from schemas.openai_completions import CompletionChunk, CompletionChunkChoice
 
 TEXTS = [
     "Hel",
@@ -30,7 +31,7 @@ TEXTS = [
 MODELS = ["acme/support:prod", "tenant-1/name_with.dots:v2"]
 
 
-def _model_frame(chunk: ChatCompletionChunk) -> bytes:
+def _model_frame(chunk: ChatCompletionChunk | CompletionChunk) -> bytes:
     """What the pydantic model and sse-starlette's framing give for one chunk."""
     return ServerSentEvent(data=chunk.model_dump_json(exclude_none=False)).encode()
 
@@ -64,6 +65,29 @@ def test_usage_chunk_equals_the_models_json() -> None:
     enc = ChunkEncoder("chatcmpl-abc123", 1764500000, MODELS[0])
     usage = Usage(prompt_tokens=31, completion_tokens=250, total_tokens=281)
     assert enc.usage(usage) == _model_frame(_chunk(MODELS[0], [], usage))
+
+
+def _text_chunk(choices: list[CompletionChunkChoice], usage: Usage | None = None) -> CompletionChunk:
+    return CompletionChunk(
+        id="cmpl-abc123", created=1764500000, model=MODELS[1], choices=choices, usage=usage
+    )
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_text_completion_chunks_equal_the_models_json(text: str) -> None:
+    enc = TextChunkEncoder("cmpl-abc123", 1764500000, MODELS[1])
+    expected = _model_frame(_text_chunk([CompletionChunkChoice(text=text)]))
+    assert enc.content(text, first=True) == enc.content(text, first=False) == expected
+    data = json.loads(enc.content(text, first=True)[len(b"data: ") : -4])
+    assert data["object"] == "text_completion" and data["choices"][0]["text"] == text
+
+
+def test_text_completion_finish_and_usage_chunks_equal_the_models_json() -> None:
+    enc = TextChunkEncoder("cmpl-abc123", 1764500000, MODELS[1])
+    usage = Usage(prompt_tokens=4, completion_tokens=8, total_tokens=12)
+    finish = _text_chunk([CompletionChunkChoice(text="", finish_reason="length")])
+    assert enc.finish("length") == _model_frame(finish)
+    assert enc.usage(usage) == _model_frame(_text_chunk([], usage))
 
 
 @pytest.mark.parametrize(
