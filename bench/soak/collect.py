@@ -136,6 +136,9 @@ async def release(stack: SoakStack, ledger: RateLedger, within_s: float) -> Rele
         g = await gateway_metrics(stack.infra.public_url)
         inflight = {k: g[k] for k in INFLIGHT if k in g}
         missing += [f"gateway {n}" for n in absent(g, INFLIGHT)]
+        if ledger.stopped is not None:  # its counts stopped at some moment: no longer a ledger of the run
+            missing.append(f"redis rate ledger ({ledger.stopped})")
+            return Release(holds, inflight, {}, missing)
         ledgers = {t.tenant_id: ledger.by_tenant(t.tenant_id)[:2] for t in stack.tenants}
         return Release(holds, inflight, ledgers, missing)
 

@@ -166,10 +166,13 @@ async def churn_stack(platform: PlatformSettings, canaries: Path, work: Path) ->
 
 class RateLedger:
     """Every rate-limit script call the gateways make on a Redis (MONITOR): per bucket key, the reserves
-    (six arguments) and the refunds (one) and the tokens refunded."""
+    (six arguments) and the refunds (one) and the tokens refunded. Once MONITOR has ended, calls go
+    uncounted, so by_tenant raises rather than answer with partial counts."""
 
     def __init__(self, url: str) -> None:
-        self.client = Redis.from_url(url)
+        # MONITOR says nothing while the gateways make no call (every chat mid-stream); a read timeout
+        # would end the watch in such a quiet spell
+        self.client = Redis.from_url(url, socket_timeout=None)
         self.reserves: Counter[str] = Counter()
         self.refunds: Counter[str] = Counter()
         self.refunded_tokens: Counter[str] = Counter()
@@ -195,8 +198,17 @@ class RateLedger:
                     self.refunds[key] += 1
                     self.refunded_tokens[key] += int(float(args[0]))
 
+    @property
+    def stopped(self) -> str | None:
+        """Why the watch ended before the ledger was closed (it has counted nothing since), or None."""
+        if self._task is None or not self._task.done() or self._task.cancelled():
+            return None
+        return f"MONITOR ended: {self._task.exception()!r}"
+
     def by_tenant(self, tenant: str) -> tuple[int, int, int]:
         """(reserves, refunds, tokens refunded) on the tenant's bucket."""
+        if self.stopped is not None:
+            raise RuntimeError(f"the rate ledger stopped counting ({self.stopped})")
         keys = [k for k in self.reserves.keys() | self.refunds.keys() if k.endswith(":" + tenant)]
         return (
             sum(self.reserves[k] for k in keys),
