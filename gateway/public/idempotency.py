@@ -1,4 +1,5 @@
-"""Idempotency-Key on POST /v1/chat/completions: one run per key, its answer replayed to retries.
+"""Idempotency-Key on POST /v1/chat/completions and /v1/completions: one run per key, its answer
+replayed to retries.
 
 Contract (docs/api.md, "Idempotent retries"):
 - The key is the `Idempotency-Key` header: 1 to 255 printable ASCII characters, else 400

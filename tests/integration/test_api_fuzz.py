@@ -93,32 +93,38 @@ def _check(resp: Any, what: str) -> None:
         openai_error(resp)
 
 
-def _run_schemathesis(url: str, auth: dict[str, str], max_examples: int) -> dict[int, int]:
-    """Positive and negative cases over every operation of url's OpenAPI document; status -> count."""
+def _run_schemathesis(
+    url: str, auth: dict[str, str], max_examples: int
+) -> tuple[dict[int, int], set[tuple[str, str]]]:
+    """Positive and negative cases over every operation of url's OpenAPI document: status -> count, and the
+    (method, path) operations called."""
     schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=auth)
     cases = st.one_of(
         schema.as_strategy(generation_mode=schemathesis.GenerationMode.POSITIVE),
         schema.as_strategy(generation_mode=schemathesis.GenerationMode.NEGATIVE),
     )
     statuses: dict[int, int] = {}
+    called: set[tuple[str, str]] = set()
 
     @fuzz_settings(max_examples)
     @given(case=cases, keep_generated_auth=st.booleans())
     def run(case: schemathesis.Case, keep_generated_auth: bool) -> None:
         resp = case.call(base_url=url, headers=None if keep_generated_auth else auth, timeout=60)
         statuses[resp.status_code] = statuses.get(resp.status_code, 0) + 1
+        called.add((case.method.upper(), case.path))
         _check(resp, f"{case.method} {case.formatted_path} {case.body!r:.300}")
 
     run()
-    return statuses
+    return statuses, called
 
 
 async def test_schemathesis_on_the_public_api_finds_no_5xx_and_only_openai_errors(
     stack: GatewayStack,
 ) -> None:
     auth = {"Authorization": f"Bearer {stack.keys['acme']}"}
-    statuses = await asyncio.to_thread(_run_schemathesis, stack.url, auth, 150)
+    statuses, called = await asyncio.to_thread(_run_schemathesis, stack.url, auth, 150)
     assert sum(statuses.values()) >= 150 and any(400 <= s < 500 for s in statuses), statuses
+    assert {("POST", "/v1/chat/completions"), ("POST", "/v1/completions")} <= called, called
     _no_tracebacks(*_logs(stack))
 
 
@@ -126,7 +132,7 @@ async def test_schemathesis_on_the_internal_api_finds_no_5xx_and_only_openai_err
     stack: GatewayStack, internal: InternalApi
 ) -> None:
     auth = {"Authorization": f"Bearer {SERVICE_TOKEN}"}
-    statuses = await asyncio.to_thread(_run_schemathesis, internal.url, auth, 300)
+    statuses, _ = await asyncio.to_thread(_run_schemathesis, internal.url, auth, 300)
     assert sum(statuses.values()) >= 300 and any(s < 300 for s in statuses), statuses
     _no_tracebacks(internal.log)
 

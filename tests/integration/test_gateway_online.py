@@ -131,6 +131,69 @@ async def test_openai_client_non_streaming_has_usage(stack: GatewayStack) -> Non
     assert [m.id for m in models.data] == ["globex/sales:prod"]
 
 
+async def test_openai_client_streams_a_legacy_completion_with_usage(stack: GatewayStack) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys["acme"], max_retries=0)
+    raw = await client.completions.with_raw_response.create(
+        model="acme/support:prod",
+        prompt="The capital of France is",
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    assert raw.headers["x-adapter-id"] == "acme-support-v1" and raw.headers["x-request-id"].startswith("req_")
+    chunks = [c async for c in raw.parse()]
+    assert {c.object for c in chunks} == {"text_completion"} and len({c.id for c in chunks}) == 1
+    assert chunks[0].id.startswith("cmpl-")
+    assert chunks[-1].choices == [] and 1 <= chunks[-1].usage.completion_tokens <= 8
+    assert chunks[-2].choices[0].finish_reason in {"stop", "length"}
+    assert "".join(c.choices[0].text for c in chunks if c.choices)
+
+
+async def test_openai_client_legacy_completion_is_the_raw_prompt_with_usage(stack: GatewayStack) -> None:
+    """Greedy on one prompt: the whole answer is the stream's text, and the prompt had no chat template."""
+    client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys["acme"], max_retries=0)
+    args = {"model": "acme/support:prod", "prompt": "The capital of France is", "max_tokens": 6, "seed": 1}
+    done = await client.completions.create(**args, temperature=0)
+    assert done.object == "text_completion" and done.id.startswith("cmpl-")
+    assert done.choices[0].finish_reason in {"stop", "length"} and done.choices[0].text
+    assert 1 <= done.usage.completion_tokens <= 6
+    assert done.usage.prompt_tokens < 10  # five words, no template's role markers around them
+    chat = await client.chat.completions.create(
+        model="acme/support:prod", messages=[{"role": "user", "content": args["prompt"]}], max_tokens=1
+    )
+    assert chat.usage.prompt_tokens > done.usage.prompt_tokens
+    streamed = await client.completions.create(**args, temperature=0, stream=True)
+    assert "".join([c.choices[0].text async for c in streamed if c.choices]) == done.choices[0].text
+    for fields, param in (
+        ({"echo": True}, "echo"),
+        ({"logprobs": 2}, "logprobs"),
+        ({"best_of": 2}, "best_of"),
+        ({"suffix": "!"}, "suffix"),
+        ({"n": 2}, "n"),
+        ({"prompt": ["one", "two"]}, "prompt"),
+        ({"extra_body": {"messages": []}}, "messages"),
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.completions.create(**(args | fields))
+        assert err.value.param == param, (fields, err.value.body)
+        assert err.value.code in {"unsupported_parameter", "unknown_parameter"}, err.value.body
+
+
+async def test_a_legacy_completion_is_one_tenants_like_a_chat(stack: GatewayStack) -> None:
+    """Another tenant's alias is the same 404 on both routes, and a completion is billed like a chat."""
+    body = {"model": "globex/sales:prod", "prompt": "Hi", "max_tokens": 2}
+    async with httpx.AsyncClient(base_url=stack.url, headers=_auth(stack)) as c:
+        theirs = await c.post("/v1/completions", json=body)
+        chat = await c.post("/v1/chat/completions", json={**CHAT, "model": "globex/sales:prod"})
+        mine = await c.post("/v1/completions", json={**body, "model": "acme/support:prod"})
+    assert theirs.status_code == 404 and theirs.content == chat.content
+    assert mine.status_code == 200, mine.text
+    events = await _completed(stack, {mine.headers["x-request-id"]})
+    event = events[mine.headers["x-request-id"]]
+    assert event.tenant_id == "acme" and event.status == "ok"
+    assert event.completion_tokens == mine.json()["usage"]["completion_tokens"]
+
+
 async def test_a_resent_long_prompt_reports_cached_tokens_and_a_salt_keeps_its_own(
     stack: GatewayStack,
 ) -> None:
