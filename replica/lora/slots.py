@@ -98,9 +98,7 @@ class SlotTable:
             return Placement(ref, None)
         victim = self._lru_idle(bucket)
         if victim is None:
-            raise NoFreeSlotError(
-                f"all {self.capacities[bucket]} rank-{bucket} slots hold running adapters", rank=rank
-            )
+            raise NoFreeSlotError(f"all {self.capacities[bucket]} rank-{bucket} slots hold running adapters")
         heapq.heappop(self._idle[bucket])
         self._drop(victim)
         self.evictions += 1
