@@ -160,6 +160,10 @@ class NoFreeSlotError(ReplicaError):
     type = "server_error"
     status = 503
 
+    def __init__(self, message: str, param: str | None = None, *, rank: int | None = None) -> None:
+        super().__init__(message, param)
+        self.rank = rank  # the adapter's rank, for a waiter to tell when its bucket has room again
+
 
 class SlotMismatchError(ReplicaError):
     """A running row's slot holds another adapter than the one its request was admitted for."""

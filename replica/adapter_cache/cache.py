@@ -29,6 +29,7 @@ from replica.adapter_cache.promote import Layout
 from replica.adapter_cache.record import AdapterRecord
 from replica.adapter_cache.slot_claims import SlotClaims
 from replica.adapter_cache.tier import CacheEvent, RateWindow, Tier, satisfies
+from replica.adapter_cache.vacancies import Vacancies
 from replica.errors import AdapterInUseError, NoFreeSlotError
 from replica.lora.slots import SlotRef
 from replica.lora.spec import AdapterSpec
@@ -43,6 +44,9 @@ INLINE_WRITE_BYTES = 32 << 20
 COLD_LOADS_PER_TENANT = 4
 COLD_LOADS_TOTAL = 16
 FAILURE_TTL_S = 2.0
+# A request waiting for a slot looks again when a hold ends on the event loop; this often besides, for a
+# slot freed elsewhere (a running row's pin dropped on the engine thread after its request's hold).
+SLOT_RECHECK_S = 0.25
 
 
 class Registry(Protocol):
@@ -109,6 +113,7 @@ class AdapterCache:
         self.gpu_loads = RateWindow(clock=clock)
         self.flights = Flights()
         self.claims = SlotClaims()
+        self.vacancies = Vacancies()
         self.disk_writes = DiskWrites(self._write)
         self.cold_loads = ColdLoadGate(cold_loads_per_tenant, cold_loads_total)
         self.failure_ttl_s = failure_ttl_s
@@ -166,12 +171,11 @@ class AdapterCache:
                 ref = self.gpu.try_pin(adapter_id)
                 if ref is not None:
                     return Lease(adapter_id, ref, found)
+                vacancy = self.vacancies.event  # set by any hold that ends from here on
                 try:
                     ref = await self._load_pinned(adapter_id)
-                except NoFreeSlotError:
-                    if time.monotonic() > deadline:
-                        raise
-                    await asyncio.sleep(0.02)  # every slot of its bucket is running: wait for one to drain
+                except NoFreeSlotError as exc:
+                    await self._wait_for_room(exc, vacancy, deadline)
                     continue
                 except TierFullError:
                     raise  # capacity held by running requests, not this adapter's fault: not remembered
@@ -184,6 +188,19 @@ class AdapterCache:
             if counted:
                 self.cold_loads.done(adapter_id)
 
+    async def _wait_for_room(self, exc: NoFreeSlotError, vacancy: asyncio.Event, deadline: float) -> None:
+        """Every slot of the adapter's bucket was running: wait, reading and writing nothing, until a hold
+        ends and the bucket has room (a request retrying blindly would read its adapter from disk again
+        each time its RAM entry was evicted), or raise exc at the deadline."""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise exc
+            await self.vacancies.wait(vacancy, min(left, SLOT_RECHECK_S))
+            vacancy = self.vacancies.event
+            if exc.rank is None or self.gpu.can_place(exc.rank):
+                return
+
     async def _load_pinned(self, adapter_id: str) -> SlotRef | None:
         """ensure(adapter_id, "gpu") with a claim open: the slot pinned for this request by the load that
         made it ready, or None (no load landed for it: the caller pins or tries again). The pin is released
@@ -193,14 +210,18 @@ class AdapterCache:
             await self.ensure(adapter_id, "gpu")
         except BaseException:
             if claim.ref is not None:
-                self.gpu.release(adapter_id)
+                self._release(adapter_id)
             raise
         finally:
             self.claims.close(claim)
         return claim.ref
 
     def release(self, lease: Lease) -> None:
-        self.gpu.release(lease.adapter_id)
+        self._release(lease.adapter_id)
+
+    def _release(self, adapter_id: str) -> None:
+        self.gpu.release(adapter_id)
+        self.vacancies.notify()
 
     # commands
 
@@ -223,6 +244,7 @@ class AdapterCache:
         while True:
             try:
                 self.gpu.remove(adapter_id)
+                self.vacancies.notify()
                 break
             except AdapterInUseError:
                 if time.monotonic() > deadline:
@@ -338,7 +360,7 @@ class AdapterCache:
         then drop the write's pin (no await in between, so no load evicts it first)."""
         adapter_id = host.adapter_id
         self.claims.grant(adapter_id, lambda: self.gpu.try_pin(adapter_id))
-        self.gpu.release(adapter_id)
+        self._release(adapter_id)
         if slotted.evicted is not None:
             self.gpu_evictions.mark()
             self._emit("evict", slotted.evicted, "gpu", "ram" if slotted.evicted in self.host else None)

@@ -125,6 +125,11 @@ class GpuTier:
                 return None
             return self.table.pin(adapter_id, self.clock())
 
+    def can_place(self, rank: int) -> bool:
+        """A slot of rank's bucket is free or holds an idle adapter (NoFreeSlotError: no bucket fits)."""
+        with self.lock:
+            return self.table.can_place(rank)
+
     def ref_count(self, adapter_id: str) -> int:
         with self.lock:
             entry = self.table.lookup(adapter_id)

@@ -98,7 +98,9 @@ class SlotTable:
             return Placement(ref, None)
         victim = self._lru_idle(bucket)
         if victim is None:
-            raise NoFreeSlotError(f"all {self.capacities[bucket]} rank-{bucket} slots hold running adapters")
+            raise NoFreeSlotError(
+                f"all {self.capacities[bucket]} rank-{bucket} slots hold running adapters", rank=rank
+            )
         heapq.heappop(self._idle[bucket])
         self._drop(victim)
         self.evictions += 1
