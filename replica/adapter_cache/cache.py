@@ -175,7 +175,7 @@ class AdapterCache:
                 try:
                     ref = await self._load_pinned(adapter_id)
                 except NoFreeSlotError as exc:
-                    await self._wait_for_room(exc, vacancy, deadline)
+                    await self._wait_for_room(adapter_id, exc, vacancy, deadline)
                     continue
                 except TierFullError:
                     raise  # capacity held by running requests, not this adapter's fault: not remembered
@@ -188,17 +188,20 @@ class AdapterCache:
             if counted:
                 self.cold_loads.done(adapter_id)
 
-    async def _wait_for_room(self, exc: NoFreeSlotError, vacancy: asyncio.Event, deadline: float) -> None:
+    async def _wait_for_room(
+        self, adapter_id: str, exc: NoFreeSlotError, vacancy: asyncio.Event, deadline: float
+    ) -> None:
         """Every slot of the adapter's bucket was running: wait, reading and writing nothing, until a hold
-        ends and the bucket has room (a request retrying blindly would read its adapter from disk again
-        each time its RAM entry was evicted), or raise exc at the deadline."""
+        ends and the bucket has room, or another request's load put the adapter in a slot (a request
+        retrying blindly would read its adapter from disk again each time its RAM entry was evicted), or
+        raise exc at the deadline."""
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise exc
             await self.vacancies.wait(vacancy, min(left, SLOT_RECHECK_S))
             vacancy = self.vacancies.event
-            if exc.rank is None or self.gpu.can_place(exc.rank):
+            if exc.rank is None or self.gpu.contains(adapter_id) or self.gpu.can_place(exc.rank):
                 return
 
     async def _load_pinned(self, adapter_id: str) -> SlotRef | None:

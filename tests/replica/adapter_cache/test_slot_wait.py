@@ -49,3 +49,20 @@ async def test_a_waiter_still_gives_up_at_its_deadline(tmp_path: Path) -> None:
         await env.cache.acquire("b")
     assert 0.3 <= time.monotonic() - start < 2.0
     env.cache.release(held)
+
+
+async def test_a_waiter_takes_its_adapter_once_another_request_brought_it_into_a_slot(tmp_path: Path) -> None:
+    # the bucket is full again at once (the other request's hold), but the waiter's adapter is resident
+    env = make_env(tmp_path, capacities={8: 1}, slot_wait_s=3.0)
+    env.add("a", seed=1)
+    env.add("b", seed=2)
+    await env.cache.own("b", "ram")
+    held = await env.cache.acquire("a")
+    waiter = asyncio.create_task(env.cache.acquire("b"))
+    await asyncio.sleep(0.05)
+    env.cache.release(held)
+    other = asyncio.create_task(env.cache.acquire("b"))
+    leases = await asyncio.wait_for(asyncio.gather(waiter, other), 1.0)
+    assert {lease.ref for lease in leases} == {leases[0].ref} and env.cache.gpu.ref_count("b") == 2
+    for lease in leases:
+        env.cache.release(lease)
