@@ -134,21 +134,7 @@ class AsyncEngine:
                 outputs = self.engine.step()
             except Exception as exc:  # never let one bad step kill the engine: fail the running requests
                 log.exception("engine step failed")
-                outputs = []
-                for seq in list(self.engine.scheduler.running):
-                    self.engine.abort(seq.request_id)
-                    outputs.append(
-                        StepOutput(
-                            seq.request_id,
-                            None,
-                            "",
-                            True,
-                            "error",
-                            len(seq.prompt_token_ids),
-                            len(seq.output_token_ids),
-                            f"engine error: {exc}",
-                        )
-                    )
+                outputs = self.engine.fail_running(f"engine error: {exc}")
             self._step_end = time.perf_counter()
             self._deliver(outputs)
 

@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from replica.engine.admission_queue import AdmissionQueue
 from replica.engine.model_runner import ModelRunner, StepInput
 from replica.engine.sampler import SamplingParams, row_seed, sample
@@ -47,6 +49,15 @@ class KvPolicy:
     watermark: float = 0.01  # share of blocks kept free when admitting, so decoding rarely preempts
 
 
+@dataclass(frozen=True)
+class _Taken:
+    """A sampled token whose text and stop-string scan are still to come."""
+
+    seq: Sequence
+    token: int
+    is_stop_token: bool
+
+
 class LLMEngine:
     """Continuous batching over a ModelRunner, each adapted row pinned to its adapter's slot (SlotPins)."""
 
@@ -60,8 +71,13 @@ class LLMEngine:
         waiting: AdmissionQueue[Sequence] | None = None,
         prefill_delay_s: float = 0.0,
         kv: KvPolicy = KvPolicy(),
+        overlap_text: bool | None = None,
     ) -> None:
         self.runner = runner
+        # Detokenize after the next launch where launches are asynchronous (CUDA); at once elsewhere, where
+        # waiting a step would only delay every token.
+        self.overlap_text = runner.device.type == "cuda" if overlap_text is None else overlap_text
+        self._pending: list[_Taken] = []
         self.lora = lora
         self.eos_token_ids = set(eos_token_ids)
         self.detokenizer_factory = detokenizer_factory
@@ -129,19 +145,21 @@ class LLMEngine:
         return seq
 
     def abort(self, request_id: str) -> bool:
-        """Cancel a request: its KV row and adapter pin are freed now."""
+        """Cancel a request: its KV row and adapter pin are freed now (a taken token's text is dropped)."""
         seq = self.seqs.pop(request_id, None)
         if seq is None:
             return False
-        self.scheduler.finish(seq, "abort")
+        if seq.status is not SequenceStatus.FINISHED:
+            self.scheduler.finish(seq, "abort")
         return True
 
     def has_work(self) -> bool:
-        return bool(self.scheduler.running or self.scheduler.waiting)
+        return bool(self.scheduler.running or self.scheduler.waiting or self._pending)
 
     def step(self) -> list[StepOutput]:
         """Admit, run one forward pass over every scheduled row, sample where a row reached its last token,
-        and report what happened."""
+        and report what happened. With overlap_text, a token's text and stop-string scan wait for the next
+        step's launch, and a row that a stop string ended meanwhile drops the token it was computing."""
         started = time.perf_counter()
         plan, failed = self.scheduler.schedule()
         outputs = [self._final(s, "", error=s.error) for s in failed]
@@ -152,25 +170,49 @@ class LLMEngine:
             outputs.append(self._refuse(s))
         plan = [p for p in plan if not any(p.seq is s for s in refused)]
         if not plan:
-            return outputs
+            return outputs + self._emit_text()
         if self.prefill_delay_s and any(p.num_new > 1 for p in plan):
             time.sleep(self.prefill_delay_s)  # injected fault: hold the step that prefills
         logits = self.runner.run([self._input(p) for p in plan])  # [num_completing, vocab]
-        done = [p for p in plan if p.completes]
+        if self.overlap_text:
+            outputs += self._emit_text()  # the last step's tokens, while the device computes this one
+        completing = [p for p in plan if p.completes]
+        done = [p for p in completing if p.seq.status is SequenceStatus.RUNNING]
+        if len(done) < len(completing):  # a stop string ended these rows after their launch
+            keep = [i for i, p in enumerate(completing) if p.seq.status is SequenceStatus.RUNNING]
+            logits = logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]
         rows = [p.seq for p in done]
         tokens = sample(
             logits, [s.params for s in rows], [s.seed for s in rows], [s.output_token_ids for s in rows]
         )
         for p in plan:
-            self.scheduler.computed(p)
+            if p.seq.status is SequenceStatus.RUNNING:
+                self.scheduler.computed(p)
         for p, token in zip(done, tokens, strict=True):
-            p.seq.output_token_ids.append(token)
-            outputs.append(self._advance(p.seq, token))
+            self._take(p.seq, token)
+        if not self.overlap_text or not (self.scheduler.running or self.scheduler.waiting):
+            outputs += self._emit_text()  # nothing launches next: hold nothing back
         ended = time.perf_counter()
         for p in done:
             s = p.seq
             if s.trace is not None:  # the step that ends its prefill
                 s.trace.step_start, s.trace.step_end, s.trace = started, ended, None
+        return outputs
+
+    def fail_running(self, message: str) -> list[StepOutput]:
+        """End every running request, and any whose last token still waits for its text, with an error."""
+        ended = [*self.scheduler.running, *(t.seq for t in self._pending)]
+        self._pending = []
+        outputs = []
+        for seq in ended:
+            if self.seqs.get(seq.request_id) is not seq:
+                continue
+            del self.seqs[seq.request_id]
+            if seq.status is SequenceStatus.FINISHED:
+                seq.finish_reason = "error"
+            else:
+                self.scheduler.finish(seq, "error")
+            outputs.append(self._final(seq, "", error=message))
         return outputs
 
     def _input(self, p: Scheduled) -> StepInput:
@@ -196,26 +238,47 @@ class LLMEngine:
         self.scheduler.finish(s, "error")
         return self._final(s, "", error=f"{error.code}: {error}")
 
-    def _advance(self, s: Sequence, token: int) -> StepOutput:
+    def _take(self, s: Sequence, token: int) -> None:
+        """Append a sampled token and end the row now if the token alone ends it (a stop token, max_tokens,
+        the context), so the next schedule never runs it; its text follows in _emit_text."""
+        s.output_token_ids.append(token)
         is_stop_token = token in s.params.stop_token_ids or (
             token in self.eos_token_ids and not s.params.ignore_eos
         )
-        if not is_stop_token and s.detokenizer is not None:
+        reason = None
+        if is_stop_token:
+            reason = "stop"
+        elif len(s.output_token_ids) >= s.params.max_tokens or s.num_tokens >= self.runner.max_model_len:
+            reason = "length"
+        if reason is not None:
+            self.scheduler.finish(s, reason)
+        self._pending.append(_Taken(s, token, is_stop_token))
+
+    def _emit_text(self) -> list[StepOutput]:
+        """Detokenize the taken tokens and scan their stop strings: one output each, the last of a row final.
+        A stop string ends a row that is still running."""
+        taken, self._pending = self._pending, []
+        return [self._advance(t) for t in taken if self.seqs.get(t.seq.request_id) is t.seq]
+
+    def _advance(self, t: _Taken) -> StepOutput:
+        s, token = t.seq, t.token
+        if not t.is_stop_token and s.detokenizer is not None:
             s.text += s.detokenizer.push(token)
         scan = scan_stop_strings(
             s.text, s.params.stop, max(0, s.emitted - max((len(x) for x in s.params.stop), default=0))
         )
-        reason = None
-        if is_stop_token or scan.matched is not None:
-            reason = "stop"
-        elif len(s.output_token_ids) >= s.params.max_tokens or s.num_tokens >= self.runner.max_model_len:
-            reason = "length"
-        if reason is not None and scan.matched is None and s.detokenizer is not None:
+        if scan.matched is not None:
+            if s.status is SequenceStatus.FINISHED:
+                s.finish_reason = "stop"
+            else:
+                self.scheduler.finish(s, "stop")
+        finished = s.status is SequenceStatus.FINISHED
+        if finished and scan.matched is None and s.detokenizer is not None:
             s.text += s.detokenizer.flush()  # end of stream: release any held-back bytes
-        end = scan.safe_len if reason is None or scan.matched is not None else len(s.text)
+        end = scan.safe_len if not finished or scan.matched is not None else len(s.text)
         delta = s.text[s.emitted : end]
         s.emitted = max(s.emitted, end)
-        if reason is None:
+        if not finished:
             return StepOutput(
                 s.request_id,
                 token,
@@ -226,7 +289,6 @@ class LLMEngine:
                 len(s.output_token_ids),
                 cached_tokens=s.cached_tokens,
             )
-        self.scheduler.finish(s, reason)
         self.seqs.pop(s.request_id, None)
         return self._final(s, delta, token)
 

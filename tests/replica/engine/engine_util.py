@@ -83,11 +83,20 @@ def make_engine(
     max_num_batched_tokens: int = 8192,
     kv: KvPolicy = KvPolicy(),
     num_blocks: int | None = None,
+    overlap_text: bool | None = None,
 ) -> Served:
     """The engine and the adapter cache of a replica serving these adapter folders; no adapter loaded yet."""
     model, gpu, spec = build_lora_model(base_dir, capacities)
     runner = ModelRunner(model, max_num_seqs=max_num_seqs, max_model_len=128, num_blocks=num_blocks)
-    engine = LLMEngine(runner, gpu, {EOS}, max_num_batched_tokens, detokenizer_factory=CharDetokenizer, kv=kv)
+    engine = LLMEngine(
+        runner,
+        gpu,
+        {EOS},
+        max_num_batched_tokens,
+        detokenizer_factory=CharDetokenizer,
+        kv=kv,
+        overlap_text=overlap_text,
+    )
     return Served(engine, local_cache(spec, gpu, adapters, cache_dir))
 
 
