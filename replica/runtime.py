@@ -40,6 +40,7 @@ from replica.lora.registry import AdapterRegistry
 from replica.lora.replace import apply_lora
 from replica.lora.spec import AdapterSpec
 from replica.metrics import EngineLoad, ReplicaMetrics, engine_load
+from replica.model.chat_prompt import template_inputs
 from replica.model.llama import LlamaForCausalLM
 from replica.model.loader import load_model, resolve_device
 from replica.model.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -252,10 +253,12 @@ class Replica:
         if self.tokenizer is None:
             raise InvalidRequestError("this replica has no tokenizer; send prompt_token_ids", param=param)
         if body.messages is not None:
-            messages = [m.model_dump() for m in body.messages]
+            messages, tools = template_inputs(
+                body.messages, body.tools, body.tool_requirement(), self.tokenizer.renders_tools
+            )
             # What can never fit is refused by its length in bytes, before the template or the tokenizer runs.
-            self._refuse_by_bytes(sum(len(m["content"].encode()) for m in messages), param)
-            text = self.tokenizer.render_chat(messages, add_generation_prompt=True)
+            self._refuse_by_bytes(sum(len((m.get("content") or "").encode()) for m in messages), param)
+            text = self.tokenizer.render_chat(messages, add_generation_prompt=True, tools=tools)
             special = False  # the template writes its special tokens itself
         else:
             assert body.prompt is not None  # the contract's validator: exactly one form was given

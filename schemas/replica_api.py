@@ -30,6 +30,7 @@ from schemas.api import ErrorDetail
 from schemas.events import ReplicaState, ReplicaStateBody
 from schemas.ids import AdapterId, Sha256, TenantId
 from schemas.openai import FinishReason, LogitBias, Penalty, Usage
+from schemas.openai_tools import CallRecord, FunctionSpec
 
 _CONTRACT = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -37,11 +38,21 @@ ChatRole = Literal["system", "user", "assistant", "tool"]
 
 
 class ChatMessage(BaseModel):
-    """One message for the replica's chat template (the gateway maps OpenAI's developer role to system)."""
+    """One message for the replica's chat template (the gateway maps OpenAI's developer role to system): an
+    assistant message may carry the tool calls it made, a tool message the id of the call it answers."""
 
     model_config = _CONTRACT
     role: ChatRole
     content: str
+    tool_calls: list[CallRecord] | None = None
+    tool_call_id: str | None = None
+
+
+class RequiredTool(BaseModel):
+    """tool_choice naming one function."""
+
+    model_config = _CONTRACT
+    name: str
 
 
 class GenerateRequest(BaseModel):
@@ -54,6 +65,10 @@ class GenerateRequest(BaseModel):
     model_config = _CONTRACT
 
     messages: list[ChatMessage] | None = None
+    # Functions shown to the model with messages (schemas.tool_format); "required" or a RequiredTool adds
+    # that a call must be made (the gateway also constrains the answer to one).
+    tools: list[FunctionSpec] | None = None
+    tool_choice: Literal["auto", "required"] | RequiredTool = "auto"
     prompt: str | None = Field(default=None, min_length=1)
     prompt_token_ids: list[int] | None = None
     adapter_id: AdapterId | None = None
@@ -80,7 +95,15 @@ class GenerateRequest(BaseModel):
         given = [f for f in (self.messages, self.prompt, self.prompt_token_ids) if f is not None]
         if len(given) != 1:
             raise ValueError("send exactly one of messages, prompt or prompt_token_ids")
+        if self.tools is not None and self.messages is None:
+            raise ValueError("tools go with messages")
         return self
+
+    def tool_requirement(self) -> str | bool:
+        """The function a call must name, True for any one, False when the model chooses."""
+        if isinstance(self.tool_choice, RequiredTool):
+            return self.tool_choice.name
+        return self.tool_choice == "required"
 
 
 class TokenEvent(BaseModel):

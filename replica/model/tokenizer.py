@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from jinja2 import meta
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
@@ -26,13 +27,22 @@ def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, sort_
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, sort_keys=sort_keys)
 
 
-def compile_chat_template(source: str) -> jinja2.Template:
-    """Compile a chat template in a sandbox with the globals Hugging Face templates rely on."""
+def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(source)
+    return env
+
+
+def compile_chat_template(source: str) -> jinja2.Template:
+    """Compile a chat template in a sandbox with the globals Hugging Face templates rely on."""
+    return _environment().from_string(source)
+
+
+def renders_tools(source: str | None) -> bool:
+    """True when a chat template reads a `tools` variable, so it shows tools itself (as Hugging Face does)."""
+    return source is not None and "tools" in meta.find_undeclared_variables(_environment().parse(source))
 
 
 def _token_text(value: Any) -> str | None:
@@ -73,6 +83,7 @@ class Tokenizer:
         self.eos_token = eos_token
         self.stop_token_ids = stop_token_ids
         self._template = compile_chat_template(chat_template) if chat_template else None
+        self.renders_tools = renders_tools(chat_template)
         # The most UTF-8 bytes one token stands for (decoded alone, plus one for a leading space a decoder may
         # drop): a text of more than n times this many bytes has more than n tokens.
         n = backend.get_vocab_size(with_added_tokens=True)
@@ -110,15 +121,22 @@ class Tokenizer:
         """Text of ids."""
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """Render messages with the model's own chat template."""
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """Render messages with the model's own chat template (tools: for a template that renders_tools)."""
         if self._template is None:
             raise UnsupportedModelError("this model has no chat template; send token ids instead")
+        extra = {"tools": tools} if tools is not None else {}
         return self._template.render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
+            **extra,
         )
 
     def apply_chat_template(

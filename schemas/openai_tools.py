@@ -1,0 +1,113 @@
+"""OpenAI's function tools as the public gateway takes and answers them, and their contract with the replica.
+
+A request's `tools` are function definitions whose `parameters` is a JSON schema (an object schema, or left
+out for a function without arguments). `tool_choice` is "none" (no call; the tools are not shown), "auto"
+(the model may call), "required" (it must call one) or a named function (it must call that one). A
+conversation's assistant messages may carry the calls they made and `tool` messages their results, each
+naming its call by tool_call_id. Answers carry `tool_calls` with arguments as a JSON string, as OpenAI's do.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+MAX_TOOLS = 128  # OpenAI's own limit
+FunctionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+ToolMode = Literal["none", "auto", "required"]
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: FunctionName
+    description: Annotated[str, Field(max_length=8192)] | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; left out: the function takes no arguments
+    strict: bool | None = None  # calls always follow the schema where it binds them (tool_choice)
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: FunctionName
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: FunctionName
+    arguments: Annotated[str, Field(max_length=1_000_000)]  # JSON text, as the model wrote it
+
+
+class ToolCall(BaseModel):
+    """A call in an answer, or in an earlier assistant message of the conversation."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: Annotated[str, Field(min_length=1, max_length=256)]
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionCallDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(BaseModel):
+    """A streamed piece of a call; the client joins the pieces of one index."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+
+def tool_problem(
+    tools: list[Tool] | None, choice: ToolMode | NamedToolChoice | None
+) -> tuple[str, str] | None:
+    """(param, message) for tools and tool_choice that cannot go together, else None."""
+    names = [t.function.name for t in tools or []]
+    if len(names) > MAX_TOOLS:
+        return "tools", f"at most {MAX_TOOLS} tools are accepted"
+    if len(set(names)) != len(names):
+        return "tools", "two tools have the same name"
+    for i, tool in enumerate(tools or []):
+        params = tool.function.parameters
+        if params is not None and params.get("type", "object") != "object":
+            return f"tools[{i}].function.parameters", "a function's parameters must be an object schema"
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+        return "tool_choice", f"tool_choice names {choice.function.name!r}, which is not in tools"
+    if choice == "required" and not names:
+        return "tool_choice", "tool_choice 'required' needs at least one tool"
+    return None
+
+
+# The replica's side: what its chat template renders, and what the gateway reads back.
+
+
+class FunctionSpec(BaseModel):
+    """One function the model is shown (the gateway's Tool, flattened)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class CallRecord(BaseModel):
+    """A call an earlier assistant message made, for the chat template."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    id: str
+    name: str
+    arguments: str  # JSON text
