@@ -16,6 +16,7 @@ cell's goal (GPU hit >= hit_goal, p95 TTFT < the SLO) is in reach only where the
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -76,11 +77,17 @@ def first_guess(timing: TimingModel, rate: float, trace: list[Request]) -> tuple
     return max(math.floor(needed), 1), max(math.ceil(needed * 1.35), 2)
 
 
+@functools.cache
+def _read_trace(path: str) -> list[Request]:
+    """The trace file, read once per process however many cells replay it."""
+    return traces.read(Path(path))
+
+
 def cell_trace(cell: Cell, grid: GridConfig) -> list[Request]:
     """The cell's arrivals: the grid's trace file replayed at the cell's rate, or a generated workload."""
     if grid.trace:
         replay = traces.ReplayConfig(cell.rate, grid.duration_s, 0.0, cell.adapters, cell.zipf, 0, grid.seed)
-        return traces.shape(traces.read(Path(grid.trace)), replay)
+        return traces.shape(_read_trace(grid.trace), replay)
     workload = WorkloadConfig(
         adapters=cell.adapters, rate=cell.rate, zipf_s=cell.zipf, duration_s=grid.duration_s, seed=grid.seed
     )
