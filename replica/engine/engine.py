@@ -8,8 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from replica.engine.admission_queue import AdmissionQueue
+from replica.engine.logprobs import TokenLogprobs
 from replica.engine.model_runner import ModelRunner, StepInput
-from replica.engine.sampler import SamplingParams, row_seed, sample
+from replica.engine.sampler import SamplingParams, row_seed, sample_step
 from replica.engine.scheduler import Scheduled, Scheduler
 from replica.engine.sequence import Detokenizer, Sequence, SequenceStatus
 from replica.engine.slot_pins import SlotPins
@@ -35,6 +36,7 @@ class StepOutput:
     completion_tokens: int
     error: str | None = None
     cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was first admitted
+    logprobs: TokenLogprobs | None = None  # token_id's, when the request asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -158,14 +160,14 @@ class LLMEngine:
         logits = self.runner.run([self._input(p) for p in plan])  # [num_completing, vocab]
         done = [p for p in plan if p.completes]
         rows = [p.seq for p in done]
-        tokens = sample(
+        sampled = sample_step(
             logits, [s.params for s in rows], [s.seed for s in rows], [s.output_token_ids for s in rows]
         )
         for p in plan:
             self.scheduler.computed(p)
-        for p, token in zip(done, tokens, strict=True):
+        for p, token, logprobs in zip(done, sampled.token_ids, sampled.logprobs, strict=True):
             p.seq.output_token_ids.append(token)
-            outputs.append(self._advance(p.seq, token))
+            outputs.append(self._advance(p.seq, token, logprobs))
         ended = time.perf_counter()
         for p in done:
             s = p.seq
@@ -196,7 +198,7 @@ class LLMEngine:
         self.scheduler.finish(s, "error")
         return self._final(s, "", error=f"{error.code}: {error}")
 
-    def _advance(self, s: Sequence, token: int) -> StepOutput:
+    def _advance(self, s: Sequence, token: int, logprobs: TokenLogprobs | None = None) -> StepOutput:
         is_stop_token = token in s.params.stop_token_ids or (
             token in self.eos_token_ids and not s.params.ignore_eos
         )
@@ -225,13 +227,19 @@ class LLMEngine:
                 len(s.prompt_token_ids),
                 len(s.output_token_ids),
                 cached_tokens=s.cached_tokens,
+                logprobs=logprobs,
             )
         self.scheduler.finish(s, reason)
         self.seqs.pop(s.request_id, None)
-        return self._final(s, delta, token)
+        return self._final(s, delta, token, logprobs=logprobs)
 
     def _final(
-        self, s: Sequence, delta: str, token: int | None = None, error: str | None = None
+        self,
+        s: Sequence,
+        delta: str,
+        token: int | None = None,
+        error: str | None = None,
+        logprobs: TokenLogprobs | None = None,
     ) -> StepOutput:
         return StepOutput(
             s.request_id,
@@ -243,6 +251,7 @@ class LLMEngine:
             len(s.output_token_ids),
             error,
             s.cached_tokens,
+            logprobs,
         )
 
     def queue_depth(self) -> int:
