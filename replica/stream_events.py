@@ -1,7 +1,7 @@
 """The generate stream's events for each engine output, in the order schemas.replica_api fixes.
 
-A token's logprobs name each token by its text alone (Spell: the tokenizer's decode of that one id), with
-that text's UTF-8 bytes; a token that is part of a multi-byte character decodes to U+FFFD.
+A token's logprobs give each token's bytes (Spell: the tokenizer's bytes of that one id) and their text,
+with U+FFFD for the part of a multi-byte character a token holds alone.
 """
 
 from __future__ import annotations
@@ -15,26 +15,26 @@ from schemas.api import ErrorDetail
 from schemas.openai import FinishReason, PromptTokensDetails, TokenLogprob, TopLogprob, Usage
 from schemas.replica_api import DoneEvent, ErrorEvent, TokenEvent
 
-Spell = Callable[[int], str]  # a token id's text
+Spell = Callable[[int], bytes]  # a token id's bytes
 
 
-def spell_id(token_id: int) -> str:
+def spell_id(token_id: int) -> bytes:
     """A token's name where the replica has no tokenizer (vLLM's spelling)."""
-    return f"token_id:{token_id}"
+    return f"token_id:{token_id}".encode()
 
 
 def token_logprob(token_id: int, logprobs: TokenLogprobs, spell: Spell) -> TokenLogprob:
     """OpenAI's entry for one generated token from the sampler's logprobs."""
 
     def top(tid: int, value: float) -> TopLogprob:
-        text = spell(tid)
-        return TopLogprob(token=text, logprob=value, bytes=list(text.encode()))
+        raw = spell(tid)
+        return TopLogprob(token=raw.decode(errors="replace"), logprob=value, bytes=list(raw))
 
-    text = spell(token_id)
+    raw = spell(token_id)
     return TokenLogprob(
-        token=text,
+        token=raw.decode(errors="replace"),
         logprob=logprobs.logprob,
-        bytes=list(text.encode()),
+        bytes=list(raw),
         top_logprobs=[top(tid, value) for tid, value in logprobs.top],
     )
 

@@ -153,8 +153,5 @@ async def _stream(
 
 
 def _speller(replica: Replica) -> Spell:
-    """Token ids' text for logprobs: the tokenizer's, or vLLM's token_id:N without one."""
-    tokenizer = replica.tokenizer
-    if tokenizer is None:
-        return spell_id
-    return lambda token_id: tokenizer.decode([token_id])
+    """Token ids' bytes for logprobs: the tokenizer's, or vLLM's token_id:N without one."""
+    return spell_id if replica.tokenizer is None else replica.tokenizer.token_bytes

@@ -356,7 +356,7 @@ async def test_chat_logprobs_are_each_tokens_with_its_top_alternatives_streamed_
     assert choice.message.content == plain.choices[0].message.content
     assert choice.logprobs is not None and choice.logprobs.content
     for entry in choice.logprobs.content:
-        assert entry.logprob <= 0.0 and entry.bytes == list(entry.token.encode())
+        assert entry.logprob <= 0.0 and bytes(entry.bytes or []).decode(errors="replace") == entry.token
         assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].token == entry.token
         assert [t.logprob for t in entry.top_logprobs] == sorted(
             (t.logprob for t in entry.top_logprobs), reverse=True
@@ -442,6 +442,18 @@ async def test_n_choices_differ_repeat_with_a_seed_and_are_all_billed(stack: Gat
     request_id = raw.headers["x-request-id"]
     event = (await _completed(stack, {request_id}))[request_id]
     assert (event.prompt_tokens, event.completion_tokens) == (done.usage.prompt_tokens, tokens)
+
+
+async def test_the_rate_limit_reserves_every_choices_tokens(stack: GatewayStack) -> None:
+    """30,000 tokens fit acme's 200,000 a minute once, but not eight times: n=8 is refused by the gateway's
+    limit before any replica sees it, while n=1 reaches the replica (which finds it over its context)."""
+    async with httpx.AsyncClient(base_url=stack.url, headers=_auth(stack)) as c:
+        one = await c.post("/v1/chat/completions", json={**CHAT, "max_completion_tokens": 30_000, "n": 1})
+        eight = await c.post("/v1/chat/completions", json={**CHAT, "max_completion_tokens": 30_000, "n": 8})
+    assert one.status_code == 400 and one.json()["error"]["code"] == "context_length_exceeded", one.text
+    assert eight.status_code == 400, eight.text
+    assert eight.json()["error"]["code"] == "tokens_exceed_limit"
+    assert eight.json()["error"]["param"] == "max_completion_tokens"
 
 
 async def test_the_openai_client_assembles_streamed_choices_by_index(stack: GatewayStack) -> None:

@@ -32,7 +32,9 @@ def _body() -> bytes:
     """Two choices, their lines interleaved as the replica sends them."""
     first, second = _choice([100, 101, 102], "length"), _choice([200, 201], "length")
     order = [(0, first[0]), (1, second[0]), (0, first[1]), (1, second[1]), (0, first[2])]
-    return b"".join(encode_event(e) for i, o in order for e in stream_events(o, i, SPELL.__getitem__))
+    return b"".join(
+        encode_event(e) for i, o in order for e in stream_events(o, i, lambda t: SPELL[t].encode())
+    )
 
 
 class Finished:
