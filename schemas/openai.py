@@ -21,6 +21,9 @@ from schemas.openai_params import describe_unsupported, supported, unsupported_f
 Role = Literal["developer", "system", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length"]
 
+MAX_CHOICES = 8  # the largest n a request may ask for: each choice holds its own KV blocks and a batch row
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs; a legacy completion's logprobs stops at 5, as OpenAI's does
+
 # OpenAI's ranges, shared with the replica's GenerateRequest: the gateway and the replica refuse alike.
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 # A token id as OpenAI writes it, a JSON object key: decimal, no sign or leading zero, so two keys are never
@@ -99,8 +102,8 @@ class SamplingRequest(BaseModel):
     cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     # Accepted and ignored: it changes no output, and keeps a caller on one side of a canary.
     user: Annotated[str, Field(max_length=256)] | None = None
-    # Not implemented: refused unless 1 (each body's table in schemas.openai_params).
-    n: Annotated[int, Field(ge=1, le=128, strict=True)] | None = None  # strict: true is not 1
+    # Choices sampled from the one prompt, each with its own seed (choice 0 keeps the request's seed).
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES, strict=True)] | None = None  # strict: true is not 1
 
     def caller_limit(self) -> int | None:
         """The completion's token limit the caller named, if any."""
@@ -112,6 +115,13 @@ class SamplingRequest(BaseModel):
 
     def wants_usage_chunk(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def choices(self) -> int:
+        return self.n or 1
+
+    def logprob_alternatives(self) -> int | None:
+        """How many alternatives each token's logprobs list; None when the caller asked for no logprobs."""
+        return None
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -137,9 +147,10 @@ class ChatCompletionRequest(SamplingRequest):
     safety_identifier: Annotated[str, Field(max_length=64)] | None = None
     parallel_tool_calls: bool | None = None  # a no-op while no tools are accepted
 
-    # Not implemented: refused unless the value is a no-op (schemas.openai_params.UNSUPPORTED).
     logprobs: bool | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS, strict=True)] | None = None
+
+    # Not implemented: refused unless the value is a no-op (schemas.openai_params.UNSUPPORTED).
     response_format: AnyObject | None = None
     tools: list[AnyObject] | None = None
     tool_choice: Literal["none", "auto", "required"] | AnyObject | None = None
@@ -157,9 +168,19 @@ class ChatCompletionRequest(SamplingRequest):
     def _refuse_unsupported(cls, value: Any, info: ValidationInfo) -> Any:
         return supported(str(info.field_name), value)
 
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("logprobs") is not True:
+            raise ValueError("logprobs must be true when top_logprobs is given")
+        return value
+
     def caller_limit(self) -> int | None:
         """max_completion_tokens, else the deprecated max_tokens."""
         return self.max_completion_tokens or self.max_tokens
+
+    def logprob_alternatives(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class PromptTokensDetails(BaseModel):
@@ -175,6 +196,27 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
+class TopLogprob(BaseModel):
+    """One candidate token: its text, its logprob and its text's UTF-8 bytes."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    """A generated token's logprob and the most likely tokens at its position (most likely first)."""
+
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    """A choice's logprobs: one entry per generated token."""
+
+    content: list[TokenLogprob] | None = None
+    refusal: list[TokenLogprob] | None = None
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
@@ -185,7 +227,7 @@ class AssistantMessage(BaseModel):
 class Choice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: FinishReason
 
 
@@ -207,7 +249,7 @@ class Delta(BaseModel):
 class ChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from schemas.openai import FinishReason, SamplingRequest, Usage
+from schemas.openai import FinishReason, SamplingRequest, TokenLogprob, Usage
 from schemas.openai_params import COMPLETIONS_UNSUPPORTED, describe_unsupported, supported, unsupported_fields
 
 _UNSUPPORTED = unsupported_fields("", COMPLETIONS_UNSUPPORTED)
@@ -35,8 +35,10 @@ class CompletionRequest(SamplingRequest):
         | Annotated[list[list[int]], Field(min_length=1)]
     )
 
+    # The chosen token's logprob and the logprobs most likely tokens' at each position (OpenAI's 0 to 5).
+    logprobs: Annotated[int, Field(ge=0, le=5, strict=True)] | None = None
+
     # Not implemented: refused unless the value is a no-op.
-    logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
     echo: bool | None = None
     suffix: str | None = None
     best_of: Annotated[int, Field(ge=0, le=20)] | None = None
@@ -51,11 +53,39 @@ class CompletionRequest(SamplingRequest):
         assert isinstance(self.prompt, str)
         return self.prompt
 
+    def logprob_alternatives(self) -> int | None:
+        return self.logprobs
+
+
+class CompletionLogprobs(BaseModel):
+    """OpenAI's legacy logprobs: per generated token its text, logprob, the most likely tokens' logprobs
+    (text -> logprob) and its first character's offset in the choice's text."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+    @classmethod
+    def of(cls, entries: list[TokenLogprob], offset: int = 0) -> CompletionLogprobs:
+        """The legacy shape of chat-shaped entries whose first token starts at character offset of the
+        choice's text (each token's offset is the length of the tokens' text before it)."""
+        offsets = []
+        for e in entries:
+            offsets.append(offset)
+            offset += len(e.token)
+        return cls(
+            tokens=[e.token for e in entries],
+            token_logprobs=[e.logprob for e in entries],
+            top_logprobs=[{t.token: t.logprob for t in e.top_logprobs} for e in entries],
+            text_offset=offsets,
+        )
+
 
 class CompletionChoice(BaseModel):
     text: str
     index: int = 0
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason
 
 
@@ -72,7 +102,7 @@ class Completion(BaseModel):
 class CompletionChunkChoice(BaseModel):
     text: str
     index: int = 0
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 

@@ -37,9 +37,6 @@ def _never(_value: object) -> bool:
 
 
 UNSUPPORTED: dict[str, NoOp] = {
-    "n": NoOp(lambda v: v == 1, "1"),
-    "logprobs": NoOp(lambda v: v is False, "false"),
-    "top_logprobs": NoOp(_never),
     "response_format": NoOp(lambda v: v == {"type": "text"}, '{"type": "text"}'),
     "tools": NoOp(lambda v: v == [], "[]"),
     "tool_choice": NoOp(lambda v: v == "none", '"none"'),
@@ -58,11 +55,9 @@ UNSUPPORTED: dict[str, NoOp] = {
     "messages[].content[].type": NoOp(lambda v: v == "text", '"text"'),
 }
 
-# POST /v1/completions: `n` as chat has it; the prompt as one string only (no batch of prompts).
+# POST /v1/completions: the prompt as one string only (no batch of prompts).
 COMPLETIONS_UNSUPPORTED: dict[str, NoOp] = {
-    "n": UNSUPPORTED["n"],
     "prompt": NoOp(lambda v: isinstance(v, str), "a string"),
-    "logprobs": NoOp(_never),
     "echo": NoOp(lambda v: v is False, "false"),
     "suffix": NoOp(_never),
     "best_of": NoOp(lambda v: v == 1, "1"),

@@ -3,14 +3,17 @@
 POST /internal/replicas/{replica_id}/generate takes a GenerateRequest. A request refused before any token
 is answered with an ErrorBody (schemas.api) and a 4xx/5xx status; an accepted one is answered 200 with an
 NDJSON stream (application/x-ndjson): one StreamEvent per line, named by its `type`, in this order:
-    {"type":"token","token_id":123,"text":"Hel"}                 any number; text may be ""
-    {"type":"done","finish_reason":"stop","text":"...","usage":{...}}   last line of a finished request
+    {"type":"token","token_id":123,"text":"Hel","index":0}        any number; text may be ""
+    {"type":"done","finish_reason":"stop","text":"...","usage":{...},"index":0}   a choice's last line
     {"type":"error","error":{"message":...,"type":...,"param":...,"code":...}}  last line of a failed one
-A "length" finish sends its last token as a token line, and done.text is "". A "stop" finish sends no
-line for the token that stopped it; done.text is the rest of the text. The completion's text is the
-concatenation of every token's text and done.text. A stream that ends without a done or error line has
-lost its replica. Lines are written by encode_event and read by STREAM_EVENT.validate_json; anything else
-on a line is a protocol error.
+A request asks for n choices (index 0 to n-1); their lines interleave, each choice's in order, and the
+stream ends after every choice's done line (or at the first error line). A "length" finish sends its last
+token as a token line, and done.text is "". A "stop" finish sends no line for the token that stopped it;
+done.text is the rest of the text. A choice's text is the concatenation of its tokens' text and its
+done.text; its done.usage counts the prompt and that choice's tokens. A token line carries `logprobs` when
+the request asked for them. A stream that ends before every choice is done has lost its replica. Lines
+are written by encode_event and read by STREAM_EVENT.validate_json; anything else on a line is a protocol
+error.
 
 POST /internal/drain takes an optional DrainRequest and answers a DrainResponse: the replica publishes
 replica.state with status draining, refuses new requests (503, code "replica_draining"), finishes the
@@ -29,7 +32,15 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, TypeAdapter, 
 from schemas.api import ErrorDetail
 from schemas.events import ReplicaState, ReplicaStateBody
 from schemas.ids import AdapterId, Sha256, TenantId
-from schemas.openai import FinishReason, LogitBias, Penalty, Usage
+from schemas.openai import (
+    MAX_CHOICES,
+    MAX_TOP_LOGPROBS,
+    FinishReason,
+    LogitBias,
+    Penalty,
+    TokenLogprob,
+    Usage,
+)
 from schemas.openai_tools import CallRecord, FunctionSpec
 
 _CONTRACT = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -89,6 +100,10 @@ class GenerateRequest(BaseModel):
     ignore_eos: bool = False
     # KV blocks are shared only between requests of the same adapter version and the same salt
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
+    # choices sampled from the one prompt; choice i > 0 draws with a seed derived from (seed, i)
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    # None: no logprobs; k: each token's logprob and the k most likely tokens' (the processed logits')
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateRequest:
@@ -113,6 +128,8 @@ class TokenEvent(BaseModel):
     type: Literal["token"] = "token"
     token_id: NonNegativeInt
     text: str
+    index: NonNegativeInt = 0  # the choice
+    logprobs: TokenLogprob | None = None
 
 
 class DoneEvent(BaseModel):
@@ -123,6 +140,7 @@ class DoneEvent(BaseModel):
     finish_reason: FinishReason
     text: str
     usage: Usage
+    index: NonNegativeInt = 0  # the choice
 
 
 class ErrorEvent(BaseModel):

@@ -105,6 +105,8 @@ class Endpoint(Generic[Body]):
             request_id=request_id,
             max_tokens=max_tokens,
             max_tokens_is_default=body.caller_limit() is None,
+            n=body.choices(),
+            logprobs=body.logprob_alternatives(),
             **body.model_dump(include=_SAMPLING, exclude_none=True),
         )
 
@@ -169,8 +171,10 @@ async def _serve(
     adapter_id = target.pick(body.model, body.user or rec.request_id)  # a canary takes its weight
     rec.adapter_id = adapter_id
     max_tokens = body.completion_limit(settings.default_max_tokens)
+    n = body.choices()
+    # every choice may generate max_tokens; the prompt is prefilled and billed once
     await _admit(
-        online, caller, rec, endpoint.estimate_prompt_tokens(body) + max_tokens, endpoint.limit_param
+        online, caller, rec, endpoint.estimate_prompt_tokens(body) + n * max_tokens, endpoint.limit_param
     )
     try:
         upstream = await online.open_upstream(
@@ -193,7 +197,7 @@ async def _serve(
         headers["x-lorafleet-merged"] = "true"
     if body.stream:
         stream = sse_chunks(
-            rec, upstream, body.model, body.wants_usage_chunk(), online.finish, endpoint.shape
+            rec, upstream, body.model, body.wants_usage_chunk(), online.finish, endpoint.shape, n
         )
         return SseResponse(
             stream,
@@ -203,4 +207,7 @@ async def _serve(
             send_timeout_s=settings.client_send_timeout_s,
             on_cut=online.metrics.streams_cut.inc,
         )
-    return await completion_response(rec, upstream, body.model, headers, online.finish, endpoint.shape)
+    logprobs = body.logprob_alternatives() is not None
+    return await completion_response(
+        rec, upstream, body.model, headers, online.finish, endpoint.shape, n, logprobs
+    )

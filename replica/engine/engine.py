@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import torch
 
 from replica.engine.admission_queue import AdmissionQueue
+from replica.engine.logprobs import TokenLogprobs
 from replica.engine.model_runner import ModelRunner, StepInput
-from replica.engine.sampler import SamplingParams, row_seed, sample
+from replica.engine.sampler import SamplingParams, row_seed, sample_step
 from replica.engine.scheduler import Scheduled, Scheduler
 from replica.engine.sequence import Detokenizer, Sequence, SequenceStatus
 from replica.engine.slot_pins import SlotPins
@@ -37,6 +38,7 @@ class StepOutput:
     completion_tokens: int
     error: str | None = None
     cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was first admitted
+    logprobs: TokenLogprobs | None = None  # token_id's, when the request asked for logprobs
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class _Taken:
     seq: Sequence
     token: int
     is_stop_token: bool
+    logprobs: TokenLogprobs | None = None
 
 
 class LLMEngine:
@@ -182,14 +185,14 @@ class LLMEngine:
             keep = [i for i, p in enumerate(completing) if p.seq.status is SequenceStatus.RUNNING]
             logits = logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]
         rows = [p.seq for p in done]
-        tokens = sample(
+        sampled = sample_step(
             logits, [s.params for s in rows], [s.seed for s in rows], [s.output_token_ids for s in rows]
         )
         for p in plan:
             if p.seq.status is SequenceStatus.RUNNING:
                 self.scheduler.computed(p)
-        for p, token in zip(done, tokens, strict=True):
-            self._take(p.seq, token)
+        for p, token, logprobs in zip(done, sampled.token_ids, sampled.logprobs, strict=True):
+            self._take(p.seq, token, logprobs)
         if not self.overlap_text or not (self.scheduler.running or self.scheduler.waiting):
             outputs += self._emit_text()  # nothing launches next: hold nothing back
         ended = time.perf_counter()
@@ -238,7 +241,7 @@ class LLMEngine:
         self.scheduler.finish(s, "error")
         return self._final(s, "", error=f"{error.code}: {error}")
 
-    def _take(self, s: Sequence, token: int) -> None:
+    def _take(self, s: Sequence, token: int, logprobs: TokenLogprobs | None = None) -> None:
         """Append a sampled token and end the row now if the token alone ends it (a stop token, max_tokens,
         the context), so the next schedule never runs it; its text follows in _emit_text."""
         s.output_token_ids.append(token)
@@ -252,7 +255,7 @@ class LLMEngine:
             reason = "length"
         if reason is not None:
             self.scheduler.finish(s, reason)
-        self._pending.append(_Taken(s, token, is_stop_token))
+        self._pending.append(_Taken(s, token, is_stop_token, logprobs))
 
     def _emit_text(self) -> list[StepOutput]:
         """Detokenize the taken tokens and scan their stop strings: one output each, the last of a row final.
@@ -261,7 +264,7 @@ class LLMEngine:
         return [self._advance(t) for t in taken if self.seqs.get(t.seq.request_id) is t.seq]
 
     def _advance(self, t: _Taken) -> StepOutput:
-        s, token = t.seq, t.token
+        s, token, logprobs = t.seq, t.token, t.logprobs
         if not t.is_stop_token and s.detokenizer is not None:
             s.text += s.detokenizer.push(token)
         scan = scan_stop_strings(
@@ -288,12 +291,18 @@ class LLMEngine:
                 len(s.prompt_token_ids),
                 len(s.output_token_ids),
                 cached_tokens=s.cached_tokens,
+                logprobs=logprobs,
             )
         self.seqs.pop(s.request_id, None)
-        return self._final(s, delta, token)
+        return self._final(s, delta, token, logprobs=logprobs)
 
     def _final(
-        self, s: Sequence, delta: str, token: int | None = None, error: str | None = None
+        self,
+        s: Sequence,
+        delta: str,
+        token: int | None = None,
+        error: str | None = None,
+        logprobs: TokenLogprobs | None = None,
     ) -> StepOutput:
         return StepOutput(
             s.request_id,
@@ -305,6 +314,7 @@ class LLMEngine:
             len(s.output_token_ids),
             error,
             s.cached_tokens,
+            logprobs,
         )
 
     def queue_depth(self) -> int:

@@ -1,4 +1,5 @@
-"""Sampling parameters and the batched sampler, on the logits' device: only the chosen ids come back.
+"""Sampling parameters and the batched sampler, on the logits' device: only the chosen ids (and, for rows
+that ask, their logprobs and the top-k: replica.engine.logprobs) come back.
 
 Per row: logit_bias and the presence/frequency penalties adjust the raw logits; temperature 0 takes their
 argmax; otherwise divide by the temperature, keep the top_k, keep the smallest prefix whose mass reaches
@@ -13,7 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from replica.engine.sampling_hash import gumbel, row_keys
+from replica.engine.logprobs import MAX_TOP_LOGPROBS, TokenLogprobs, gather, unpack
+from replica.engine.sampling_hash import gumbel, mix32, row_keys
 from replica.errors import InvalidRequestError
 
 
@@ -32,6 +34,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: no logprobs; k: the chosen token's and the k most likely tokens'
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise InvalidRequestError for values outside their range (logit_bias ids: below vocab_size)."""
@@ -49,6 +52,7 @@ class SamplingParams:
             ),
             ("max_tokens", self.max_tokens >= 1),
             ("stop", len(self.stop) <= 16 and all(0 < len(s) <= 256 for s in self.stop)),
+            ("logprobs", self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS),
         ]
         for name, ok in checks:
             if not ok:
@@ -64,20 +68,53 @@ def row_seed(params: SamplingParams) -> int:
     return params.seed if params.seed is not None else secrets.randbits(63)
 
 
+def choice_seed(seed: int, index: int) -> int:
+    """Choice index's seed among a request's n: the request's own for choice 0, a distinct 63-bit mix of
+    (seed, index) for the others, so a seeded request's choices differ yet repeat."""
+    if index == 0:
+        return seed
+    words = torch.tensor([seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF], dtype=torch.int64)
+    lo, hi = mix32(words ^ index).tolist()
+    return ((hi & 0x7FFFFFFF) << 32) | lo
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One step's chosen ids [rows] and, per row, its logprobs (None where the row asked for none)."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
 def sample(
     logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], outputs: list[list[int]]
 ) -> list[int]:
+    """The chosen ids of sample_step."""
+    return sample_step(logits, params, seeds, outputs).token_ids
+
+
+def sample_step(
+    logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], outputs: list[list[int]]
+) -> Sampled:
     """Pick one token per row of logits [rows, vocab]; outputs[i] is row i's generated ids so far.
 
-    Contract: row i's token is a function of (logits[i], params[i], seeds[i], outputs[i]) alone. Everything
-    runs with torch ops on logits.device; the only host transfer is the chosen ids [rows].
+    Contract: row i's token and logprobs are a function of (logits[i], params[i], seeds[i], outputs[i])
+    alone. Everything runs with torch ops on logits.device; the only host transfer is one tensor: the
+    chosen ids [rows], or with any row asking for logprobs, [rows, 2 + 2k] (logprobs.gather).
     """
     adjusted = logits  # [rows, vocab]
     if any(p.adjusts_logits for p in params):
         adjusted = _adjust(logits.to(torch.float32, copy=True), params, outputs)
     if all(p.temperature == 0.0 for p in params):
-        return adjusted.argmax(dim=-1).tolist()
-    return _draw(adjusted.float(), params, seeds, [len(o) for o in outputs]).tolist()
+        chosen = adjusted.argmax(dim=-1)  # [rows]
+    else:
+        chosen = _draw(adjusted.float(), params, seeds, [len(o) for o in outputs])
+    wants = [p.logprobs for p in params]
+    k = max((w for w in wants if w is not None), default=None)
+    if k is None:
+        ids: list[int] = chosen.tolist()
+        return Sampled(ids, [None] * len(ids))
+    return Sampled(*unpack(gather(adjusted, chosen, k).tolist(), wants))
 
 
 def _adjust(logits: torch.Tensor, params: list[SamplingParams], outputs: list[list[int]]) -> torch.Tensor:

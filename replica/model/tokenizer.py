@@ -12,10 +12,28 @@ from jinja2 import meta
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders
 
 from replica.errors import UnsupportedModelError
 
 REPLACEMENT_CHAR = "\ufffd"
+
+
+def _byte_level_table() -> dict[str, int]:
+    """Byte-level BPE's alphabet (GPT-2's bytes_to_unicode), character -> the byte it stands for: printable
+    bytes stand for themselves, the others for the characters from U+0100 up, in byte order."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    others = [b for b in range(256) if b not in printable]
+    table = {chr(b): b for b in printable}
+    table.update({chr(256 + i): b for i, b in enumerate(others)})
+    return table
+
+
+_BYTE_OF = _byte_level_table()
 
 
 def _raise_exception(message: str) -> None:
@@ -120,6 +138,18 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         """Text of ids."""
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for: a byte-level BPE token's own (part of a multi-byte character
+        included); otherwise the UTF-8 of the token decoded alone."""
+        piece = self.backend.id_to_token(token_id)
+        if (
+            isinstance(self.backend.decoder, decoders.ByteLevel)
+            and piece is not None
+            and all(c in _BYTE_OF for c in piece)
+        ):
+            return bytes(_BYTE_OF[c] for c in piece)
+        return self.decode([token_id]).encode()
 
     def render_chat(
         self,

@@ -15,13 +15,14 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from replica.arrival import arrived
+from replica.choices import ChoiceRequest, choice_outputs
 from replica.engine.sampler import SamplingParams
 from replica.engine.trace import AdmissionTrace
 from replica.errors import ReplicaDrainingError
 from replica.metrics import RequestTimer
 from replica.routes.deps import Authorized, ServingReplica
 from replica.runtime import AdapterUse, Replica
-from replica.stream_events import stream_events
+from replica.stream_events import Spell, spell_id, stream_events
 from schemas.replica_api import ErrorEvent, GenerateRequest, encode_event
 
 # the request log line keeps the server's logger name: operators and the lifecycle test match on it
@@ -75,6 +76,7 @@ def _sampling_params(body: GenerateRequest, prompt_tokens: int, max_model_len: i
         max_tokens=_completion_budget(body, prompt_tokens, max_model_len),
         stop=stop,
         ignore_eos=body.ignore_eos,
+        logprobs=body.logprobs,
     )
 
 
@@ -122,22 +124,34 @@ async def _stream(
         err = ReplicaDrainingError("the replica is shutting down; retry the request")
         yield encode_event(ErrorEvent(error=err.to_body().error))
         return
-    gen = replica.engine.generate(
-        prompt, params, use.engine_adapter_id, request_id, trace, body.tenant_id, body.cache_salt
+    choices = ChoiceRequest(
+        prompt, params, body.n, use.engine_adapter_id, request_id, trace, body.tenant_id, body.cache_salt
     )
-    first = True
+    spell = _speller(replica)
+    gen = choice_outputs(replica.engine, choices)
+    first, open_choices, generated = True, body.n, 0
+    reason: str | None = None
     async with contextlib.aclosing(gen):
-        async for out in gen:
-            if out.token_id is not None:
+        async for index, out in gen:
+            if out.token_id is not None and index == 0:  # TTFT and ITL follow choice 0
                 timer.token()
                 if first:
                     trace.delivered = time.perf_counter()
                     replica.metrics.admitted(trace)
-            first = False
+                first = False
             ended = out.finished or out.error is not None
             if ended and out.error is None:
-                timer.finished(out.finish_reason, out.prompt_tokens, out.completion_tokens)
-            for event in stream_events(out):
+                open_choices -= 1
+                generated += out.completion_tokens
+                reason = out.finish_reason if index == 0 else reason
+                if not open_choices:  # the prompt once, every choice's tokens
+                    timer.finished(reason, out.prompt_tokens, generated)
+            for event in stream_events(out, index, spell):
                 yield encode_event(event)
-            if ended:
+            if out.error is not None or not open_choices:
                 return
+
+
+def _speller(replica: Replica) -> Spell:
+    """Token ids' bytes for logprobs: the tokenizer's, or vLLM's token_id:N without one."""
+    return spell_id if replica.tokenizer is None else replica.tokenizer.token_bytes

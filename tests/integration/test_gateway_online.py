@@ -166,10 +166,8 @@ async def test_openai_client_legacy_completion_is_the_raw_prompt_with_usage(stac
     assert "".join([c.choices[0].text async for c in streamed if c.choices]) == done.choices[0].text
     for fields, param in (
         ({"echo": True}, "echo"),
-        ({"logprobs": 2}, "logprobs"),
         ({"best_of": 2}, "best_of"),
         ({"suffix": "!"}, "suffix"),
-        ({"n": 2}, "n"),
         ({"prompt": ["one", "two"]}, "prompt"),
         ({"extra_body": {"messages": []}}, "messages"),
     ):
@@ -260,7 +258,9 @@ async def test_other_tenants_alias_is_the_same_404_as_an_unknown_one(stack: Gate
 @pytest.mark.parametrize(
     "change, code, param",
     [
-        ({"n": 2}, "unsupported_parameter", "n"),
+        ({"n": 9}, "invalid_parameter", "n"),
+        ({"top_logprobs": 2}, "invalid_parameter", "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "invalid_parameter", "top_logprobs"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "unsupported_parameter", "tools"),
         (
             {"messages": [{"role": "user", "content": "Hi", "cache": True}]},
@@ -288,8 +288,6 @@ async def test_the_openai_client_gets_bad_request_errors_naming_refused_fields(s
     client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys["acme"], max_retries=0)
     refused: list[tuple[dict, str]] = [
         ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
-        ({"n": 3}, "n"),
         ({"tools": [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]}, "tools"),
         ({"extra_body": {"top_k": 5}}, "top_k"),
     ]
@@ -338,6 +336,156 @@ async def test_the_openai_clients_logit_bias_reaches_the_replica(stack: GatewayS
     assert four.usage is not None and four.usage.completion_tokens == 4
     piece = one.choices[0].message.content
     assert piece and four.choices[0].message.content == piece * 4
+
+
+async def test_chat_logprobs_are_each_tokens_with_its_top_alternatives_streamed_or_not(
+    stack: GatewayStack,
+) -> None:
+    """Greedy: every token is its own top alternative, asking for logprobs changes no token, and the
+    stream's entries are the whole answer's."""
+    client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys["acme"], max_retries=0)
+    args = {
+        "model": "acme/support:prod",
+        "messages": [{"role": "user", "content": "Count to ten."}],
+        "temperature": 0,
+        "max_tokens": 6,
+    }
+    plain = await client.chat.completions.create(**args)
+    done = await client.chat.completions.create(**args, logprobs=True, top_logprobs=3)
+    choice = done.choices[0]
+    assert choice.message.content == plain.choices[0].message.content
+    assert choice.logprobs is not None and choice.logprobs.content
+    for entry in choice.logprobs.content:
+        assert entry.logprob <= 0.0 and bytes(entry.bytes or []).decode(errors="replace") == entry.token
+        assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].token == entry.token
+        assert [t.logprob for t in entry.top_logprobs] == sorted(
+            (t.logprob for t in entry.top_logprobs), reverse=True
+        )
+    if choice.finish_reason == "length":
+        assert len(choice.logprobs.content) == done.usage.completion_tokens  # type: ignore[union-attr]
+    stream = await client.chat.completions.create(**args, logprobs=True, top_logprobs=3, stream=True)
+    streamed = [
+        e
+        async for c in stream
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content or []
+    ]
+    assert [(e.token, round(e.logprob, 4)) for e in streamed] == [
+        (e.token, round(e.logprob, 4)) for e in choice.logprobs.content
+    ]
+    bare = await client.chat.completions.create(**args, logprobs=True)
+    assert bare.choices[0].logprobs is not None
+    assert all(e.top_logprobs == [] for e in bare.choices[0].logprobs.content or [])
+
+
+async def test_legacy_completion_logprobs_have_openais_legacy_shape_streamed_or_not(
+    stack: GatewayStack,
+) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys["acme"], max_retries=0)
+    args = {
+        "model": "acme/support:prod",
+        "prompt": "The capital of France is",
+        "max_tokens": 5,
+        "temperature": 0,
+    }
+    done = await client.completions.create(**args, logprobs=2)
+    lp = done.choices[0].logprobs
+    assert (
+        lp is not None and lp.tokens and lp.token_logprobs and lp.top_logprobs and lp.text_offset is not None
+    )
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert all(
+        len(top) <= 2 and max(top.values()) >= lp_ - 1e-4
+        for top, lp_ in zip(lp.top_logprobs, lp.token_logprobs, strict=True)
+    )
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    if done.choices[0].finish_reason == "length" and not any("\ufffd" in t for t in lp.tokens):
+        assert "".join(lp.tokens) == done.choices[0].text
+    stream = await client.completions.create(**args, logprobs=2, stream=True)
+    tokens, offsets = [], []
+    async for c in stream:
+        if c.choices and c.choices[0].logprobs:
+            tokens += c.choices[0].logprobs.tokens or []
+            offsets += c.choices[0].logprobs.text_offset or []
+    assert tokens == lp.tokens and offsets == lp.text_offset
+
+
+async def test_n_choices_differ_repeat_with_a_seed_and_are_all_billed(stack: GatewayStack) -> None:
+    """n=3 with a seed: three distinct choices, the same three again, and usage (answered, refunded and
+    published) counts the prompt once and every choice's tokens."""
+    client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys["acme"], max_retries=0)
+    args = {
+        "model": "acme/support:prod",
+        "messages": [{"role": "user", "content": "Write a short poem about rain."}],
+        "max_tokens": 8,
+        "temperature": 1.0,
+        "seed": 1234,
+        "n": 3,
+        "logprobs": True,
+    }
+    raw = await client.chat.completions.with_raw_response.create(**args)
+    done = raw.parse()
+    again = await client.chat.completions.create(**args)
+    assert [c.index for c in done.choices] == [0, 1, 2]
+    texts = [c.message.content for c in done.choices]
+    assert texts == [c.message.content for c in again.choices]
+    assert len(set(texts)) > 1
+    single = await client.chat.completions.create(**(args | {"n": 1}))
+    assert single.usage is not None and done.usage is not None
+    assert done.usage.prompt_tokens == single.usage.prompt_tokens  # the prompt counted once
+    # a token line per generated token, but the one that stopped a "stop" finish
+    tokens = sum(
+        len(c.logprobs.content or []) + (c.finish_reason == "stop") for c in done.choices if c.logprobs
+    )
+    assert done.usage.completion_tokens == tokens
+    assert done.usage.total_tokens == done.usage.prompt_tokens + tokens
+    request_id = raw.headers["x-request-id"]
+    event = (await _completed(stack, {request_id}))[request_id]
+    assert (event.prompt_tokens, event.completion_tokens) == (done.usage.prompt_tokens, tokens)
+
+
+async def test_the_rate_limit_reserves_every_choices_tokens(stack: GatewayStack) -> None:
+    """30,000 tokens fit acme's 200,000 a minute once, but not eight times: n=8 is refused by the gateway's
+    limit before any replica sees it, while n=1 reaches the replica (which finds it over its context)."""
+    async with httpx.AsyncClient(base_url=stack.url, headers=_auth(stack)) as c:
+        one = await c.post("/v1/chat/completions", json={**CHAT, "max_completion_tokens": 30_000, "n": 1})
+        eight = await c.post("/v1/chat/completions", json={**CHAT, "max_completion_tokens": 30_000, "n": 8})
+    assert one.status_code == 400 and one.json()["error"]["code"] == "context_length_exceeded", one.text
+    assert eight.status_code == 400, eight.text
+    assert eight.json()["error"]["code"] == "tokens_exceed_limit"
+    assert eight.json()["error"]["param"] == "max_completion_tokens"
+
+
+async def test_the_openai_client_assembles_streamed_choices_by_index(stack: GatewayStack) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys["acme"], max_retries=0)
+    args = {
+        "model": "acme/support:prod",
+        "messages": [{"role": "user", "content": "Say something."}],
+        "max_tokens": 6,
+        "seed": 7,
+        "n": 3,
+    }
+    whole = await client.chat.completions.create(**args)
+    # the client's own stream assembler (a length finish is fine: the snapshot is not parsed for a format)
+    async with client.chat.completions.stream(**args, stream_options={"include_usage": True}) as stream:
+        async for _ in stream:
+            pass
+        final = stream.current_completion_snapshot
+    assert [c.message.content for c in final.choices] == [c.message.content for c in whole.choices]
+    assert [c.finish_reason for c in final.choices] == [c.finish_reason for c in whole.choices]
+    assert final.usage is not None and whole.usage is not None
+    assert final.usage.completion_tokens == whole.usage.completion_tokens
+    legacy = await client.completions.create(
+        model="acme/support:prod", prompt="Once upon a time", max_tokens=4, seed=3, n=2, stream=True
+    )
+    texts = {0: "", 1: ""}
+    finished = set()
+    async for c in legacy:
+        for choice in c.choices:
+            texts[choice.index] += choice.text
+            if choice.finish_reason:
+                finished.add(choice.index)
+    assert finished == {0, 1} and all(texts.values())
 
 
 async def test_invalid_json_is_400_and_oversized_body_is_413(stack: GatewayStack) -> None:

@@ -34,9 +34,6 @@ def message(**fields: Any) -> dict[str, Any]:
 
 # (body fields, the refused param): one case for each UNSUPPORTED entry, with a value that is no no-op
 UNSUPPORTED_CASES: list[tuple[dict[str, Any], str]] = [
-    ({"n": 2}, "n"),
-    ({"logprobs": True}, "logprobs"),
-    ({"top_logprobs": 0}, "top_logprobs"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"tool_choice": "auto"}, "tool_choice"),
@@ -73,8 +70,6 @@ def test_an_unimplemented_parameter_is_refused_by_name(fields: dict[str, Any], p
 @pytest.mark.parametrize(
     "fields",
     [
-        {"n": 1},
-        {"logprobs": False},
         {"response_format": {"type": "text"}},
         {"tools": []},
         {"tool_choice": "none"},
@@ -230,3 +225,49 @@ def test_fastapi_locations_lose_their_source() -> None:
     errors = [{"type": "extra_forbidden", "loc": ("body", "messages", 0, "foo"), "msg": "Extra inputs"}]
     assert request_error(errors, from_request=True).param == "messages[0].foo"
     assert request_error(errors).param == "body.messages[0].foo"
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"logprobs": True}, 0),
+        ({"logprobs": True, "top_logprobs": 20}, 20),
+        ({"logprobs": False}, None),
+        ({}, None),
+    ],
+)
+def test_logprobs_ask_for_the_chosen_token_and_top_logprobs_alternatives(
+    fields: dict[str, Any], expected: int | None
+) -> None:
+    assert parsed(**fields).logprob_alternatives() == expected
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"top_logprobs": 2}, {"logprobs": False, "top_logprobs": 2}, {"logprobs": None, "top_logprobs": 0}],
+)
+def test_top_logprobs_without_logprobs_is_refused_naming_top_logprobs(fields: dict[str, Any]) -> None:
+    error = refusal(**fields)
+    assert (error.param, error.code, error.type) == (
+        "top_logprobs",
+        "invalid_parameter",
+        "invalid_request_error",
+    )
+    assert "logprobs must be true" in error.message
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"n": 9}, "n"),
+        ({"n": 0}, "n"),
+        ({"n": True}, "n"),
+    ],
+)
+def test_top_logprobs_past_20_and_n_past_the_cap_are_refused(fields: dict[str, Any], param: str) -> None:
+    assert (refusal(**fields).param, refusal(**fields).code) == (param, "invalid_parameter")
+
+
+def test_n_up_to_the_cap_is_accepted() -> None:
+    assert [parsed(n=n).choices() for n in (1, 8)] == [1, 8] and parsed().choices() == 1

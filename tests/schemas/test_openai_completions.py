@@ -10,7 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from schemas.api import ErrorDetail
-from schemas.openai_completions import Completion, CompletionChunk, CompletionRequest
+from schemas.openai import TokenLogprob, TopLogprob
+from schemas.openai_completions import Completion, CompletionChunk, CompletionLogprobs, CompletionRequest
 from schemas.openai_params import COMPLETIONS_UNSUPPORTED, request_error
 from schemas.replica_api import ChatMessage, GenerateRequest
 
@@ -29,9 +30,7 @@ def refusal(**fields: Any) -> ErrorDetail:
 
 # (body fields, the refused param): one case for each COMPLETIONS_UNSUPPORTED entry, with no no-op value
 UNSUPPORTED_CASES: list[tuple[dict[str, Any], str]] = [
-    ({"n": 2}, "n"),
     ({"prompt": ["one", "two"]}, "prompt"),
-    ({"logprobs": 0}, "logprobs"),
     ({"echo": True}, "echo"),
     ({"suffix": " the end."}, "suffix"),
     ({"best_of": 2}, "best_of"),
@@ -58,7 +57,7 @@ def test_only_a_single_prompt_string_is_served(prompt: list[Any]) -> None:
 
 @pytest.mark.parametrize(
     "fields",
-    [{"n": 1}, {"echo": False}, {"best_of": 1}, {"n": None, "logprobs": None, "suffix": None, "echo": None}],
+    [{"echo": False}, {"best_of": 1}, {"suffix": None, "echo": None}],
 )
 def test_a_no_op_value_of_an_unimplemented_parameter_is_accepted(fields: dict[str, Any]) -> None:
     parsed(**fields)
@@ -94,6 +93,8 @@ def test_the_fields_shared_with_chat_are_honoured() -> None:
         ({"prompt": 7}, "prompt", "invalid_parameter"),
         ({"temperature": 5}, "temperature", "invalid_parameter"),
         ({"logprobs": 6}, "logprobs", "invalid_parameter"),
+        ({"logprobs": True}, "logprobs", "invalid_parameter"),
+        ({"n": 9}, "n", "invalid_parameter"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_parameter"),
     ],
 )
@@ -152,3 +153,22 @@ def test_the_replica_contract_carries_a_raw_prompt() -> None:
     body = GenerateRequest(prompt="Once upon a time", max_tokens=4)
     assert GenerateRequest.model_validate_json(body.model_dump_json()) == body
     assert body.messages is None and body.prompt_token_ids is None
+
+
+def test_logprobs_and_n_are_honoured() -> None:
+    body = parsed(logprobs=5, n=3)
+    assert (body.logprob_alternatives(), body.choices()) == (5, 3)
+    assert (parsed(logprobs=0).logprob_alternatives(), parsed().logprob_alternatives()) == (0, None)
+
+
+def test_legacy_logprobs_list_each_token_its_top_and_its_offset() -> None:
+    entries = [
+        TokenLogprob(token="Hel", logprob=-0.5, top_logprobs=[TopLogprob(token="Hel", logprob=-0.5)]),
+        TokenLogprob(token="lo", logprob=-1.0, top_logprobs=[TopLogprob(token="p", logprob=-0.7)]),
+    ]
+    assert CompletionLogprobs.of(entries, 4).model_dump() == {
+        "tokens": ["Hel", "lo"],
+        "token_logprobs": [-0.5, -1.0],
+        "top_logprobs": [{"Hel": -0.5}, {"p": -0.7}],
+        "text_offset": [4, 7],
+    }

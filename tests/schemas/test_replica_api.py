@@ -45,9 +45,18 @@ def test_a_line_is_one_json_object_that_parses_back_to_the_same_event(
 
 def test_lines_keep_the_field_names_order_and_raw_utf8_replicas_have_always_written() -> None:
     token, _, done, _, error = (encode_event(e) for e in EVENTS)
-    assert list(json.loads(token).items()) == [("type", "token"), ("token_id", 42), ("text", "Hé")]
+    assert list(json.loads(token).items()) == [
+        ("type", "token"),
+        ("token_id", 42),
+        ("text", "Hé"),
+        ("index", 0),
+        ("logprobs", None),
+    ]
     assert "Hé".encode() in token  # not \u-escaped
-    assert list(json.loads(done)) == ["type", "finish_reason", "text", "usage"]
+    assert list(json.loads(done)) == ["type", "finish_reason", "text", "usage", "index"]
+    # a replica from before n and logprobs writes neither: its token line is choice 0's, without logprobs
+    before = STREAM_EVENT.validate_json(b'{"type":"token","token_id":42,"text":"x"}')
+    assert isinstance(before, TokenEvent) and (before.index, before.logprobs) == (0, None)
     assert json.loads(done)["usage"] == {
         "prompt_tokens": 5,
         "completion_tokens": 3,

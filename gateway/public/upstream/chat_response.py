@@ -1,18 +1,20 @@
 """The response over one replica stream: SSE chunks as tokens arrive, or one whole completion, in the shape
 of the endpoint asked (CHAT_SHAPE: chat.completion; TEXT_SHAPE: the legacy text_completion).
 
-Both read the stream through upstream_events.completion_events, so a token, the done line and every
-failure mean the same on both paths. Streaming sends the content chunks (the first carries the role), the
-finish chunk, the usage chunk when asked, then `data: [DONE]`; a failure midway ends it with an
-`event: error` in OpenAI's error shape and no [DONE]. The JSON path answers the failure as the error
-response instead. Each request is finished exactly once: ok, error with its code, or cancelled.
+Both read the stream through upstream_events.completion_events, so a token, the done lines and every
+failure mean the same on both paths. A request has n choices, each with its index; their chunks
+interleave as the replica sends them. Streaming sends each choice's content chunks (its first carries the
+role, a token's carries its logprobs when asked), each choice's finish chunk, then the usage chunk when
+asked, then `data: [DONE]`; a failure midway ends it with an `event: error` in OpenAI's error shape and no
+[DONE]. The JSON path answers the failure as the error response instead. Each request is finished exactly
+once: ok, error with its code, or cancelled.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 from fastapi import Response
@@ -25,33 +27,78 @@ from gateway.public.upstream.chunk_encoder import DONE, ChunkEncoder, TextChunkE
 from gateway.public.upstream.events import completion_events
 from gateway.public.upstream.replica_client import UpstreamStream
 from schemas.events import RequestStatus
-from schemas.openai import AssistantMessage, ChatCompletion, Choice
-from schemas.openai_completions import Completion, CompletionChoice
+from schemas.openai import (
+    AssistantMessage,
+    ChatCompletion,
+    Choice,
+    ChoiceLogprobs,
+    FinishReason,
+    TokenLogprob,
+    Usage,
+)
+from schemas.openai_completions import Completion, CompletionChoice, CompletionLogprobs
 from schemas.replica_api import DoneEvent
 
 Finish = Callable[[RequestRecord, RequestStatus, str | None], Awaitable[None]]  # Online.finish
 
 
-def _chat_completion(rec: RequestRecord, model: str, text: str, done: DoneEvent) -> BaseModel:
-    choice = Choice(message=AssistantMessage(content=text), finish_reason=done.finish_reason)
+@dataclass
+class ChoiceResult:
+    """One choice as the stream built it: its text, its tokens' logprobs (None: not asked) and its end."""
+
+    index: int
+    parts: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: FinishReason = "stop"
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+def _chat_completion(rec: RequestRecord, model: str, choices: list[ChoiceResult], usage: Usage) -> BaseModel:
     return ChatCompletion(
-        id=rec.completion_id, created=rec.created, model=model, choices=[choice], usage=done.usage
+        id=rec.completion_id,
+        created=rec.created,
+        model=model,
+        choices=[
+            Choice(
+                index=c.index,
+                message=AssistantMessage(content=c.text),
+                logprobs=ChoiceLogprobs(content=c.logprobs) if c.logprobs is not None else None,
+                finish_reason=c.finish_reason,
+            )
+            for c in choices
+        ],
+        usage=usage,
     )
 
 
-def _text_completion(rec: RequestRecord, model: str, text: str, done: DoneEvent) -> BaseModel:
-    choice = CompletionChoice(text=text, finish_reason=done.finish_reason)
+def _text_completion(rec: RequestRecord, model: str, choices: list[ChoiceResult], usage: Usage) -> BaseModel:
     return Completion(
-        id=rec.completion_id, created=rec.created, model=model, choices=[choice], usage=done.usage
+        id=rec.completion_id,
+        created=rec.created,
+        model=model,
+        choices=[
+            CompletionChoice(
+                index=c.index,
+                text=c.text,
+                logprobs=CompletionLogprobs.of(c.logprobs) if c.logprobs is not None else None,
+                finish_reason=c.finish_reason,
+            )
+            for c in choices
+        ],
+        usage=usage,
     )
 
 
 @dataclass(frozen=True)
 class ResponseShape:
-    """One endpoint's answer: its stream chunks, and its whole completion from (record, model, text, done)."""
+    """One endpoint's answer: its stream chunks, and its whole completion from (record, model, choices,
+    usage)."""
 
     encoder: type[ChunkEncoder]
-    whole: Callable[[RequestRecord, str, str, DoneEvent], BaseModel]
+    whole: Callable[[RequestRecord, str, list[ChoiceResult], Usage], BaseModel]
 
 
 CHAT_SHAPE = ResponseShape(ChunkEncoder, _chat_completion)
@@ -65,24 +112,27 @@ async def sse_chunks(
     usage_chunk: bool,
     finish: Finish,
     shape: ResponseShape = CHAT_SHAPE,
+    choices: int = 1,
 ) -> AsyncGenerator[bytes, None]:
     """The framed SSE messages of a streamed completion (see the module doc)."""
     status: RequestStatus = "error"
     code: str | None = "replica_lost"
     encoder = shape.encoder(rec.completion_id, rec.created, model)
-    first = True
+    started: set[int] = set()
     try:
-        async with contextlib.aclosing(completion_events(upstream, rec)) as events:
+        async with contextlib.aclosing(completion_events(upstream, rec, choices)) as events:
             async for ev in events:
-                if first or ev.text:
-                    yield encoder.content(ev.text, first)
-                    first = False
+                logprobs = None if isinstance(ev, DoneEvent) else ev.logprobs
+                first = ev.index not in started
+                if first or ev.text or logprobs is not None:
+                    yield encoder.content(ev.text, first, ev.index, logprobs)
+                    started.add(ev.index)
                 if isinstance(ev, DoneEvent):
-                    yield encoder.finish(ev.finish_reason)
-                    if usage_chunk:
-                        yield encoder.usage(ev.usage)
-                    yield DONE
-                    status, code = "ok", None
+                    yield encoder.finish(ev.finish_reason, ev.index)
+        if usage_chunk and rec.usage is not None:
+            yield encoder.usage(rec.usage)
+        yield DONE
+        status, code = "ok", None
     except GatewayError as exc:
         status, code = "error", exc.code
         yield error_frame(exc)
@@ -102,16 +152,21 @@ async def completion_response(
     headers: dict[str, str],
     finish: Finish,
     shape: ResponseShape = CHAT_SHAPE,
+    choices: int = 1,
+    logprobs: bool = False,
 ) -> Response:
-    """One whole completion from the stream; a failed stream raises its GatewayError."""
-    parts: list[str] = []
-    done: DoneEvent | None = None
+    """One whole completion from the stream; a failed stream raises its GatewayError. With logprobs, every
+    choice has a logprobs list (empty when it stopped before any token line)."""
+    results = [ChoiceResult(i, logprobs=[] if logprobs else None) for i in range(choices)]
     try:
-        async with contextlib.aclosing(completion_events(upstream, rec)) as events:
+        async with contextlib.aclosing(completion_events(upstream, rec, choices)) as events:
             async for ev in events:
-                parts.append(ev.text)
+                result = results[ev.index]
+                result.parts.append(ev.text)
                 if isinstance(ev, DoneEvent):
-                    done = ev
+                    result.finish_reason = ev.finish_reason
+                elif ev.logprobs is not None and result.logprobs is not None:
+                    result.logprobs.append(ev.logprobs)
     except GatewayError as exc:
         with anyio.CancelScope(shield=True):
             await finish(rec, "error", exc.code)
@@ -123,7 +178,7 @@ async def completion_response(
     finally:
         with anyio.CancelScope(shield=True):
             await upstream.aclose()
-    assert done is not None  # completion_events ends with the done event or raises
-    result = shape.whole(rec, model, "".join(parts), done)
+    assert rec.usage is not None  # completion_events ends after every choice's done event or raises
+    whole = shape.whole(rec, model, results, rec.usage)
     await finish(rec, "ok", None)
-    return JSONResponse(result.model_dump(), headers=headers)
+    return JSONResponse(whole.model_dump(), headers=headers)

@@ -6,7 +6,8 @@ by the endpoint's chunk model (schemas.openai.ChatCompletionChunk; schemas.opena
 with the placeholder replaced by the token's JSON string. json.encoder.encode_basestring escapes exactly as
 pydantic does (UTF-8 left as is; quote, backslash and control characters escaped the same way), so every
 chunk is byte for byte the model's own JSON. Frames are `data: <json>` lines ended by a blank line, with
-CRLF line ends (what sse-starlette wrote for the same events).
+CRLF line ends (what sse-starlette wrote for the same events). A chunk that carries logprobs is dumped
+whole by the model; a choice's templates are made on its first chunk.
 """
 
 from __future__ import annotations
@@ -18,8 +19,16 @@ from typing import Any
 from pydantic import BaseModel
 
 from gateway.errors import GatewayError
-from schemas.openai import ChatCompletionChunk, ChunkChoice, Delta, FinishReason, Usage
-from schemas.openai_completions import CompletionChunk, CompletionChunkChoice
+from schemas.openai import (
+    ChatCompletionChunk,
+    ChoiceLogprobs,
+    ChunkChoice,
+    Delta,
+    FinishReason,
+    TokenLogprob,
+    Usage,
+)
+from schemas.openai_completions import CompletionChunk, CompletionChunkChoice, CompletionLogprobs
 
 END = b"\r\n\r\n"
 DONE = b"data: [DONE]" + END
@@ -44,19 +53,22 @@ class ChunkEncoder:
         self.completion_id = completion_id
         self.created = created
         self.model = model
-        self._first = self._split(self._content_choice(_HOLE, True))
-        self._next = self._split(self._content_choice(_HOLE, False))
+        self._templates: dict[tuple[int, bool], tuple[bytes, bytes]] = {}  # (choice, first) -> head, tail
 
     def _chunk(self, choices: list[Any], usage: Usage | None) -> BaseModel:
         return ChatCompletionChunk(
             id=self.completion_id, created=self.created, model=self.model, choices=choices, usage=usage
         )
 
-    def _content_choice(self, text: str, first: bool) -> BaseModel:
-        return ChunkChoice(delta=Delta(role="assistant", content=text) if first else Delta(content=text))
+    def _content_choice(
+        self, text: str, first: bool, index: int = 0, logprobs: TokenLogprob | None = None
+    ) -> BaseModel:
+        delta = Delta(role="assistant", content=text) if first else Delta(content=text)
+        shown = ChoiceLogprobs(content=[logprobs]) if logprobs is not None else None
+        return ChunkChoice(index=index, delta=delta, logprobs=shown)
 
-    def _finish_choice(self, reason: FinishReason) -> BaseModel:
-        return ChunkChoice(delta=Delta(), finish_reason=reason)
+    def _finish_choice(self, reason: FinishReason, index: int = 0) -> BaseModel:
+        return ChunkChoice(index=index, delta=Delta(), finish_reason=reason)
 
     def _dump(self, choices: list[Any], usage: Usage | None = None) -> str:
         return self._chunk(choices, usage).model_dump_json(exclude_none=False)
@@ -66,13 +78,19 @@ class ChunkEncoder:
         assert hole, "the placeholder appears in the dump exactly once"
         return b"data: " + head.encode(), tail.encode() + END
 
-    def content(self, text: str, first: bool) -> bytes:
-        """A content chunk; the first of a chat completion also carries the assistant role."""
-        head, tail = self._first if first else self._next
+    def content(self, text: str, first: bool, index: int = 0, logprobs: TokenLogprob | None = None) -> bytes:
+        """A content chunk of choice index; a choice's first in a chat completion also carries the
+        assistant role."""
+        if logprobs is not None:
+            return frame(self._dump([self._content_choice(text, first, index, logprobs)]))
+        template = self._templates.get((index, first))
+        if template is None:
+            template = self._templates[index, first] = self._split(self._content_choice(_HOLE, first, index))
+        head, tail = template
         return head + encode_basestring(text).encode() + tail
 
-    def finish(self, reason: FinishReason) -> bytes:
-        return frame(self._dump([self._finish_choice(reason)]))
+    def finish(self, reason: FinishReason, index: int = 0) -> bytes:
+        return frame(self._dump([self._finish_choice(reason, index)]))
 
     def usage(self, usage: Usage) -> bytes:
         """The usage chunk (no choices) sent last when the caller asked for it."""
@@ -87,8 +105,20 @@ class TextChunkEncoder(ChunkEncoder):
             id=self.completion_id, created=self.created, model=self.model, choices=choices, usage=usage
         )
 
-    def _content_choice(self, text: str, first: bool) -> CompletionChunkChoice:
-        return CompletionChunkChoice(text=text)
+    def __init__(self, completion_id: str, created: int, model: str) -> None:
+        super().__init__(completion_id, created, model)
+        self._offsets: dict[int, int] = {}  # choice -> characters its tokens' logprobs have covered
 
-    def _finish_choice(self, reason: FinishReason) -> CompletionChunkChoice:
-        return CompletionChunkChoice(text="", finish_reason=reason)
+    def _content_choice(
+        self, text: str, first: bool, index: int = 0, logprobs: TokenLogprob | None = None
+    ) -> CompletionChunkChoice:
+        if logprobs is None:
+            return CompletionChunkChoice(text=text, index=index)
+        offset = self._offsets.get(index, 0)
+        self._offsets[index] = offset + len(logprobs.token)
+        return CompletionChunkChoice(
+            text=text, index=index, logprobs=CompletionLogprobs.of([logprobs], offset)
+        )
+
+    def _finish_choice(self, reason: FinishReason, index: int = 0) -> CompletionChunkChoice:
+        return CompletionChunkChoice(text="", index=index, finish_reason=reason)

@@ -94,6 +94,13 @@ def test_flush_returns_an_unfinished_character_as_replacement(smol_tokenizer: To
     assert REPLACEMENT_CHAR in detok.flush()
 
 
+def test_a_tokens_bytes_are_its_own_even_inside_a_multi_byte_character(smol_tokenizer: Tokenizer) -> None:
+    ids = smol_tokenizer.encode("ok 🎉<|im_end|>")
+    pieces = [smol_tokenizer.token_bytes(i) for i in ids]
+    assert b"".join(pieces) == "ok 🎉<|im_end|>".encode()
+    assert any(REPLACEMENT_CHAR in p.decode(errors="replace") for p in pieces)  # the emoji is split
+
+
 def test_special_tokens_are_skipped_when_streaming(smol_tokenizer: Tokenizer) -> None:
     detok = IncrementalDetokenizer(smol_tokenizer)
     ids = smol_tokenizer.encode("hi<|im_end|>")

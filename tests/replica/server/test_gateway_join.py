@@ -25,6 +25,7 @@ from replica.engine.sampler import SamplingParams
 from replica.runtime import Replica, build_replica
 from replica.server import create_app
 from schemas.openai import ChatCompletionRequest
+from schemas.openai_completions import CompletionRequest
 from schemas.replica_api import DoneEvent, GenerateRequest, LoadResponse, StateResponse, TokenEvent
 from tests.replica.peft_util import AdapterRecipe, make_peft_adapters
 from tests.replica.server.serving import serving
@@ -229,3 +230,31 @@ async def test_the_gateway_and_the_replica_refuse_a_field_alike(served, fields: 
         resp = await c.post("/internal/replicas/rj/generate", json=generate)
     assert resp.status_code == at_gateway.value.status == 400
     assert resp.json() == at_gateway.value.body(), fields
+
+
+async def test_n_choices_with_logprobs_reach_the_gateway_tagged_and_counted(
+    served, client: ReplicaClient
+) -> None:
+    """The gateway's n and logprobs through the real replica: every line names its choice, every token
+    carries its logprobs, the second choice finds the prompt cached, and the usage counts both choices."""
+    _, load = served
+    text = "A long prompt about the sea, the wind and the boats that sail on it every day. " * 3
+    body = CompletionRequest.model_validate(
+        {"model": "acme/support:prod", "prompt": text, "n": 2, "logprobs": 3, "seed": 5, "max_tokens": 5}
+    )
+    rec = RequestRecord(request_id="join-n", tenant_id="acme", started=0.0)
+    upstream = await client.open(
+        [load], COMPLETIONS.replica_body(body, "join-a", "join-n", 5, "acme"), _failed
+    )
+    try:
+        events = [ev async for ev in completion_events(upstream, rec, 2)]
+    finally:
+        await upstream.aclose()
+    dones = {e.index: e for e in events if isinstance(e, DoneEvent)}
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    assert sorted(dones) == [0, 1] and {e.index for e in tokens} == {0, 1}
+    assert all(e.logprobs is not None and len(e.logprobs.top_logprobs) == 3 for e in tokens)
+    assert dones[0].usage.prompt_tokens_details.cached_tokens == 0
+    assert dones[1].usage.prompt_tokens_details.cached_tokens >= 16
+    assert rec.usage is not None and rec.usage.prompt_tokens == dones[0].usage.prompt_tokens
+    assert rec.usage.completion_tokens == dones[0].usage.completion_tokens + dones[1].usage.completion_tokens
