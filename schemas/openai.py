@@ -4,8 +4,9 @@ Requests: `model` is the caller's alias (tenant/name:label); max_completion_toke
 max_tokens. A field outside OpenAI's spec is refused, as OpenAI refuses it (extra="forbid", at every level),
 and so is a value of a parameter lorafleet has not implemented (schemas.openai_params.UNSUPPORTED), so no
 request's meaning changes silently. Fields that change no output (store, metadata, service_tier, user,
-prompt_cache_key, prompt_cache_retention, safety_identifier, parallel_tool_calls, a message's name and
-tool_call_id, stream_options.include_obfuscation) are checked for shape and ignored. Responses follow
+prompt_cache_key, prompt_cache_retention, safety_identifier, a message's name,
+stream_options.include_obfuscation) are checked for shape and ignored. Function tools are
+schemas.openai_tools'. Responses follow
 openapi.yaml's CreateChatCompletionResponse, CreateChatCompletionStreamResponse and ListModelsResponse;
 errors use schemas.api.ErrorBody, built by schemas.openai_params.request_error.
 """
@@ -14,12 +15,32 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from schemas.openai_params import describe_unsupported, supported, unsupported_fields
+from schemas.openai_tools import (
+    MAX_TOOLS,
+    NamedToolChoice,
+    Tool,
+    ToolCall,
+    ToolCallDelta,
+    ToolMode,
+    choice_problem,
+    tools_problem,
+)
 
 Role = Literal["developer", "system", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length"]
+ChatFinishReason = Literal["stop", "length", "tool_calls"]  # tool_calls: the answer ended with its calls
 
 MAX_CHOICES = 8  # the largest n a request may ask for: each choice holds its own KV blocks and a batch row
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs; a legacy completion's logprobs stops at 5, as OpenAI's does
@@ -50,10 +71,11 @@ class ContentPart(BaseModel):
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra=describe_unsupported("messages[]."))
     role: Role
-    content: str | Annotated[list[ContentPart], Field(min_length=1)]
+    # null only in an assistant message that made tool calls
+    content: str | Annotated[list[ContentPart], Field(min_length=1)] | None = None
     name: str | None = None
-    tool_call_id: str | None = None  # a tool message's; the chat template is given its content only
-    tool_calls: list[AnyObject] | None = None
+    tool_call_id: Annotated[str, Field(max_length=256)] | None = None  # the call a tool message answers
+    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)] | None = None  # [] as none
     function_call: AnyObject | None = None
     audio: AnyObject | None = None
     refusal: str | None = None
@@ -63,10 +85,20 @@ class Message(BaseModel):
     def _refuse_unsupported(cls, value: Any, info: ValidationInfo) -> Any:
         return supported(f"messages[].{info.field_name}", value)
 
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> Message:
+        if self.tool_calls and self.role != "assistant":
+            raise PydanticCustomError("invalid_message", "only an assistant message carries tool_calls")
+        if self.content is None and not self.tool_calls:
+            raise PydanticCustomError(
+                "invalid_message", "content is required unless the message has tool_calls"
+            )
+        return self
+
     def text(self) -> str:
-        """The content as plain text (text parts joined)."""
-        if isinstance(self.content, str):
-            return self.content
+        """The content as plain text (text parts joined; none: empty)."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
         return "".join(p.text for p in self.content)
 
 
@@ -145,15 +177,17 @@ class ChatCompletionRequest(SamplingRequest):
     prompt_cache_key: Annotated[str, Field(max_length=256)] | None = None
     prompt_cache_retention: Literal["in-memory", "24h"] | None = None
     safety_identifier: Annotated[str, Field(max_length=64)] | None = None
-    parallel_tool_calls: bool | None = None  # a no-op while no tools are accepted
+
+    # Function tools (schemas.openai_tools): shown to the model, its calls read back from the answer.
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolMode | NamedToolChoice | None = None  # default: "auto" with tools, else "none"
+    parallel_tool_calls: bool | None = None  # false: an answer's first call only
 
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS, strict=True)] | None = None
 
     # Not implemented: refused unless the value is a no-op (schemas.openai_params.UNSUPPORTED).
     response_format: AnyObject | None = None
-    tools: list[AnyObject] | None = None
-    tool_choice: Literal["none", "auto", "required"] | AnyObject | None = None
     functions: list[AnyObject] | None = None
     function_call: Literal["none", "auto"] | AnyObject | None = None
     audio: AnyObject | None = None
@@ -174,6 +208,28 @@ class ChatCompletionRequest(SamplingRequest):
         if value is not None and info.data.get("logprobs") is not True:
             raise ValueError("logprobs must be true when top_logprobs is given")
         return value
+
+    @field_validator("tools")
+    @classmethod
+    def _check_tools(cls, tools: list[Tool] | None) -> list[Tool] | None:
+        problem = tools_problem(tools) if tools else None
+        if problem is not None:
+            raise PydanticCustomError("invalid_tools", problem)
+        return tools
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _check_tool_choice(cls, choice: ToolMode | NamedToolChoice | None, info: ValidationInfo) -> Any:
+        problem = choice_problem(info.data.get("tools"), choice) if choice is not None else None
+        if problem is not None:
+            raise PydanticCustomError("invalid_tool_choice", problem)
+        return choice
+
+    def tool_mode(self) -> ToolMode | NamedToolChoice:
+        """tool_choice as it applies: "none" without tools, "auto" when tools came without a choice."""
+        if not self.tools:
+            return "none"
+        return self.tool_choice or "auto"
 
     def caller_limit(self) -> int | None:
         """max_completion_tokens, else the deprecated max_tokens."""
@@ -219,16 +275,17 @@ class ChoiceLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # null when the answer is only tool calls
     refusal: None = None
     annotations: list[dict[str, Any]] = Field(default_factory=list)
+    tool_calls: list[ToolCall] | None = None
 
 
 class Choice(BaseModel):
     index: int = 0
     message: AssistantMessage
     logprobs: ChoiceLogprobs | None = None
-    finish_reason: FinishReason
+    finish_reason: ChatFinishReason
 
 
 class ChatCompletion(BaseModel):
@@ -244,13 +301,14 @@ class ChatCompletion(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
     logprobs: ChoiceLogprobs | None = None
-    finish_reason: FinishReason | None = None
+    finish_reason: ChatFinishReason | None = None
 
 
 class ChatCompletionChunk(BaseModel):

@@ -4,7 +4,7 @@ gets.
 UNSUPPORTED (chat completions) and COMPLETIONS_UNSUPPORTED (legacy completions) map each such parameter to
 the values that leave a request's meaning unchanged (null always does); any other value is refused with a
 400 naming it, never dropped. A key is the parameter's path in the body, with `[]` for "every item":
-`messages[].tool_calls` is a field of every message. Implementing a parameter removes its entry.
+`messages[].audio` is a field of every message. Implementing a parameter removes its entry.
 
 request_error turns pydantic's errors into the one ErrorDetail both the gateway and the replica answer, so
 the same body gets the same 400 from either: `param` is OpenAI's path (`messages[0].content[1].type`).
@@ -38,8 +38,6 @@ def _never(_value: object) -> bool:
 
 UNSUPPORTED: dict[str, NoOp] = {
     "response_format": NoOp(lambda v: v == {"type": "text"}, '{"type": "text"}'),
-    "tools": NoOp(lambda v: v == [], "[]"),
-    "tool_choice": NoOp(lambda v: v == "none", '"none"'),
     "functions": NoOp(lambda v: v == [], "[]"),
     "function_call": NoOp(lambda v: v == "none", '"none"'),
     "audio": NoOp(_never),
@@ -48,11 +46,12 @@ UNSUPPORTED: dict[str, NoOp] = {
     "web_search_options": NoOp(_never),
     "reasoning_effort": NoOp(_never),
     "verbosity": NoOp(_never),
-    "messages[].tool_calls": NoOp(lambda v: v == [], "[]"),
     "messages[].function_call": NoOp(_never),
     "messages[].audio": NoOp(_never),
     "messages[].refusal": NoOp(_never),
     "messages[].content[].type": NoOp(lambda v: v == "text", '"text"'),
+    "tools[].type": NoOp(lambda v: v == "function", '"function"'),
+    "tools[].custom": NoOp(_never),
 }
 
 # POST /v1/completions: the prompt as one string only (no batch of prompts).

@@ -11,7 +11,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from schemas.openai_params import describe_unsupported, supported, unsupported_fields
 
 MAX_TOOLS = 128  # OpenAI's own limit
 FunctionName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
@@ -27,9 +38,27 @@ class FunctionDefinition(BaseModel):
 
 
 class Tool(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["function"]
-    function: FunctionDefinition
+    model_config = ConfigDict(extra="forbid", json_schema_extra=describe_unsupported("tools[]."))
+    type: Literal["function", "custom"]  # custom (free-form input) tools are refused by name
+    function: FunctionDefinition | None = None
+    custom: dict[str, Any] | None = None
+
+    @field_validator(*unsupported_fields("tools[]."))
+    @classmethod
+    def _refuse_unsupported(cls, value: Any, info: ValidationInfo) -> Any:
+        return supported(f"tools[].{info.field_name}", value)
+
+    @model_validator(mode="after")
+    def _function_given(self) -> Tool:
+        if self.function is None:
+            raise PydanticCustomError("missing", "a function tool needs its function")
+        return self
+
+    @property
+    def spec(self) -> FunctionDefinition:
+        """The function (every accepted tool has one)."""
+        assert self.function is not None
+        return self.function
 
 
 class NamedFunction(BaseModel):
@@ -72,23 +101,25 @@ class ToolCallDelta(BaseModel):
     function: FunctionCallDelta
 
 
-def tool_problem(
-    tools: list[Tool] | None, choice: ToolMode | NamedToolChoice | None
-) -> tuple[str, str] | None:
-    """(param, message) for tools and tool_choice that cannot go together, else None."""
-    names = [t.function.name for t in tools or []]
-    if len(names) > MAX_TOOLS:
-        return "tools", f"at most {MAX_TOOLS} tools are accepted"
+def tools_problem(tools: list[Tool]) -> str | None:
+    """Why a request's tools cannot be shown to a model, else None."""
+    names = [t.spec.name for t in tools]
     if len(set(names)) != len(names):
-        return "tools", "two tools have the same name"
-    for i, tool in enumerate(tools or []):
-        params = tool.function.parameters
+        return "two tools have the same name"
+    for tool in tools:
+        params = tool.spec.parameters
         if params is not None and params.get("type", "object") != "object":
-            return f"tools[{i}].function.parameters", "a function's parameters must be an object schema"
+            return f"the parameters of {tool.spec.name!r} must be an object schema"
+    return None
+
+
+def choice_problem(tools: list[Tool] | None, choice: ToolMode | NamedToolChoice) -> str | None:
+    """Why tool_choice cannot go with tools, else None."""
+    names = {t.spec.name for t in tools or []}
+    if choice != "none" and not names:
+        return "tool_choice needs tools"
     if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
-        return "tool_choice", f"tool_choice names {choice.function.name!r}, which is not in tools"
-    if choice == "required" and not names:
-        return "tool_choice", "tool_choice 'required' needs at least one tool"
+        return f"tool_choice names {choice.function.name!r}, which is not in tools"
     return None
 
 

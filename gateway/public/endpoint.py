@@ -31,6 +31,7 @@ from gateway.public.online import Online, RequestRecord
 from gateway.public.upstream.chat_response import ResponseShape, completion_response, sse_chunks
 from gateway.public.upstream.errors import public_error
 from gateway.public.upstream.replica_client import ReplicaRejected, ReplicaUnavailable
+from gateway.public.upstream.tool_answer import ToolAnswer
 from gateway.sse_response import SseResponse
 from gateway.tenants import Caller
 from schemas.openai import SamplingRequest
@@ -85,6 +86,8 @@ class Endpoint(Generic[Body]):
     shape: ResponseShape
     id_prefix: str  # chatcmpl- or cmpl-, as OpenAI names each endpoint's completions
     limit_param: str  # the field a 400 for a request over the token limit names
+    # how each choice's calls are read out of its text; None: the body shows the model no tools
+    tool_answers: Callable[[Body], Callable[[], ToolAnswer] | None] = lambda _body: None
 
     def parse(self, raw: bytes) -> Body:
         """The body, or a 400 naming the first parameter refused (the replica would name the same)."""
@@ -197,7 +200,14 @@ async def _serve(
         headers["x-lorafleet-merged"] = "true"
     if body.stream:
         stream = sse_chunks(
-            rec, upstream, body.model, body.wants_usage_chunk(), online.finish, endpoint.shape, n
+            rec,
+            upstream,
+            body.model,
+            body.wants_usage_chunk(),
+            online.finish,
+            endpoint.shape,
+            n,
+            endpoint.tool_answers(body),
         )
         return SseResponse(
             stream,
@@ -209,5 +219,13 @@ async def _serve(
         )
     logprobs = body.logprob_alternatives() is not None
     return await completion_response(
-        rec, upstream, body.model, headers, online.finish, endpoint.shape, n, logprobs
+        rec,
+        upstream,
+        body.model,
+        headers,
+        online.finish,
+        endpoint.shape,
+        n,
+        logprobs,
+        endpoint.tool_answers(body),
     )

@@ -56,7 +56,12 @@ async def test_the_chat_body_has_every_openai_field_and_refuses_others_at_every_
 
 async def test_each_unsupported_field_says_what_it_accepts() -> None:
     components = (await _document())["components"]["schemas"]
-    models = {"": "ChatCompletionRequest", "messages[].": "Message", "messages[].content[].": "ContentPart"}
+    models = {
+        "": "ChatCompletionRequest",
+        "messages[].": "Message",
+        "messages[].content[].": "ContentPart",
+        "tools[].": "Tool",
+    }
     for key in UNSUPPORTED:
         prefix, name = key.rsplit(".", 1) if "." in key else ("", key)
         properties = components[models[prefix + "." if prefix else ""]]["properties"]

@@ -261,7 +261,8 @@ async def test_other_tenants_alias_is_the_same_404_as_an_unknown_one(stack: Gate
         ({"n": 9}, "invalid_parameter", "n"),
         ({"top_logprobs": 2}, "invalid_parameter", "top_logprobs"),
         ({"logprobs": True, "top_logprobs": 21}, "invalid_parameter", "top_logprobs"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "unsupported_parameter", "tools"),
+        ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "unsupported_parameter", "tools[0].type"),
+        ({"tool_choice": "required"}, "invalid_parameter", "tool_choice"),
         (
             {"messages": [{"role": "user", "content": "Hi", "cache": True}]},
             "unknown_parameter",
@@ -288,7 +289,7 @@ async def test_the_openai_client_gets_bad_request_errors_naming_refused_fields(s
     client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys["acme"], max_retries=0)
     refused: list[tuple[dict, str]] = [
         ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"tools": [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]}, "tools"),
+        ({"tools": [{"type": "custom", "custom": {"name": "lookup"}}]}, "tools[0].type"),
         ({"extra_body": {"top_k": 5}}, "top_k"),
     ]
     for fields, param in refused:

@@ -35,8 +35,6 @@ def message(**fields: Any) -> dict[str, Any]:
 # (body fields, the refused param): one case for each UNSUPPORTED entry, with a value that is no no-op
 UNSUPPORTED_CASES: list[tuple[dict[str, Any], str]] = [
     ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"tool_choice": "auto"}, "tool_choice"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"function_call": "auto"}, "function_call"),
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
@@ -45,8 +43,9 @@ UNSUPPORTED_CASES: list[tuple[dict[str, Any], str]] = [
     ({"web_search_options": {}}, "web_search_options"),
     ({"reasoning_effort": "low"}, "reasoning_effort"),
     ({"verbosity": "low"}, "verbosity"),
-    ({"messages": [message(role="assistant", tool_calls=[{"id": "c1"}])]}, "messages[0].tool_calls"),
     ({"messages": [message(role="assistant", function_call={"name": "f"})]}, "messages[0].function_call"),
+    ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}, "custom": {}}]}, "tools[0].custom"),
     ({"messages": [message(role="assistant", audio={"id": "a1"})]}, "messages[0].audio"),
     ({"messages": [message(), message(role="assistant", refusal="no")]}, "messages[1].refusal"),
     (
@@ -192,8 +191,8 @@ def test_an_invalid_value_names_its_deepest_path(fields: dict[str, Any], param: 
 
 
 def test_an_unimplemented_parameter_is_reported_before_other_errors() -> None:
-    error = refusal(temperature=5, foo=1, tools=[{"type": "function"}])
-    assert error.param == "tools"
+    error = refusal(temperature=5, foo=1, functions=[{"name": "f"}])
+    assert error.param == "functions"
     assert refusal(temperature=5, foo=1).param == "foo"
 
 

@@ -26,6 +26,7 @@ from gateway.public.online import RequestRecord
 from gateway.public.upstream.chunk_encoder import DONE, ChunkEncoder, TextChunkEncoder, error_frame
 from gateway.public.upstream.events import completion_events
 from gateway.public.upstream.replica_client import UpstreamStream
+from gateway.public.upstream.tool_answer import ToolAnswer, chat_finish
 from schemas.events import RequestStatus
 from schemas.openai import (
     AssistantMessage,
@@ -37,6 +38,7 @@ from schemas.openai import (
     Usage,
 )
 from schemas.openai_completions import Completion, CompletionChoice, CompletionLogprobs
+from schemas.openai_tools import ToolCall
 from schemas.replica_api import DoneEvent
 
 Finish = Callable[[RequestRecord, RequestStatus, str | None], Awaitable[None]]  # Online.finish
@@ -50,6 +52,7 @@ class ChoiceResult:
     parts: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     finish_reason: FinishReason = "stop"
+    tool_calls: list[ToolCall] | None = None  # read from the text of a chat with tools (parts: the rest)
 
     @property
     def text(self) -> str:
@@ -64,9 +67,11 @@ def _chat_completion(rec: RequestRecord, model: str, choices: list[ChoiceResult]
         choices=[
             Choice(
                 index=c.index,
-                message=AssistantMessage(content=c.text),
+                message=AssistantMessage(
+                    content=(c.text or None) if c.tool_calls else c.text, tool_calls=c.tool_calls
+                ),
                 logprobs=ChoiceLogprobs(content=c.logprobs) if c.logprobs is not None else None,
-                finish_reason=c.finish_reason,
+                finish_reason=chat_finish(c.finish_reason, c.tool_calls),
             )
             for c in choices
         ],
@@ -113,22 +118,36 @@ async def sse_chunks(
     finish: Finish,
     shape: ResponseShape = CHAT_SHAPE,
     choices: int = 1,
+    tools: Callable[[], ToolAnswer] | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """The framed SSE messages of a streamed completion (see the module doc)."""
+    """The framed SSE messages of a streamed completion (see the module doc); tools reads each choice's
+    calls out of its text (a chat with tools)."""
     status: RequestStatus = "error"
     code: str | None = "replica_lost"
     encoder = shape.encoder(rec.completion_id, rec.created, model)
     started: set[int] = set()
+    answers: dict[int, ToolAnswer] = {}
     try:
         async with contextlib.aclosing(completion_events(upstream, rec, choices)) as events:
             async for ev in events:
                 logprobs = None if isinstance(ev, DoneEvent) else ev.logprobs
+                text, calls = ev.text, list[ToolCall]()
+                answer = answers.setdefault(ev.index, tools()) if tools is not None else None
+                if answer is not None:
+                    text, calls = answer.feed(ev.text)
+                    if isinstance(ev, DoneEvent):
+                        rest, last = answer.close()
+                        text, calls = text + rest, calls + last
                 first = ev.index not in started
-                if first or ev.text or logprobs is not None:
-                    yield encoder.content(ev.text, first, ev.index, logprobs)
+                if first or text or logprobs is not None:
+                    yield encoder.content(text, first, ev.index, logprobs)
                     started.add(ev.index)
+                for call in calls:
+                    assert answer is not None
+                    yield encoder.tool_call(answer.calls.index(call), call, ev.index)
                 if isinstance(ev, DoneEvent):
-                    yield encoder.finish(ev.finish_reason, ev.index)
+                    reason = answer.finish_reason(ev.finish_reason) if answer else ev.finish_reason
+                    yield encoder.finish(reason, ev.index)
         if usage_chunk and rec.usage is not None:
             yield encoder.usage(rec.usage)
         yield DONE
@@ -154,6 +173,7 @@ async def completion_response(
     shape: ResponseShape = CHAT_SHAPE,
     choices: int = 1,
     logprobs: bool = False,
+    tools: Callable[[], ToolAnswer] | None = None,
 ) -> Response:
     """One whole completion from the stream; a failed stream raises its GatewayError. With logprobs, every
     choice has a logprobs list (empty when it stopped before any token line)."""
@@ -179,6 +199,12 @@ async def completion_response(
         with anyio.CancelScope(shield=True):
             await upstream.aclose()
     assert rec.usage is not None  # completion_events ends after every choice's done event or raises
+    if tools is not None:
+        for result in results:
+            answer = tools()
+            text, calls = answer.feed(result.text)
+            rest, last = answer.close()
+            result.parts, result.tool_calls = [text + rest], (calls + last) or None
     whole = shape.whole(rec, model, results, rec.usage)
     await finish(rec, "ok", None)
     return JSONResponse(whole.model_dump(), headers=headers)

@@ -21,14 +21,15 @@ from pydantic import BaseModel
 from gateway.errors import GatewayError
 from schemas.openai import (
     ChatCompletionChunk,
+    ChatFinishReason,
     ChoiceLogprobs,
     ChunkChoice,
     Delta,
-    FinishReason,
     TokenLogprob,
     Usage,
 )
 from schemas.openai_completions import CompletionChunk, CompletionChunkChoice, CompletionLogprobs
+from schemas.openai_tools import FunctionCallDelta, ToolCall, ToolCallDelta
 
 END = b"\r\n\r\n"
 DONE = b"data: [DONE]" + END
@@ -67,7 +68,7 @@ class ChunkEncoder:
         shown = ChoiceLogprobs(content=[logprobs]) if logprobs is not None else None
         return ChunkChoice(index=index, delta=delta, logprobs=shown)
 
-    def _finish_choice(self, reason: FinishReason, index: int = 0) -> BaseModel:
+    def _finish_choice(self, reason: ChatFinishReason, index: int = 0) -> BaseModel:
         return ChunkChoice(index=index, delta=Delta(), finish_reason=reason)
 
     def _dump(self, choices: list[Any], usage: Usage | None = None) -> str:
@@ -89,7 +90,15 @@ class ChunkEncoder:
         head, tail = template
         return head + encode_basestring(text).encode() + tail
 
-    def finish(self, reason: FinishReason, index: int = 0) -> bytes:
+    def tool_call(self, position: int, call: ToolCall, index: int = 0) -> bytes:
+        """A whole tool call (the position-th of choice index) as one delta."""
+        function = FunctionCallDelta(name=call.function.name, arguments=call.function.arguments)
+        delta = Delta(
+            tool_calls=[ToolCallDelta(index=position, id=call.id, type="function", function=function)]
+        )
+        return frame(self._dump([ChunkChoice(index=index, delta=delta)]))
+
+    def finish(self, reason: ChatFinishReason, index: int = 0) -> bytes:
         return frame(self._dump([self._finish_choice(reason, index)]))
 
     def usage(self, usage: Usage) -> bytes:
@@ -120,5 +129,6 @@ class TextChunkEncoder(ChunkEncoder):
             text=text, index=index, logprobs=CompletionLogprobs.of([logprobs], offset)
         )
 
-    def _finish_choice(self, reason: FinishReason, index: int = 0) -> CompletionChunkChoice:
+    def _finish_choice(self, reason: ChatFinishReason, index: int = 0) -> CompletionChunkChoice:
+        assert reason != "tool_calls", "a legacy completion has no tools"
         return CompletionChunkChoice(text="", index=index, finish_reason=reason)
