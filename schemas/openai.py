@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
 
 from schemas.openai_params import describe_unsupported, supported, unsupported_fields
+from schemas.response_format import JsonObjectFormat, JsonSchemaFormat, ResponseFormat, TextFormat
 
 Role = Literal["developer", "system", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length"]
@@ -113,6 +114,10 @@ class SamplingRequest(BaseModel):
     def wants_usage_chunk(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+    def json_format(self) -> JsonObjectFormat | JsonSchemaFormat | None:
+        """The JSON the completion is held to; None for plain text."""
+        return None
+
 
 class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions."""
@@ -137,10 +142,12 @@ class ChatCompletionRequest(SamplingRequest):
     safety_identifier: Annotated[str, Field(max_length=64)] | None = None
     parallel_tool_calls: bool | None = None  # a no-op while no tools are accepted
 
+    # text, or JSON held to a schema by constrained decoding (schemas.response_format)
+    response_format: ResponseFormat | None = None
+
     # Not implemented: refused unless the value is a no-op (schemas.openai_params.UNSUPPORTED).
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    response_format: AnyObject | None = None
     tools: list[AnyObject] | None = None
     tool_choice: Literal["none", "auto", "required"] | AnyObject | None = None
     functions: list[AnyObject] | None = None
@@ -160,6 +167,9 @@ class ChatCompletionRequest(SamplingRequest):
     def caller_limit(self) -> int | None:
         """max_completion_tokens, else the deprecated max_tokens."""
         return self.max_completion_tokens or self.max_tokens
+
+    def json_format(self) -> JsonObjectFormat | JsonSchemaFormat | None:
+        return None if isinstance(self.response_format, TextFormat) else self.response_format
 
 
 class PromptTokensDetails(BaseModel):

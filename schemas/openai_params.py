@@ -40,7 +40,6 @@ UNSUPPORTED: dict[str, NoOp] = {
     "n": NoOp(lambda v: v == 1, "1"),
     "logprobs": NoOp(lambda v: v is False, "false"),
     "top_logprobs": NoOp(_never),
-    "response_format": NoOp(lambda v: v == {"type": "text"}, '{"type": "text"}'),
     "tools": NoOp(lambda v: v == [], "[]"),
     "tool_choice": NoOp(lambda v: v == "none", '"none"'),
     "functions": NoOp(lambda v: v == [], "[]"),

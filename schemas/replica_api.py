@@ -30,6 +30,7 @@ from schemas.api import ErrorDetail
 from schemas.events import ReplicaState, ReplicaStateBody
 from schemas.ids import AdapterId, Sha256, TenantId
 from schemas.openai import FinishReason, LogitBias, Penalty, Usage
+from schemas.response_format import ResponseFormat
 
 _CONTRACT = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -74,6 +75,8 @@ class GenerateRequest(BaseModel):
     ignore_eos: bool = False
     # KV blocks are shared only between requests of the same adapter version and the same salt
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
+    # JSON answers: constrained decoding holds the completion to the schema (schemas.response_format)
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateRequest:

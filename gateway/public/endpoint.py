@@ -105,6 +105,7 @@ class Endpoint(Generic[Body]):
             request_id=request_id,
             max_tokens=max_tokens,
             max_tokens_is_default=body.caller_limit() is None,
+            response_format=body.json_format(),
             **body.model_dump(include=_SAMPLING, exclude_none=True),
         )
 

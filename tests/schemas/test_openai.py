@@ -37,7 +37,6 @@ UNSUPPORTED_CASES: list[tuple[dict[str, Any], str]] = [
     ({"n": 2}, "n"),
     ({"logprobs": True}, "logprobs"),
     ({"top_logprobs": 0}, "top_logprobs"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"tool_choice": "auto"}, "tool_choice"),
     ({"functions": [{"name": "f"}]}, "functions"),
