@@ -43,6 +43,7 @@ from replica.metrics import EngineLoad, ReplicaMetrics, engine_load
 from replica.model.llama import LlamaForCausalLM
 from replica.model.loader import load_model, resolve_device
 from replica.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from replica.structured.compiler import GrammarCompiler
 from schemas.events import ReplicaState
 from schemas.replica_api import GenerateRequest, StateResponse
 
@@ -112,6 +113,11 @@ class Replica:
             kv=kv,
         )
         self.engine = AsyncEngine(core)
+        self.grammars = (
+            GrammarCompiler(tokenizer, settings.schema_limits(), settings.structured_cache_size)
+            if tokenizer is not None
+            else None
+        )
         self.metrics = ReplicaMetrics(Path(settings.model_dir).name)
         self.metrics.watch_engine(self.gpu_slots, self.engine_load)
         self.metrics.watch_holds(self.holds)

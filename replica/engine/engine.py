@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from replica.engine.admission_queue import AdmissionQueue
+from replica.engine.grammar_mask import Grammar, constrain
 from replica.engine.model_runner import ModelRunner, StepInput
 from replica.engine.sampler import SamplingParams, row_seed, sample
 from replica.engine.scheduler import Scheduled, Scheduler
@@ -114,6 +115,7 @@ class LLMEngine:
         trace: AdmissionTrace | None = None,
         tenant_id: str | None = None,
         cache_salt: str | None = None,
+        grammar: Grammar | None = None,
     ) -> Sequence:
         """Queue a request; it joins the running batch at a coming step (the admission queue's choice).
         Its KV blocks are shared only with requests of the same adapter version and cache_salt."""
@@ -121,6 +123,7 @@ class LLMEngine:
         if request_id in self.seqs:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight", param="request_id")
         seq = Sequence(request_id, list(prompt_token_ids), params, adapter_id, tenant_id, trace=trace)
+        seq.grammar = grammar
         seq.scope = CacheScope(self.kv.namespace, adapter_id, cache_salt).digest()
         seq.seed = row_seed(params)
         seq.detokenizer = self.detokenizer_factory() if self.detokenizer_factory else None
@@ -158,6 +161,7 @@ class LLMEngine:
         logits = self.runner.run([self._input(p) for p in plan])  # [num_completing, vocab]
         done = [p for p in plan if p.completes]
         rows = [p.seq for p in done]
+        logits = constrain(logits, [s.grammar for s in rows])  # [num_completing, vocab]
         tokens = sample(
             logits, [s.params for s in rows], [s.seed for s in rows], [s.output_token_ids for s in rows]
         )
@@ -197,6 +201,7 @@ class LLMEngine:
         return self._final(s, "", error=f"{error.code}: {error}")
 
     def _advance(self, s: Sequence, token: int) -> StepOutput:
+        grammar_done = s.grammar is not None and s.grammar.advance(token)
         is_stop_token = token in s.params.stop_token_ids or (
             token in self.eos_token_ids and not s.params.ignore_eos
         )
@@ -206,7 +211,7 @@ class LLMEngine:
             s.text, s.params.stop, max(0, s.emitted - max((len(x) for x in s.params.stop), default=0))
         )
         reason = None
-        if is_stop_token or scan.matched is not None:
+        if is_stop_token or scan.matched is not None or grammar_done:
             reason = "stop"
         elif len(s.output_token_ids) >= s.params.max_tokens or s.num_tokens >= self.runner.max_model_len:
             reason = "length"
