@@ -17,7 +17,9 @@ import torch
 class Grammar(Protocol):
     """One sequence's grammar state (replica.structured.matcher.GrammarMatcher)."""
 
-    def allowed_bitmask(self) -> bytes: ...
+    def allowed_bitmask(self) -> bytes:
+        """Bit t % 8 of byte t // 8 is set when token t may come next."""
+        ...
 
     def advance(self, token_id: int) -> bool: ...
 
@@ -28,20 +30,20 @@ def constrain(logits: torch.Tensor, grammars: Sequence[Grammar | None]) -> torch
     if not rows:
         return logits
     vocab = logits.shape[-1]
-    masks = [np.frombuffer(g.allowed_bitmask(), dtype="<i4") for g in grammars if g is not None]
-    words = torch.from_numpy(np.stack(masks))  # [constrained, vocab_words] int32, bit t of word t // 32
-    allowed = unpack_bits(words.to(logits.device, non_blocking=True), vocab)  # [constrained, vocab] bool
+    masks = [np.frombuffer(g.allowed_bitmask(), dtype=np.uint8) for g in grammars if g is not None]
+    packed = torch.from_numpy(np.stack(masks))  # [constrained, vocab_bytes] uint8, bit t of byte t // 8
+    allowed = unpack_bits(packed.to(logits.device, non_blocking=True), vocab)  # [constrained, vocab] bool
     index = torch.tensor(rows, dtype=torch.int64).to(logits.device, non_blocking=True)  # [constrained]
     masked = logits.clone()  # [rows, vocab]
     masked[index] = logits[index].masked_fill(~allowed, float("-inf"))
     return masked
 
 
-def unpack_bits(words: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Bits [n, vocab] bool of little-endian int32 words [n, vocab_words]; tokens past the words are False."""
-    shifts = torch.arange(32, dtype=torch.int32, device=words.device)  # [32]
-    bits = ((words[:, :, None] >> shifts) & 1).bool().flatten(1)  # [n, vocab_words * 32]
+def unpack_bits(packed: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Bits [n, vocab] bool of bytes [n, vocab_bytes] uint8, lowest bit first; tokens past them are False."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)  # [8]
+    bits = ((packed[:, :, None] >> shifts) & 1).bool().flatten(1)  # [n, vocab_bytes * 8]
     if bits.shape[1] >= vocab:
         return bits[:, :vocab]
-    pad = torch.zeros(bits.shape[0], vocab - bits.shape[1], dtype=torch.bool, device=words.device)
+    pad = torch.zeros(bits.shape[0], vocab - bits.shape[1], dtype=torch.bool, device=packed.device)
     return torch.cat([bits, pad], dim=1)

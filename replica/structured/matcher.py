@@ -12,8 +12,8 @@ class GrammarMatcher:
         self._matcher = matcher
 
     def allowed_bitmask(self) -> bytes:
-        """Bit t of little-endian int32 word t // 32 is set when token t may come next (EOS only when the
-        grammar accepts what came so far)."""
+        """Bit t % 8 of byte t // 8 is set when token t may come next (llguidance's little-endian 32-bit
+        words; EOS only when the grammar accepts what came so far)."""
         return self._matcher.compute_bitmask()
 
     def advance(self, token_id: int) -> bool:

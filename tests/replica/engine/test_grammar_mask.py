@@ -34,9 +34,9 @@ class FixedGrammar:
         return len(self.taken) == len(self.allowed)
 
 
-def test_unpacked_bits_are_the_words_little_end_first() -> None:
-    words = torch.tensor([[0b101, -(2**31)]], dtype=torch.int32)  # bits 0, 2 and 63
-    bits = unpack_bits(words, 70)
+def test_unpacked_bits_are_each_byte_lowest_bit_first() -> None:
+    packed = torch.tensor([[0b101, 0, 0, 0, 0, 0, 0, 0b10000000]], dtype=torch.uint8)  # bits 0, 2 and 63
+    bits = unpack_bits(packed, 70)
     assert bits.shape == (1, 70)
     assert bits[0].nonzero().flatten().tolist() == [0, 2, 63]
 
