@@ -121,6 +121,9 @@ class Replica:
         self.metrics = ReplicaMetrics(Path(settings.model_dir).name)
         self.metrics.watch_engine(self.gpu_slots, self.engine_load)
         self.metrics.watch_holds(self.holds)
+        if self.grammars is not None:
+            cache = self.grammars.cache
+            self.metrics.watch_grammar_cache(lambda: (cache.hits, cache.misses))
         self.cache: AdapterCache | None = None
         self._resources: AsyncExitStack | None = None
         self.lifecycle = Lifecycle()

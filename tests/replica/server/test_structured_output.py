@@ -101,6 +101,8 @@ async def test_the_same_schema_compiles_once(client: httpx.AsyncClient, replica:
     hits = replica.grammars.cache.hits
     await _answer(client, _body(_schema_format(dict(reversed(list(schema.items())))), max_tokens=4))
     assert (replica.grammars.cache.misses, replica.grammars.cache.hits) == (misses + 1, hits + 1)
+    scraped = (await client.get("/metrics")).text
+    assert f'lorafleet_replica_grammar_cache_total{{result="hit"}} {hits + 1}.0' in scraped
 
 
 @pytest.mark.parametrize(
