@@ -262,3 +262,34 @@ def kv_stall(
     from bench.kv import stall
 
     emit(stall(_ints(chunks), long_prompt, repeats), out)
+
+
+@app.command()
+def constrained(
+    batch: int = typer.Option(32, help="concurrent requests"),
+    json_rows: int = typer.Option(8, help="rows under a JSON schema in the constrained variant"),
+    new_tokens: int = typer.Option(16, help="tokens generated per request"),
+    rounds: int = typer.Option(3, help="interleaved rounds over both variants (medians reported)"),
+    ttft_repeats: int = typer.Option(5, help="first-token timings per case (medians reported)"),
+    device: str = typer.Option("auto", help="auto | cpu | cuda"),
+    dtype: str | None = typer.Option(
+        None, help="float32 | bfloat16 | float16 (default bf16 on GPU, fp32 on CPU)"
+    ),
+    model_dir: Path | None = typer.Option(None, help="checkpoint dir (default: the prepared SmolLM2)"),
+    out: Path | None = typer.Option(None, help="also write the JSON here"),
+) -> None:
+    """Decode tokens/s with rows under a JSON schema vs none; first-token time, new schema vs cached."""
+    from bench.constrained import ConstrainedBenchConfig, run_constrained_bench
+
+    dev = pick_device(device)
+    cfg = ConstrainedBenchConfig(
+        batch=batch,
+        constrained=json_rows,
+        new_tokens=new_tokens,
+        rounds=rounds,
+        ttft_repeats=ttft_repeats,
+        dtype=dtype or default_dtype(dev),
+        device=str(dev),
+        model_dir=model_dir,
+    )
+    emit(run_constrained_bench(cfg), out)

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, replace
 
 from replica.engine.async_engine import AsyncEngine
 from replica.engine.engine import StepOutput
+from replica.engine.grammar_mask import Grammar
 from replica.engine.sampler import SamplingParams, choice_seed
 from replica.engine.trace import AdmissionTrace
 
@@ -32,6 +33,7 @@ class ChoiceRequest:
     trace: AdmissionTrace | None  # stamped by choice 0 only
     tenant_id: str | None
     cache_salt: str | None
+    grammar: Callable[[], Grammar] | None = None  # each choice's own structured-output state
 
 
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:
@@ -59,6 +61,7 @@ async def choice_outputs(
             req.trace if index == 0 else None,
             req.tenant_id,
             req.cache_salt,
+            req.grammar() if req.grammar is not None else None,
         )
         try:
             async with contextlib.aclosing(gen):

@@ -12,6 +12,7 @@ from lorafleet.config import PlatformSettings
 from lorafleet.model.prepare import DEFAULT_MODEL_DIR
 from lorafleet.profile import DEV_REGISTRY_READ_TOKEN, DEV_TOKEN, token_digest
 from lorafleet.sizing import PRODUCTION
+from schemas.response_format import SchemaLimits
 
 SHUTDOWN_GRACE_S = 5.0  # after a drain, how long uvicorn waits for connections to close
 
@@ -106,6 +107,16 @@ class ReplicaSettings(BaseSettings):
 
     merged_adapter_id: str | None = None  # dedicated replica: fold this adapter into W, serve only it
 
+    # Structured output (response_format): a schema over a limit is refused (400, param response_format)
+    # before any GPU work. The largest schema, in bytes of its canonical JSON
+    structured_max_schema_bytes: int = Field(default=SchemaLimits.max_bytes, ge=2)
+    # how deep a schema's objects and arrays may nest (the outermost counts 1)
+    structured_max_schema_depth: int = Field(default=SchemaLimits.max_depth, ge=1)
+    # how long compiling a new schema into a grammar may take (a cached one takes no time)
+    structured_compile_timeout_s: float = Field(default=SchemaLimits.compile_timeout_s, gt=0)
+    # compiled grammars kept, least recently used dropped first; keyed by the schema and the tokenizer
+    structured_cache_size: int = Field(default=128, ge=1)
+
     # Fault injection for tests only: every engine step that runs a prefill sleeps this long first, so a
     # test can act on a replica while a request is in its prefill. 0 (the default) injects nothing.
     fault_prefill_delay_s: float = Field(default=0.0, ge=0)
@@ -137,6 +148,13 @@ class ReplicaSettings(BaseSettings):
 
     def url(self) -> str:
         return self.advertise_url or f"http://{self.host}:{self.port}"
+
+    def schema_limits(self) -> SchemaLimits:
+        return SchemaLimits(
+            self.structured_max_schema_bytes,
+            self.structured_max_schema_depth,
+            self.structured_compile_timeout_s,
+        )
 
     def tenant_row_cap(self) -> int:
         """Rows one tenant may hold at once under fair admission."""

@@ -167,6 +167,25 @@ class HoldGauges(Collector):
         yield g
 
 
+class GrammarCacheCounters(Collector):
+    """lorafleet_replica_grammar_cache_total{result}: response_format schemas found compiled (hit) or
+    compiled anew (miss)."""
+
+    def __init__(self, read: Callable[[], tuple[int, int]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        c = CounterMetricFamily(
+            "lorafleet_replica_grammar_cache",
+            "response_format schemas by whether their grammar was cached (hit) or compiled (miss).",
+            labels=["result"],
+        )
+        hits, misses = self.read()
+        c.add_metric(["hit"], hits)
+        c.add_metric(["miss"], misses)
+        yield c
+
+
 class ReplicaMetrics:
     """One set per app, in its own registry."""
 
@@ -224,6 +243,10 @@ class ReplicaMetrics:
     def watch_holds(self, read: Callable[[], dict[str, int]]) -> None:
         """Register the scrape-time holds gauge (read: Replica.holds)."""
         self.registry.register(HoldGauges(read))
+
+    def watch_grammar_cache(self, read: Callable[[], tuple[int, int]]) -> None:
+        """Register the scrape-time grammar cache counters (read: hits, misses)."""
+        self.registry.register(GrammarCacheCounters(read))
 
     def cache_event(self, e: CacheEvent) -> None:
         """The adapter cache's event sink."""

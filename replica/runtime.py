@@ -44,6 +44,7 @@ from replica.model.chat_prompt import template_inputs
 from replica.model.llama import LlamaForCausalLM
 from replica.model.loader import load_model, resolve_device
 from replica.model.tokenizer import IncrementalDetokenizer, Tokenizer
+from replica.structured.compiler import GrammarCompiler
 from schemas.events import ReplicaState
 from schemas.replica_api import GenerateRequest, StateResponse
 
@@ -113,9 +114,17 @@ class Replica:
             kv=kv,
         )
         self.engine = AsyncEngine(core)
+        self.grammars = (
+            GrammarCompiler(tokenizer, settings.schema_limits(), settings.structured_cache_size)
+            if tokenizer is not None
+            else None
+        )
         self.metrics = ReplicaMetrics(Path(settings.model_dir).name)
         self.metrics.watch_engine(self.gpu_slots, self.engine_load)
         self.metrics.watch_holds(self.holds)
+        if self.grammars is not None:
+            cache = self.grammars.cache
+            self.metrics.watch_grammar_cache(lambda: (cache.hits, cache.misses))
         self.cache: AdapterCache | None = None
         self._resources: AsyncExitStack | None = None
         self.lifecycle = Lifecycle()

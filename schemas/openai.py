@@ -37,6 +37,7 @@ from schemas.openai_tools import (
     choice_problem,
     tools_problem,
 )
+from schemas.response_format import JsonObjectFormat, JsonSchemaFormat, ResponseFormat, TextFormat
 
 Role = Literal["developer", "system", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length"]
@@ -155,6 +156,10 @@ class SamplingRequest(BaseModel):
         """How many alternatives each token's logprobs list; None when the caller asked for no logprobs."""
         return None
 
+    def json_format(self) -> JsonObjectFormat | JsonSchemaFormat | None:
+        """The JSON the completion is held to; None for plain text."""
+        return None
+
 
 class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions."""
@@ -186,8 +191,10 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS, strict=True)] | None = None
 
+    # text, or JSON held to a schema by constrained decoding (schemas.response_format)
+    response_format: ResponseFormat | None = None
+
     # Not implemented: refused unless the value is a no-op (schemas.openai_params.UNSUPPORTED).
-    response_format: AnyObject | None = None
     functions: list[AnyObject] | None = None
     function_call: Literal["none", "auto"] | AnyObject | None = None
     audio: AnyObject | None = None
@@ -237,6 +244,9 @@ class ChatCompletionRequest(SamplingRequest):
 
     def logprob_alternatives(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def json_format(self) -> JsonObjectFormat | JsonSchemaFormat | None:
+        return None if isinstance(self.response_format, TextFormat) else self.response_format
 
 
 class PromptTokensDetails(BaseModel):

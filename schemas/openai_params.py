@@ -37,7 +37,6 @@ def _never(_value: object) -> bool:
 
 
 UNSUPPORTED: dict[str, NoOp] = {
-    "response_format": NoOp(lambda v: v == {"type": "text"}, '{"type": "text"}'),
     "functions": NoOp(lambda v: v == [], "[]"),
     "function_call": NoOp(lambda v: v == "none", '"none"'),
     "audio": NoOp(_never),

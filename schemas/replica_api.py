@@ -42,6 +42,7 @@ from schemas.openai import (
     Usage,
 )
 from schemas.openai_tools import CallRecord, FunctionSpec
+from schemas.response_format import ResponseFormat
 
 _CONTRACT = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -104,6 +105,8 @@ class GenerateRequest(BaseModel):
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     # None: no logprobs; k: each token's logprob and the k most likely tokens' (the processed logits')
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    # JSON answers: constrained decoding holds the completion to the schema (schemas.response_format)
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateRequest:

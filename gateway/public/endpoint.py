@@ -110,6 +110,7 @@ class Endpoint(Generic[Body]):
             max_tokens_is_default=body.caller_limit() is None,
             n=body.choices(),
             logprobs=body.logprob_alternatives(),
+            response_format=body.json_format(),
             **body.model_dump(include=_SAMPLING, exclude_none=True),
         )
 

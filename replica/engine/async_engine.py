@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncGenerator
 
 from replica.engine.engine import LLMEngine, StepOutput
+from replica.engine.grammar_mask import Grammar
 from replica.engine.sampler import SamplingParams
 from replica.engine.trace import AdmissionTrace
 
@@ -61,6 +62,7 @@ class AsyncEngine:
         trace: AdmissionTrace | None = None,
         tenant_id: str | None = None,
         cache_salt: str | None = None,
+        grammar: Grammar | None = None,
     ) -> AsyncGenerator[StepOutput, None]:
         """Stream this request's outputs; leaving the iteration early cancels the request."""
         self.engine.check_request(prompt_token_ids, params)  # bad input fails here, before any event
@@ -69,7 +71,7 @@ class AsyncEngine:
         self._streams[request_id] = (asyncio.get_running_loop(), stream)
         if trace is not None:
             trace.queued = time.perf_counter()
-        args = (request_id, prompt_token_ids, params, adapter_id, trace, tenant_id, cache_salt)
+        args = (request_id, prompt_token_ids, params, adapter_id, trace, tenant_id, cache_salt, grammar)
         self._commands.put(("add", args))
         self._wake.set()
         finished = False

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from replica.engine.admission_queue import AdmissionQueue
+from replica.engine.grammar_mask import Grammar, constrain
 from replica.engine.logprobs import TokenLogprobs
 from replica.engine.model_runner import ModelRunner, StepInput
 from replica.engine.sampler import SamplingParams, row_seed, sample_step
@@ -133,6 +134,7 @@ class LLMEngine:
         trace: AdmissionTrace | None = None,
         tenant_id: str | None = None,
         cache_salt: str | None = None,
+        grammar: Grammar | None = None,
     ) -> Sequence:
         """Queue a request; it joins the running batch at a coming step (the admission queue's choice).
         Its KV blocks are shared only with requests of the same adapter version and cache_salt."""
@@ -140,6 +142,7 @@ class LLMEngine:
         if request_id in self.seqs:
             raise InvalidRequestError(f"request id {request_id!r} is already in flight", param="request_id")
         seq = Sequence(request_id, list(prompt_token_ids), params, adapter_id, tenant_id, trace=trace)
+        seq.grammar = grammar
         seq.scope = CacheScope(self.kv.namespace, adapter_id, cache_salt).digest()
         seq.seed = row_seed(params)
         seq.detokenizer = self.detokenizer_factory() if self.detokenizer_factory else None
@@ -185,6 +188,7 @@ class LLMEngine:
             keep = [i for i, p in enumerate(completing) if p.seq.status is SequenceStatus.RUNNING]
             logits = logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]
         rows = [p.seq for p in done]
+        logits = constrain(logits, [s.grammar for s in rows])  # [num_completing, vocab]
         sampled = sample_step(
             logits, [s.params for s in rows], [s.seed for s in rows], [s.output_token_ids for s in rows]
         )
@@ -242,14 +246,16 @@ class LLMEngine:
         return self._final(s, "", error=f"{error.code}: {error}")
 
     def _take(self, s: Sequence, token: int, logprobs: TokenLogprobs | None = None) -> None:
-        """Append a sampled token and end the row now if the token alone ends it (a stop token, max_tokens,
-        the context), so the next schedule never runs it; its text follows in _emit_text."""
+        """Append a sampled token and end the row now if the token alone ends it (a stop token, a grammar
+        complete, max_tokens, the context), so the next schedule never runs it; its text follows in
+        _emit_text. The grammar takes the token here: the next step's mask depends on it."""
         s.output_token_ids.append(token)
+        grammar_done = s.grammar is not None and s.grammar.advance(token)
         is_stop_token = token in s.params.stop_token_ids or (
             token in self.eos_token_ids and not s.params.ignore_eos
         )
         reason = None
-        if is_stop_token:
+        if is_stop_token or grammar_done:
             reason = "stop"
         elif len(s.output_token_ids) >= s.params.max_tokens or s.num_tokens >= self.runner.max_model_len:
             reason = "length"

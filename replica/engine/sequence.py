@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from replica.engine.grammar_mask import Grammar
 from replica.engine.sampler import SamplingParams
 from replica.engine.trace import AdmissionTrace
 from replica.lora.slots import SlotRef
@@ -51,6 +52,7 @@ class Sequence:
     finish_reason: str | None = None
     error: str | None = None
     trace: AdmissionTrace | None = None  # stamped by the engine until its first step ends
+    grammar: Grammar | None = None  # its own structured-output state; None = unconstrained
 
     @property
     def num_tokens(self) -> int:

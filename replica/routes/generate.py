@@ -18,12 +18,15 @@ from replica.arrival import arrived
 from replica.choices import ChoiceRequest, choice_outputs
 from replica.engine.sampler import SamplingParams
 from replica.engine.trace import AdmissionTrace
-from replica.errors import ReplicaDrainingError
+from replica.errors import InvalidRequestError, ReplicaDrainingError
 from replica.metrics import RequestTimer
 from replica.routes.deps import Authorized, ServingReplica
 from replica.runtime import AdapterUse, Replica
 from replica.stream_events import Spell, spell_id, stream_events
+from replica.structured.compiler import PARAM
+from replica.structured.matcher import GrammarMatcher
 from schemas.replica_api import ErrorEvent, GenerateRequest, encode_event
+from schemas.response_format import constraint_schema
 
 # the request log line keeps the server's logger name: operators and the lifecycle test match on it
 log = logging.getLogger("replica.server")
@@ -42,6 +45,7 @@ async def generate(
     prompt = await asyncio.to_thread(replica.prompt_ids, body, trace)
     params = _sampling_params(body, len(prompt), replica.settings.max_model_len)
     replica.engine.engine.check_request(prompt, params, "prompt" if body.prompt is not None else "messages")
+    grammar = await _grammar(replica, body)
     timer = replica.metrics.request()
     use = await replica.acquire(body.adapter_id, body.tenant_id)
     if use.header_adapter_id is not None:
@@ -57,7 +61,7 @@ async def generate(
         replica.release(use)
 
     return LeasedStream(
-        _stream(replica, prompt, params, use, request_id, timer, trace, body),
+        _stream(replica, prompt, params, use, request_id, timer, trace, body, grammar),
         done,
         media_type="application/x-ndjson",
         headers=_headers(use, request_id),
@@ -78,6 +82,26 @@ def _sampling_params(body: GenerateRequest, prompt_tokens: int, max_model_len: i
         ignore_eos=body.ignore_eos,
         logprobs=body.logprobs,
     )
+
+
+async def _grammar(replica: Replica, body: GenerateRequest) -> Callable[[], GrammarMatcher] | None:
+    """A maker of grammar states for the request's response_format, one per choice (None: plain text),
+    the schema compiled once off the event loop within the compile time limit; a schema over a limit is
+    refused before any GPU work."""
+    schema = constraint_schema(body.response_format)
+    if schema is None:
+        return None
+    compiler = replica.grammars
+    if compiler is None:
+        raise InvalidRequestError("structured output needs the model's tokenizer", param=PARAM)
+    compiler.check(schema)
+    timeout = compiler.limits.compile_timeout_s
+    try:
+        first = await asyncio.wait_for(asyncio.to_thread(compiler.matcher, schema), timeout)
+    except TimeoutError:
+        raise InvalidRequestError(f"the schema did not compile within {timeout:g} s", param=PARAM) from None
+    made = [first]  # choice 0 takes this one; the others' come from the cache, compiled by now
+    return lambda: made.pop() if made else compiler.matcher(schema)
 
 
 def _completion_budget(body: GenerateRequest, prompt_tokens: int, max_model_len: int) -> int:
@@ -118,6 +142,7 @@ async def _stream(
     timer: RequestTimer,
     trace: AdmissionTrace,
     body: GenerateRequest,
+    grammar: Callable[[], GrammarMatcher] | None,
 ) -> AsyncIterator[bytes]:
     """NDJSON lines for one request; if the client goes away, closing this generator aborts the request."""
     if replica.lifecycle.expired:  # accepted, but the drain's deadline passed before it started
@@ -125,7 +150,15 @@ async def _stream(
         yield encode_event(ErrorEvent(error=err.to_body().error))
         return
     choices = ChoiceRequest(
-        prompt, params, body.n, use.engine_adapter_id, request_id, trace, body.tenant_id, body.cache_salt
+        prompt,
+        params,
+        body.n,
+        use.engine_adapter_id,
+        request_id,
+        trace,
+        body.tenant_id,
+        body.cache_salt,
+        grammar,
     )
     spell = _speller(replica)
     gen = choice_outputs(replica.engine, choices)

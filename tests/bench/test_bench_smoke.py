@@ -95,3 +95,13 @@ def test_spool_size_reports_the_bytes_its_events_take() -> None:
     got = _run(["spool-size", "--events", "2000", "--batch", "300"])
     assert got["events"] == 2000 and got["event_bytes"] > 200
     assert got["spool_bytes"] >= got["events"] * got["event_bytes"]  # a row holds the event, key and topic
+
+
+@pytest.mark.slow
+def test_constrained_bench_reports_both_rates_and_first_token_times() -> None:
+    args = ["constrained", "--batch", "2", "--json-rows", "1", "--new-tokens", "3", "--rounds", "1"]
+    out = _run([*args, "--ttft-repeats", "1", "--device", "cpu"])
+    assert set(out["decode_tokens_per_s"]) == {"plain", "constrained"}
+    assert out["constrained_over_plain"] > 0
+    assert set(out["first_token_ms"]) == {"new_schema", "cached_schema"}
+    assert out["grammar_cache"]["hits"] >= 1

@@ -34,7 +34,6 @@ def message(**fields: Any) -> dict[str, Any]:
 
 # (body fields, the refused param): one case for each UNSUPPORTED entry, with a value that is no no-op
 UNSUPPORTED_CASES: list[tuple[dict[str, Any], str]] = [
-    ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"function_call": "auto"}, "function_call"),
     ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
