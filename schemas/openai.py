@@ -37,7 +37,14 @@ from schemas.openai_tools import (
     choice_problem,
     tools_problem,
 )
-from schemas.response_format import JsonObjectFormat, JsonSchemaFormat, ResponseFormat, TextFormat
+from schemas.response_format import (
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    JsonSchemaSpec,
+    ResponseFormat,
+    TextFormat,
+)
+from schemas.tool_format import call_schema
 
 Role = Literal["developer", "system", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length"]
@@ -80,6 +87,8 @@ class Message(BaseModel):
     function_call: AnyObject | None = None
     audio: AnyObject | None = None
     refusal: str | None = None
+    # what an answer's message carries back when a client appends it to the conversation: ignored
+    annotations: Annotated[list[AnyObject], Field(max_length=1024)] | None = None
 
     @field_validator(*unsupported_fields("messages[]."))
     @classmethod
@@ -245,7 +254,26 @@ class ChatCompletionRequest(SamplingRequest):
     def logprob_alternatives(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    @field_validator("response_format")
+    @classmethod
+    def _format_or_required_call(cls, fmt: ResponseFormat | None, info: ValidationInfo) -> Any:
+        choice = info.data.get("tool_choice")
+        required = bool(info.data.get("tools")) and choice not in (None, "none", "auto")
+        if required and fmt is not None and not isinstance(fmt, TextFormat):
+            raise PydanticCustomError(
+                "invalid_response_format", "a JSON response_format cannot go with a required tool call"
+            )
+        return fmt
+
     def json_format(self) -> JsonObjectFormat | JsonSchemaFormat | None:
+        """The JSON the answer is held to: one call of the required function(s), else response_format's."""
+        mode = self.tool_mode()
+        if mode == "required" or isinstance(mode, NamedToolChoice):
+            name = mode.function.name if isinstance(mode, NamedToolChoice) else None
+            schema = call_schema([t.shown() for t in self.tools or []], name)
+            return JsonSchemaFormat(
+                type="json_schema", json_schema=JsonSchemaSpec(name="tool_call", schema=schema)
+            )
         return None if isinstance(self.response_format, TextFormat) else self.response_format
 
 

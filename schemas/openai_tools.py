@@ -60,6 +60,11 @@ class Tool(BaseModel):
         assert self.function is not None
         return self.function
 
+    def shown(self) -> FunctionSpec:
+        """The function as the model is shown it."""
+        f = self.spec
+        return FunctionSpec(name=f.name, description=f.description, parameters=f.parameters)
+
 
 class NamedFunction(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -91,15 +91,20 @@ async def _grammar(replica: Replica, body: GenerateRequest) -> Callable[[], Gram
     schema = constraint_schema(body.response_format)
     if schema is None:
         return None
+    param = "tools" if body.tool_requirement() else PARAM  # a required call's schema is its tools'
     compiler = replica.grammars
     if compiler is None:
-        raise InvalidRequestError("structured output needs the model's tokenizer", param=PARAM)
-    compiler.check(schema)
+        raise InvalidRequestError("structured output needs the model's tokenizer", param=param)
     timeout = compiler.limits.compile_timeout_s
     try:
+        compiler.check(schema)
         first = await asyncio.wait_for(asyncio.to_thread(compiler.matcher, schema), timeout)
     except TimeoutError:
-        raise InvalidRequestError(f"the schema did not compile within {timeout:g} s", param=PARAM) from None
+        raise InvalidRequestError(f"the schema did not compile within {timeout:g} s", param=param) from None
+    except InvalidRequestError as exc:
+        if param == PARAM:
+            raise
+        raise InvalidRequestError(str(exc), param=param) from None
     made = [first]  # choice 0 takes this one; the others' come from the cache, compiled by now
     return lambda: made.pop() if made else compiler.matcher(schema)
 

@@ -13,7 +13,7 @@ from gateway.public.endpoint import Endpoint, serve
 from gateway.public.upstream.chat_response import CHAT_SHAPE
 from gateway.public.upstream.tool_answer import ToolAnswer
 from schemas.openai import ChatCompletionRequest
-from schemas.openai_tools import CallRecord, FunctionSpec
+from schemas.openai_tools import CallRecord
 from schemas.replica_api import ChatMessage, RequiredTool
 from schemas.tool_format import ToolStream
 
@@ -49,10 +49,7 @@ def chat_messages(body: ChatCompletionRequest) -> dict[str, Any]:
     mode = body.tool_mode()
     if mode == "none":
         return {"messages": messages}
-    tools = [
-        FunctionSpec(**t.spec.model_dump(include={"name", "description", "parameters"}))
-        for t in body.tools or []
-    ]
+    tools = [t.shown() for t in body.tools or []]
     choice = mode if isinstance(mode, str) else RequiredTool(name=mode.function.name)
     return {"messages": messages, "tools": tools, "tool_choice": choice}
 
