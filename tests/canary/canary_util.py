@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from canary.churn import KV_BLOCK_SIZE, KV_CACHE_BYTES
 from canary.manifest import CanaryManifest
@@ -85,3 +89,22 @@ def build_canary_engine(
 def tiny_sampler() -> PromptSampler:
     """Chat-shaped token prompts for the tiny base (BOS, body, assistant turn)."""
     return PromptSampler(int(TINY_CONFIG["vocab_size"]), None, int(TINY_CONFIG["bos_token_id"]))
+
+
+def with_byte_tokenizer(base: Path, dest: Path) -> Path:
+    """A copy of the tiny base with a byte-level tokenizer.json (its specials, one token per byte, filler
+    tokens up to the vocabulary), so the grammar engine can mask its rows; the weights are the same."""
+    shutil.copytree(base, dest)
+    specials = ["<pad>", "<s>", "</s>"]  # ids 0, 1, 2: the tiny base's pad, bos and eos
+    vocab = {t: i for i, t in enumerate(specials)}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    fillers = [f"<extra_{i}>" for i in range(len(vocab), int(TINY_CONFIG["vocab_size"]))]
+    vocab |= {t: len(vocab) + i for i, t in enumerate(fillers)}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(specials + fillers)
+    tokenizer.save(str(dest / "tokenizer.json"))
+    (dest / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    return dest

@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
 
 import replica.engine.model_runner as model_runner
@@ -35,7 +36,13 @@ from replica.engine.sampler import SamplingParams
 from replica.lora.batch_meta import LoraBatchMeta
 from replica.runtime import build_replica
 from replica.server import create_app
-from tests.canary.canary_util import build_canary_engine, canary_replica, tiny_sampler, train_tiny_canaries
+from tests.canary.canary_util import (
+    build_canary_engine,
+    canary_replica,
+    tiny_sampler,
+    train_tiny_canaries,
+    with_byte_tokenizer,
+)
 from tests.canary.engine_run import mixed_requests, run_isolation
 from tests.replica.generate_util import generate
 
@@ -43,6 +50,7 @@ NUM_CANARIES = 64
 SLOTS = {8: 4, 16: 4, 32: 4}  # 12 GPU slots for 64 adapters: loads and evictions all through the run
 CHURN_REQUESTS = 400
 DISK_LOSS_REQUESTS = 200  # the CI run; `python -m bench.isolation --requests 10000` is the long one
+CONSTRAINED_REQUESTS = 800
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +101,55 @@ async def test_10000_mixed_requests_carry_only_their_own_marker(
         blocks.check()
         assert blocks.num_free == blocks.num_blocks and not blocks.tables  # every block free or cached
         assert cache.state().ram_adapters == sorted(ids)  # every canary came in and stays in host RAM
+    finally:
+        await replica.stop()
+
+
+# Small schemas the tiny base can finish within a few dozen byte tokens, different per row.
+SCHEMAS = [
+    {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["n"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["a", "bb"]}},
+        "required": ["ok", "tag"],
+        "additionalProperties": False,
+    },
+    {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 1, "maxItems": 3},
+]
+
+
+async def test_constrained_rows_in_the_mix_follow_their_grammars_and_leave_every_marker(
+    canaries: tuple[Path, Path, CanaryManifest], tmp_path: Path
+) -> None:
+    base, out, manifest = canaries
+    tokenized = with_byte_tokenizer(base, tmp_path / "base")
+    replica = canary_replica(tokenized, out, manifest, SLOTS, max_num_seqs=64, cache_dir=tmp_path / "cache")
+    ids = [e.adapter_id for e in manifest.adapters]
+    await replica.start()
+    try:
+        assert replica.grammars is not None and replica.tokenizer is not None
+        requests = mixed_requests(
+            CONSTRAINED_REQUESTS, ids, tiny_sampler(), seed=5, schemas=SCHEMAS, constrained_fraction=0.25
+        )
+        tally, stats = await run_isolation(
+            replica, requests, manifest.markers(), max_new_tokens=3, constrained_max_tokens=30
+        )
+        findings = tally.summary()["findings"]
+        assert tally.errors == 0 and tally.wrong_marker == 0 and tally.base_with_marker == 0, findings
+        assert tally.missing_marker == 0, findings
+        assert len(stats.constrained) > CONSTRAINED_REQUESTS // 8 and stats.max_batch > 32
+        assert {json.dumps(schema) for schema, _ in stats.constrained.values()} == {
+            json.dumps(s) for s in SCHEMAS
+        }
+        for schema, tokens in stats.constrained.values():
+            jsonschema.validate(json.loads(replica.tokenizer.decode(tokens)), schema)
+        blocks = replica.engine.engine.blocks
+        assert blocks.num_free == blocks.num_blocks and not blocks.tables
     finally:
         await replica.stop()
 
