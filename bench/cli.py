@@ -161,9 +161,11 @@ def admission(
 def _gateway_commands() -> None:
     from bench.gateway import gateway
     from bench.standin import standin
+    from bench.standin_host import standin_host
 
     app.command("gateway")(gateway)
     app.command("standin")(standin)
+    app.command("standin-host")(standin_host)
 
 
 _gateway_commands()
