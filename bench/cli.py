@@ -216,6 +216,15 @@ def _simgrid_command() -> None:
 _simgrid_command()
 
 
+def _fleet_command() -> None:
+    from bench.fleet import fleet
+
+    app.command("fleet")(fleet)
+
+
+_fleet_command()
+
+
 def _dominant_command() -> None:
     from bench.dominant import dominant
 
