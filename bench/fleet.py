@@ -104,6 +104,7 @@ async def run_fleet(
                 await asyncio.sleep(max(kill_at * span - (time.monotonic() - t0), 0.0))
                 events["kill"] = await kill(stack, pool, quiet_s, 120.0)
             records = await replay
+            run = stack.run
             stop.set()
             await sampler
         finally:
@@ -119,6 +120,7 @@ async def run_fleet(
                     found[tier] = found.get(tier, 0) + n
     return {
         "benchmark": "fleet",
+        "run": run,
         "config": {**asdict(cfg), "calibration": [str(p) for p in cfg.calibration], "rate": rate},
         "time_note": f"the stand-ins' clock runs {cfg.slow:g}x slower than the wall; TTFT and TPOT are model "
         f"seconds (wall / {cfg.slow:g}), so the fleet sees {rate * cfg.slow:g} req/s of the brief's load",

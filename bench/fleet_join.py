@@ -70,7 +70,8 @@ async def join(stack: FleetStack, pool: asyncpg.Pool, quiet_s: float, timeout_s:
     new = stack.replica_id(stack.cfg.replicas)
     t0 = time.monotonic()
     stack.start_joiner()
-    routed_s = None
+    routed_s: float | None = None
+    placed_s: float | None = None  # the first owner placement on the newcomer
     async with httpx.AsyncClient() as client:
         ready_s = None
         while time.monotonic() - t0 < timeout_s and ready_s is None:
@@ -82,11 +83,13 @@ async def join(stack: FleetStack, pool: asyncpg.Pool, quiet_s: float, timeout_s:
 
         async def first_served() -> None:
             """Probe through the gateways with adapters placed on the newcomer until one lands there."""
-            nonlocal routed_s
+            nonlocal routed_s, placed_s
             base = await _served(client, stack.joiner_url)
             sent = 0
             while time.monotonic() - t0 < timeout_s:
                 placed = sorted(a for a, rid in await owners(pool) if rid == new)
+                if placed and placed_s is None:
+                    placed_s = time.monotonic() - t0
                 if placed:
                     rank = int(placed[sent % len(placed)].rsplit("-", 1)[1])
                     await _probe(client, stack, sent, rank)
@@ -103,8 +106,12 @@ async def join(stack: FleetStack, pool: asyncpg.Pool, quiet_s: float, timeout_s:
     out["placed_on_new"] = sum(1 for _, rid in after if rid == new)
     out["serving_s"] = None if ready_s is None else round(ready_s, 3)
     out["first_probe_routed_s"] = None if routed_s is None else round(routed_s, 3)
+    out["first_placed_s"] = None if placed_s is None else round(placed_s, 3)
     out["routing_settled_after_serving_s"] = (
         None if routed_s is None or ready_s is None else round(routed_s - ready_s, 3)
+    )
+    out["routing_settled_after_placement_s"] = (
+        None if routed_s is None or placed_s is None else round(routed_s - placed_s, 3)
     )
     out["state_period_s"] = stack.cfg.state_interval_s
     return out
