@@ -37,15 +37,17 @@ BRIEF_RATE = 40.0
 DEFAULT_TRACE = Path("/work/shared/traces/azure_conv_2023.csv")
 
 
-async def _placed(pool: asyncpg.Pool, timeout_s: float) -> int:
-    """Wait until the owner placements stop growing (the first plan is in); how many there are."""
-    deadline, last, stable = time.monotonic() + timeout_s, -1, 0
+async def _placed(pool: asyncpg.Pool, replicas: int, timeout_s: float) -> int:
+    """Wait until the owner placements cover every replica and then stop changing for three seconds (the
+    placement worker has counted the whole fleet in); how many there are."""
+    deadline, last, stable = time.monotonic() + timeout_s, frozenset[tuple[str, str]](), 0
     while time.monotonic() < deadline and stable < 6:
-        n = len(await owners(pool))
-        stable = stable + 1 if n == last and n > 0 else 0
-        last = n
+        now = await owners(pool)
+        full = len({rid for _, rid in now}) >= replicas
+        stable = stable + 1 if full and now == last else 0
+        last = now
         await asyncio.sleep(0.5)
-    return last
+    return len(last)
 
 
 async def _replay(
@@ -88,7 +90,7 @@ async def run_fleet(
         await lag.start()
         series, stop = Series(), asyncio.Event()
         try:
-            placed = await _placed(pool, 180.0)
+            placed = await _placed(pool, cfg.replicas, 600.0)
             await asyncio.sleep(3 * cfg.state_interval_s)  # the gateways have the replicas' latest states
             pids = {name: p.proc.pid for name, p in stack.stack.procs.items() if p.proc is not None}
             t0 = time.monotonic()

@@ -111,8 +111,9 @@ def _env(cfg: FleetConfig, run: str, work: Path, redis_url: str) -> dict[str, st
         "PYTHONPATH": str(REPO),
         "LORAFLEET_REDIS_URL": redis_url,
         "LORAFLEET_GATEWAY_ROUTING_MODE": cfg.routing,
+        # the gateway's wait for a first token is wall time: the stand-ins' slowed clock stretches it too
+        "LORAFLEET_GATEWAY_FIRST_TOKEN_TIMEOUT_S": str(10.0 * cfg.slow),
         "LORAFLEET_PLACEMENT_GROUP_ID": f"placement-{run}",
-        "LORAFLEET_PLACEMENT_MEMBERSHIP_TTL_S": str(max(5.0, 5 * cfg.state_interval_s)),
         "LORAFLEET_PLACEMENT_METRICS_PORT": "0",
         "LORAFLEET_RELAY_METRICS_PORT": "0",
         "LORAFLEET_STATS_APP_ID": f"lorafleet-stats-{run}",
