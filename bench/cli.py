@@ -161,9 +161,11 @@ def admission(
 def _gateway_commands() -> None:
     from bench.gateway import gateway
     from bench.standin import standin
+    from bench.standin_host import standin_host
 
     app.command("gateway")(gateway)
     app.command("standin")(standin)
+    app.command("standin-host")(standin_host)
 
 
 _gateway_commands()
@@ -212,6 +214,15 @@ def _simgrid_command() -> None:
 
 
 _simgrid_command()
+
+
+def _fleet_command() -> None:
+    from bench.fleet import fleet
+
+    app.command("fleet")(fleet)
+
+
+_fleet_command()
 
 
 def _dominant_command() -> None:

@@ -74,13 +74,34 @@ def _prompt_tokens(body: GenerateRequest) -> int:
     return sum(len(m.content.encode()) // 4 + 4 for m in body.messages or ())
 
 
+def accept(req: Request, conn: Connection, expected: bytes, replica_id: str) -> GenerateRequest | None:
+    """The generate request's body, or None once an answer went out (health, a wrong path, token or body)."""
+    if req.method == "GET" and req.path == "/health":
+        conn.respond(200, _JSON, b'{"status":"ok"}')
+        return None
+    if not req.path.startswith("/internal/replicas/"):
+        _error(conn, 404, "not_found", "Not Found")
+        return None
+    auth = req.headers.get("authorization", "").encode()
+    if not hmac.compare_digest(auth, expected):
+        _error(conn, 401, "invalid_service_token", "missing or invalid service token", "authentication_error")
+        return None
+    if req.method != "POST" or req.path != f"/internal/replicas/{replica_id}/generate":
+        _error(conn, 404, "wrong_replica", f"this is replica {replica_id!r}")
+        return None
+    try:
+        return GenerateRequest.model_validate_json(req.body)
+    except ValidationError as exc:
+        _error(conn, 400, "invalid_request", f"invalid request: {exc.errors()[0]['msg']}")
+        return None
+
+
 class Standin:
     """The request handler and its streams in flight."""
 
     def __init__(self, config: StandinConfig) -> None:
         self.config = config
         self.expected = f"Bearer {config.service_token}".encode()
-        self.generate_path = f"/internal/replicas/{config.replica_id}/generate"
         self.remaining: dict[int, int] = {}  # id(stream) -> tokens still to send
         self.requests = 0
 
@@ -88,25 +109,8 @@ class Standin:
         return sum(self.remaining.values())
 
     def handle(self, req: Request, conn: Connection) -> None:
-        if req.method == "GET" and req.path == "/health":
-            conn.respond(200, _JSON, b'{"status":"ok"}')
-            return
-        if not req.path.startswith("/internal/replicas/"):
-            _error(conn, 404, "not_found", "Not Found")
-            return
-        auth = req.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(auth, self.expected):
-            _error(
-                conn, 401, "invalid_service_token", "missing or invalid service token", "authentication_error"
-            )
-            return
-        if req.method != "POST" or req.path != self.generate_path:
-            _error(conn, 404, "wrong_replica", f"this is replica {self.config.replica_id!r}")
-            return
-        try:
-            body = GenerateRequest.model_validate_json(req.body)
-        except ValidationError as exc:
-            _error(conn, 400, "invalid_request", f"invalid request: {exc.errors()[0]['msg']}")
+        body = accept(req, conn, self.expected, self.config.replica_id)
+        if body is None:
             return
         self.requests += 1
         request_id = body.request_id or f"standin-{self.requests}"

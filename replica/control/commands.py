@@ -19,13 +19,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from lorafleet.dead_letters import DeadLetters
 from lorafleet.seen_ids import SeenIds
 from lorafleet.settle import is_transient, settle
-from replica.adapter_cache.cache import AdapterCache
 from replica.adapter_cache.errors import ObjectStoreUnavailableError, RegistryUnavailableError, TierFullError
+from replica.adapter_cache.tier import Tier
 from replica.errors import NoFreeSlotError
 from schemas.events import Event, ReplicaCommand
 
@@ -41,12 +41,20 @@ RETRY_S, RETRY_MAX_S = 1.0, 30.0  # backoff before a batch that met a transient 
 Where = tuple[str, int, int, bytes | None]  # topic, partition, offset and value of the command's record
 
 
+class OwnedAdapters(Protocol):
+    """What a command acts on: replica.adapter_cache.AdapterCache, or a stand-in's modeled tiers."""
+
+    async def own(self, adapter_id: str, target: Tier = "ram") -> Tier: ...
+
+    async def unload(self, adapter_id: str, drain_timeout_s: float = 600.0) -> bool: ...
+
+
 class CommandHandler:
     """ReplicaCommand -> cache action, chosen from a table by the command name."""
 
     def __init__(
         self,
-        cache: AdapterCache,
+        cache: OwnedAdapters,
         replica_id: str,
         letters: DeadLetters,
         attempts: int = 3,

@@ -7,16 +7,22 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from lorafleet.state_signature import SIGNATURE_HEADER, sign
-from replica.adapter_cache.cache import AdapterCache
+from replica.adapter_cache.cache import CacheState
 from schemas.events import ReplicaState, ReplicaStatus
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaProducer
 
 log = logging.getLogger(__name__)
+
+
+class Tiers(Protocol):
+    """Where the adapters are: replica.adapter_cache.AdapterCache, or a stand-in's modeled tiers."""
+
+    def state(self) -> CacheState: ...
 
 
 @dataclass(frozen=True)
@@ -34,7 +40,7 @@ def build_state(
     replica_id: str,
     url: str,
     status: ReplicaStatus,
-    cache: AdapterCache,
+    cache: Tiers,
     gpu_slots: int,
     load: Load,
     owned_adapters: int = 0,

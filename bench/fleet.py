@@ -1,0 +1,186 @@
+"""`lorafleet bench fleet`: the brief's fleet on real processes with calibrated stand-in replicas.
+
+The run's own stack (bench/fleet_stack.py): adapters, tenants and aliases in its database, the relay, the
+placement worker, the stats stream, two public gateways sharing Redis and one process hosting K stand-ins
+that time tokens like a GPU replica (bench/standin_host.py). Once the placements are in, the trace is
+replayed through both gateways (loadtest's replay: --rate, --duration, a Zipf mix over the aliases), half
+the requests each. Part-way a replica joins, later it is killed (bench/fleet_join.py). The stand-ins' clock
+runs --slow times slower than the wall (default: 40 req/s over --rate), so the fleet sees the brief's load
+per replica at a rate two cores carry; times to first token are reported in the model's seconds (wall / slow).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import tempfile
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import asyncpg
+import typer
+
+from bench.fleet_join import join, kill
+from bench.fleet_probe import LagProbe, Series, owners, rates, sample_loop
+from bench.fleet_stack import FleetConfig, FleetStack, alias_name, fleet_stack, groups
+from loadtest.client import RequestRecord
+from loadtest.runner import LoadTestConfig, replay_trace, run_trace
+from loadtest.summary import summarise
+from lorafleet.config import PlatformSettings
+from sim import trace as traces
+from sim.workload import Request, WorkloadConfig
+
+BRIEF_RATE = 40.0
+DEFAULT_TRACE = Path("/work/shared/traces/azure_conv_2023.csv")
+
+
+async def _placed(pool: asyncpg.Pool, replicas: int, timeout_s: float) -> int:
+    """Wait until the owner placements cover every replica and then stop changing for three seconds (the
+    placement worker has counted the whole fleet in); how many there are."""
+    deadline, last, stable = time.monotonic() + timeout_s, frozenset[tuple[str, str]](), 0
+    while time.monotonic() < deadline and stable < 6:
+        now = await owners(pool)
+        full = len({rid for _, rid in now}) >= replicas
+        stable = stable + 1 if full and now == last else 0
+        last = now
+        await asyncio.sleep(0.5)
+    return len(last)
+
+
+async def _replay(
+    stack: FleetStack, keys: dict[str, str], trace: list[Request], rate: float
+) -> list[RequestRecord]:
+    """Each gateway sends every other request of the trace, both on one clock."""
+    models = tuple(alias_name(r, stack.cfg.tenants) for r in range(stack.cfg.adapters))
+    cfg = LoadTestConfig(stack.gateways[0], models, keys, WorkloadConfig(), timeout_s=300.0)
+    halves = [trace[i :: len(stack.gateways)] for i in range(len(stack.gateways))]
+    runs = [run_trace(replace(cfg, gateway=g), h, rate) for g, h in zip(stack.gateways, halves, strict=True)]
+    return [rec for part in await asyncio.gather(*runs) for rec in part]
+
+
+def _model_time(records: list[RequestRecord], slow: float) -> list[RequestRecord]:
+    """Times in the stand-ins' model seconds."""
+    return [
+        replace(
+            r,
+            ttft_s=r.ttft_s / slow if r.ttft_s >= 0 else r.ttft_s,
+            tpot_s=r.tpot_s / slow if r.tpot_s >= 0 else r.tpot_s,
+        )
+        for r in records
+    ]
+
+
+async def run_fleet(
+    platform: PlatformSettings,
+    work: Path,
+    cfg: FleetConfig,
+    trace: list[Request],
+    rate: float,
+    join_at: float,
+    kill_at: float,
+    quiet_s: float = 5.0,
+) -> dict[str, Any]:
+    """Bring the stack up, wait for the first plan, replay the trace with a join and a kill; the report."""
+    async with fleet_stack(platform, work, cfg) as stack:
+        pool = await asyncpg.create_pool(stack.stack.platform.database_url, min_size=1, max_size=3)
+        lag = LagProbe(platform, groups(stack.run, [stack.replica_id(i) for i in range(cfg.replicas)]))
+        await lag.start()
+        series, stop = Series(), asyncio.Event()
+        try:
+            placed = await _placed(pool, cfg.replicas, 600.0)
+            await asyncio.sleep(3 * cfg.state_interval_s)  # the gateways have the replicas' latest states
+            pids = {name: p.proc.pid for name, p in stack.stack.procs.items() if p.proc is not None}
+            t0 = time.monotonic()
+            database = stack.stack.platform.database_url.rsplit("/", 1)[-1].split("?")[0]
+            sampler = asyncio.create_task(sample_loop(lag, pool, database, pids, t0, series, stop))
+            replay = asyncio.create_task(_replay(stack, stack.stack.keys, trace, rate))
+            events: dict[str, Any] = {}
+            span = max((r.arrival_s for r in trace), default=0.0)
+            if join_at > 0:
+                await asyncio.sleep(max(join_at * span - (time.monotonic() - t0), 0.0))
+                events["join"] = await join(stack, pool, quiet_s, 120.0)
+            if kill_at > 0 and join_at > 0:
+                await asyncio.sleep(max(kill_at * span - (time.monotonic() - t0), 0.0))
+                events["kill"] = await kill(stack, pool, quiet_s, 120.0)
+            records = await replay
+            run = stack.run
+            stop.set()
+            await sampler
+        finally:
+            stop.set()
+            await lag.stop()
+            await pool.close()
+    summary = summarise(_model_time(records, cfg.slow), rate, span or 1.0)
+    found: dict[str, int] = {}  # the stand-ins' own count of the tiers they found, written as they stop
+    for path in (work / "standin-host.json", work / "standin-joiner.json"):
+        with contextlib.suppress(OSError, ValueError):
+            for row in json.loads(path.read_text()):
+                for tier, n in row["found"].items():
+                    found[tier] = found.get(tier, 0) + n
+    return {
+        "benchmark": "fleet",
+        "run": run,
+        "config": {**asdict(cfg), "calibration": [str(p) for p in cfg.calibration], "rate": rate},
+        "time_note": f"the stand-ins' clock runs {cfg.slow:g}x slower than the wall; TTFT and TPOT are model "
+        f"seconds (wall / {cfg.slow:g}), so the fleet sees {rate * cfg.slow:g} req/s of the brief's load",
+        "owner_placements_at_start": placed,
+        "summary": summary,
+        "standin_tiers": found,
+        "events": events,
+        **rates(series),
+        "series": {"lag": series.lag, "postgres_transactions": series.xacts, "cpu_s": series.cpu},
+    }
+
+
+def fleet(
+    out: Annotated[Path, typer.Option(help="writes fleet.json, fleet.html and its plots here")] = Path(
+        "bench/results/fleet"
+    ),
+    trace_path: Annotated[
+        Path, typer.Option("--trace", help="the arrival trace (CSV or sim JSONL)")
+    ] = DEFAULT_TRACE,
+    rate: Annotated[float, typer.Option(help="requests/s sent through the two gateways")] = BRIEF_RATE,
+    duration: Annotated[float, typer.Option(help="seconds of trace replayed")] = 600.0,
+    offset: Annotated[float, typer.Option(help="seconds of the trace's own clock skipped first")] = 0.0,
+    adapters: Annotated[int, typer.Option()] = 5000,
+    tenants: Annotated[int, typer.Option()] = 50,
+    replicas: Annotated[int, typer.Option(help="stand-in replicas at the start (one more joins)")] = 26,
+    zipf: Annotated[float, typer.Option(help="Zipf exponent of adapter popularity")] = 0.9,
+    seed: Annotated[int, typer.Option()] = 0,
+    routing: Annotated[str, typer.Option(help="cost | affinity | random")] = "cost",
+    slow: Annotated[float | None, typer.Option(help="stand-in clock slow-down (default 40 / rate)")] = None,
+    gpu_slots: Annotated[int, typer.Option()] = 250,
+    state_interval_s: Annotated[float, typer.Option(help="replica.state period (wall seconds)")] = 1.0,
+    calibration: Annotated[list[Path] | None, typer.Option(help="timing calibration files")] = None,
+    join_at: Annotated[float, typer.Option(help="share of the run when a replica joins (0: none)")] = 0.4,
+    kill_at: Annotated[float, typer.Option(help="share of the run when it is killed (0: never)")] = 0.7,
+) -> None:
+    """Replay a trace on a fleet of calibrated stand-ins behind two real gateways: JSON and HTML."""
+    from bench._util import emit
+    from bench.fleet_plot import write_report
+    from lorafleet.config import get_settings
+
+    cfg = FleetConfig(
+        adapters=adapters,
+        tenants=tenants,
+        replicas=replicas,
+        routing=routing,
+        slow=slow if slow is not None else max(BRIEF_RATE / rate, 1.0),
+        state_interval_s=state_interval_s,
+        gpu_slots=gpu_slots,
+        calibration=tuple(calibration or ()),
+    )
+    models = tuple(alias_name(r, tenants) for r in range(adapters))
+    replay = traces.ReplayConfig(rate, duration, offset, adapters, zipf, 0, seed)
+    trace, info = replay_trace(trace_path, replay, models)
+    work = Path(tempfile.mkdtemp(prefix="lorafleet-fleet-"))
+    result = asyncio.run(run_fleet(get_settings(), work, cfg, trace, rate, join_at, kill_at))
+    result["trace"] = {"path": str(trace_path), "zipf": zipf, "seed": seed, **info}
+    result["logs"] = str(work)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fleet.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_report(result, out)
+    emit({k: v for k, v in result.items() if k != "series"})

@@ -1,0 +1,176 @@
+"""The fleet benchmark's stack: its own database (tenants, ready adapters, aliases), Redis, the relay, the
+placement worker, the stats stream, two public gateways sharing that Redis, and the calibrated stand-in
+host with K replicas; a second host process with one replica joins (and is killed) on demand.
+
+Replica ids carry the run's prefix (`fl<run>-<index>`), which the gateways, the placement worker and the
+stats stream alone count, so other stacks on the same Kafka and PostgreSQL are invisible to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.gateway_stack import REPO
+from harness.ports import free_port, free_ports
+from harness.redis_server import redis_server
+from harness.running import Running
+from harness.seed import Alias, ReadyAdapter, Seed, Tenant
+from harness.spec import HttpReady, ProcessSpec, StackSpec, app_args
+from harness.stack import RunningStack, private_stack
+from harness.stacks.scaleup import start_groups_at_end
+from lorafleet.config import PlatformSettings
+from schemas import topics
+
+TOKEN = "fleet-bench-replica-token"
+STOP_GRACE_S = 15.0
+NO_WEIGHTS = "sha256:" + "f" * 64  # the stand-ins fetch no weights
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    adapters: int = 5000
+    tenants: int = 50
+    replicas: int = 26
+    routing: str = "cost"
+    slow: float = 1.0  # the stand-ins' wall seconds per model second
+    state_interval_s: float = 1.0
+    gpu_slots: int = 250
+    calibration: tuple[Path, ...] = ()
+    run: str = ""
+
+
+def adapter_name(rank: int) -> str:
+    return f"adapter-{rank:05d}"
+
+
+def tenant_name(rank: int, tenants: int) -> str:
+    return f"tenant-{rank % tenants:03d}"
+
+
+def alias_name(rank: int, tenants: int) -> str:
+    """The alias of the adapter of popularity rank `rank`; its tenant is the part before the "/"."""
+    return f"{tenant_name(rank, tenants)}/a{rank:05d}:prod"
+
+
+def fleet_seed(cfg: FleetConfig) -> Seed:
+    tenants = tuple(Tenant(tenant_name(t, cfg.tenants), 100_000.0, 2_000_000_000) for t in range(cfg.tenants))
+    ranks = range(cfg.adapters)
+    adapters = tuple(
+        ReadyAdapter(adapter_name(r), tenant_name(r, cfg.tenants), NO_WEIGHTS, checksum=NO_WEIGHTS, rank=16)
+        for r in ranks
+    )
+    aliases = tuple(
+        Alias(alias_name(r, cfg.tenants), tenant_name(r, cfg.tenants), adapter_name(r)) for r in ranks
+    )
+    return Seed(tenants, adapters, aliases)
+
+
+def host_spec(name: str, ids: list[str], first_port: int, cfg: FleetConfig, work: Path) -> ProcessSpec:
+    """A stand-in host process serving ids on first_port onwards."""
+    args = ["bench", "standin-host", "--first-port", str(first_port), "--slow", str(cfg.slow)]
+    args += ["--gpu-slots", str(cfg.gpu_slots), "--state-interval-s", str(cfg.state_interval_s)]
+    args += ["--report", str(work / f"{name}.json")]
+    args += [a for path in cfg.calibration for a in ("--calibration", str(path))]
+    args += [a for rid in ids for a in ("--replica-id", rid)]
+    ready = tuple(HttpReady(f"http://127.0.0.1:{first_port + i}/health", 90) for i in range(len(ids)))
+    return ProcessSpec(name, tuple(args), first_port, ready=ready, stop_grace_s=STOP_GRACE_S)
+
+
+def _app(name: str, command: str, env: dict[str, str] | None = None, port: int | None = None) -> ProcessSpec:
+    ready = (HttpReady(f"http://127.0.0.1:{port}/ready", 90),) if port is not None else ()
+    return ProcessSpec(name, app_args(command), port, env or {}, ready, stop_grace_s=STOP_GRACE_S)
+
+
+@dataclass
+class FleetStack:
+    stack: RunningStack
+    cfg: FleetConfig
+    run: str
+    gateways: list[str]
+    standin_urls: list[str]
+    joiner_url: str
+    joiner: ProcessSpec
+
+    @property
+    def prefix(self) -> str:
+        return f"fl{self.run}-"
+
+    def replica_id(self, index: int) -> str:
+        return f"{self.prefix}{index}"
+
+    def start_joiner(self) -> Running:
+        return self.stack.add(self.joiner).start()
+
+
+def _env(cfg: FleetConfig, run: str, work: Path, redis_url: str) -> dict[str, str]:
+    return {
+        "PYTHONPATH": str(REPO),
+        "LORAFLEET_REDIS_URL": redis_url,
+        "LORAFLEET_GATEWAY_ROUTING_MODE": cfg.routing,
+        # the gateway's wait for a first token is wall time: the stand-ins' slowed clock stretches it too
+        "LORAFLEET_GATEWAY_FIRST_TOKEN_TIMEOUT_S": str(10.0 * cfg.slow),
+        "LORAFLEET_PLACEMENT_GROUP_ID": f"placement-{run}",
+        "LORAFLEET_PLACEMENT_METRICS_PORT": "0",
+        "LORAFLEET_RELAY_METRICS_PORT": "0",
+        "LORAFLEET_STATS_APP_ID": f"lorafleet-stats-{run}",
+        "LORAFLEET_STATS_FLEET": f"fleet-{run}",
+        "LORAFLEET_STATS_DATA_DIR": str(work / "faust"),
+        "LORAFLEET_STATS_METRICS_PORT": str(free_port()),
+        "LORAFLEET_GATEWAY_INTERNAL_PORT": str(free_port()),
+    }
+
+
+def groups(run: str, replica_ids: list[str]) -> dict[str, tuple[topics.Topic, ...]]:
+    """The run's consumer groups and the topics each reads."""
+    sources = (topics.REPLICA_STATE, topics.REPLICA_EVENTS, topics.REQUESTS_COMPLETED)
+    placement = (topics.ADAPTERS_VALIDATED, topics.ALIASES_CHANGED, topics.ADAPTER_STATS, *sources)
+    return {
+        f"lorafleet-stats-{run}": sources,
+        f"placement-{run}": placement,
+        **{f"replica-{rid}": (topics.REPLICA_COMMANDS,) for rid in replica_ids},
+    }
+
+
+@contextlib.asynccontextmanager
+async def fleet_stack(platform: PlatformSettings, work: Path, cfg: FleetConfig) -> AsyncIterator[FleetStack]:
+    """The stack up: every stand-in answering and both gateways ready."""
+    run = cfg.run or uuid.uuid4().hex[:6]
+    prefix = f"fl{run}-"
+    ids = [f"{prefix}{i}" for i in range(cfg.replicas + 1)]  # the last one joins later
+    first = free_ports(cfg.replicas + 1)
+    await start_groups_at_end(platform, groups(run, ids))
+    with redis_server(work) as redis:
+        env = _env(cfg, run, work, redis.url)
+        ports = [free_port(), free_port()]
+        gateways = [
+            _app(f"gateway-{i}", "public-gateway", {"LORAFLEET_GATEWAY_PUBLIC_PORT": str(p)}, p)
+            for i, p in enumerate(ports)
+        ]
+        processes = (
+            host_spec("standin-host", ids[:-1], first, cfg, work),
+            *(_app(name, name) for name in ("stats-stream", "relay", "placement-worker")),
+            *gateways,
+        )
+        spec = StackSpec(
+            processes=processes,
+            database=f"fleet_{run}",
+            seed=fleet_seed(cfg),
+            prefix=prefix,
+            replica_token=TOKEN,
+            data_dir=work / "data",
+            env=env,
+        )
+        async with private_stack(spec, platform, work) as running:
+            yield FleetStack(
+                running,
+                cfg,
+                run,
+                [g.url for g in gateways],
+                [f"http://127.0.0.1:{first + i}" for i in range(cfg.replicas)],
+                f"http://127.0.0.1:{first + cfg.replicas}",
+                host_spec("standin-joiner", ids[-1:], first + cfg.replicas, cfg, work),
+            )

@@ -1,0 +1,48 @@
+"""`lorafleet bench fleet` small: a few hundred adapters, three calibrated stand-ins and a minute of the trace
+through two real gateways, with the real relay, placement worker and stats stream. Every request is served,
+the placements keep the adapters resident where they are routed, and a fourth replica joining moves at
+most 1.5/N of the owner placements and is routed to soon after it holds some."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from bench.fleet import DEFAULT_TRACE, run_fleet
+from bench.fleet_plot import write_report
+from bench.fleet_stack import FleetConfig, alias_name
+from loadtest.runner import replay_trace
+from lorafleet.config import PlatformSettings
+from sim import trace as traces
+from tests.integration.services import ServiceAddresses
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+STATE_S = 0.5
+
+
+@pytest.mark.skipif(not DEFAULT_TRACE.is_file(), reason="the shared trace is not on this machine")
+def test_small_fleet_serves_the_trace_and_a_joining_replica_moves_its_share(
+    service_env: ServiceAddresses, tmp_path: Path
+) -> None:
+    cfg = FleetConfig(adapters=300, tenants=10, replicas=3, slow=1.0, state_interval_s=STATE_S)
+    models = tuple(alias_name(r, cfg.tenants) for r in range(cfg.adapters))
+    trace, _ = replay_trace(DEFAULT_TRACE, traces.ReplayConfig(4.0, 60.0, 0.0, 300, 0.9, 0, 0), models)
+    report = asyncio.run(run_fleet(PlatformSettings(), tmp_path / "work", cfg, trace, 4.0, 0.3, 0.0))
+
+    summary = report["summary"]
+    assert summary["ok"] == summary["requests"] == len(trace), summary["statuses"]
+    share = summary["tier_share"]
+    assert share["gpu"] + share["ram"] >= 0.95, share  # placed ahead of the traffic: no fetch on the path
+    assert summary["gpu_hit_rate"] > 0.0
+    join = report["events"]["join"]
+    assert join["within_bound"] and join["placed_on_new"] > 0, join
+    assert join["placements_settled_s"] is not None, join
+    assert join["routing_settled_after_placement_s"] is not None, join
+    assert join["routing_settled_after_placement_s"] <= 2 * STATE_S + 1.0, join
+    assert report["consumer_lag_last"][f"placement-{report['run']}"] <= 10, report["consumer_lag_last"]
+    out = tmp_path / "out"
+    out.mkdir()
+    assert len(write_report(report, out)) == 3 and (out / "fleet.html").is_file()
