@@ -338,6 +338,29 @@ async def test_the_openai_clients_logit_bias_reaches_the_replica(stack: GatewayS
     assert piece and four.choices[0].message.content == piece * 4
 
 
+async def test_the_openai_clients_penalties_act_on_the_generated_tokens_only(stack: GatewayStack) -> None:
+    """Greedy with and without a frequency penalty: the first token (nothing generated yet) and its logprob
+    are the same; after it, the penalised answer's tokens or logprobs differ."""
+    client = openai.AsyncOpenAI(base_url=f"{stack.url}/v1", api_key=stack.keys["globex"], max_retries=0)
+
+    async def answer(penalty: float) -> list:
+        done = await client.chat.completions.create(
+            model="globex/sales:prod",
+            messages=[{"role": "user", "content": "Repeat: la la la la la la la la"}],
+            temperature=0,
+            max_tokens=12,
+            logprobs=True,
+            frequency_penalty=penalty,
+        )
+        return [(e.token, round(e.logprob, 4)) for e in done.choices[0].logprobs.content or []]  # type: ignore[union-attr]
+
+    plain = await answer(0.0)
+    await asyncio.sleep(0.6)  # globex's rate limit is two requests a second
+    penalised = await answer(2.0)
+    assert plain[0] == penalised[0]
+    assert plain[1:] != penalised[1:]
+
+
 async def test_chat_logprobs_are_each_tokens_with_its_top_alternatives_streamed_or_not(
     stack: GatewayStack,
 ) -> None:
