@@ -132,7 +132,9 @@ async def sse_chunks(
             async for ev in events:
                 logprobs = None if isinstance(ev, DoneEvent) else ev.logprobs
                 text, calls = ev.text, list[ToolCall]()
-                answer = answers.setdefault(ev.index, tools()) if tools is not None else None
+                answer = answers.get(ev.index)
+                if answer is None and tools is not None:  # the choice's first event: its reader
+                    answer = answers[ev.index] = tools()
                 if answer is not None:
                     text, calls = answer.feed(ev.text)
                     if isinstance(ev, DoneEvent):
