@@ -1,9 +1,9 @@
 """The trained demo adapters under <data dir>/demo/trained/<recipe key>/, trained once and then reused.
 
 The key hashes the recipe (which names the trainer's version) and the base model's hash, so a change to
-either trains a new set and an unchanged one is never trained twice. Training writes into a fresh folder
-beside the target and renames it when done: a crash never leaves a set that looks complete, and two runs
-training at once never write into each other's folder.
+either trains a new set and an unchanged one is never trained twice. Training holds the set's lock, so a
+second run waits for the first one's set instead of training its own, and writes into a fresh folder beside
+the target that it renames when done: a crash never leaves a set that looks complete.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from demo.recipe import DemoRecipe
+from lorafleet.file_lock import file_lock
 
 log = logging.getLogger(__name__)
 
@@ -42,18 +43,23 @@ def ensure_trained(root: Path, model_dir: Path, recipe: DemoRecipe, base_hash: s
     if (out / MANIFEST_NAME).is_file():
         return out
     root.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=root))
+    with file_lock(root / f".{out.name}.lock"):
+        if not (out / MANIFEST_NAME).is_file():  # another run may have trained it while this one waited
+            _train_into(out, model_dir, recipe, base_hash, train)
+    return out
+
+
+def _train_into(out: Path, model_dir: Path, recipe: DemoRecipe, base_hash: str, train: Trainer) -> None:
+    """Train the set into a fresh folder and rename it to out (the caller holds out's lock)."""
+    for stale in out.parent.glob(f".{out.name}-*"):  # a killed run's partial folder: no one else writes there
+        shutil.rmtree(stale, ignore_errors=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         start = time.perf_counter()
         manifest = train(model_dir, partial, recipe, base_hash)
         manifest["wall_s"] = round(time.perf_counter() - start, 1)
         (partial / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
-        try:
-            partial.rename(out)
-        except OSError:
-            if not (out / MANIFEST_NAME).is_file():
-                raise  # not another run's finished copy: a real failure
+        partial.rename(out)
         log.info("trained the demo adapters in %s s into %s", manifest["wall_s"], out)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    return out

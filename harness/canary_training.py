@@ -14,6 +14,7 @@ from pathlib import Path
 
 from canary.manifest import MANIFEST_NAME
 from canary.train import TrainConfig
+from lorafleet.file_lock import file_lock
 from ops.stack.paths import REPO_ROOT as REPO
 
 # Cold training runs in its own process under this budget, apart from the probe's own timeout: on a 2-core
@@ -55,9 +56,9 @@ def _trainer_digest() -> str:
 def trained_canaries(cfg: TrainConfig) -> Path:
     """<data dir>/canaries/<hash of cfg, base and trainer code>: trained once, reused by later runs.
 
-    The data dir is the platform's (LORAFLEET_DATA_DIR, default .data). Training writes into a fresh
-    folder beside the target and renames it, so a crash never leaves a manifest that looks complete and
-    two runs training at once never write into each other's folder.
+    The data dir is the platform's (LORAFLEET_DATA_DIR, default .data). Training holds the set's lock, so
+    a second run waits for the first one's canaries instead of training its own, and writes into a fresh
+    folder beside the target that it renames when done: a crash never leaves a manifest that looks complete.
     """
     from lorafleet.config import get_settings
     from lorafleet.model.base_hash import base_model_hash
@@ -72,17 +73,22 @@ def trained_canaries(cfg: TrainConfig) -> Path:
     if (out / MANIFEST_NAME).is_file():
         return out
     root.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=root))
+    with file_lock(root / f".{out.name}.lock"):
+        if not (out / MANIFEST_NAME).is_file():  # another run may have trained them while this one waited
+            _train_into(out, cfg)
+    return out
+
+
+def _train_into(out: Path, cfg: TrainConfig) -> None:
+    """Train cfg's canaries into a fresh folder and rename it to out (the caller holds out's lock)."""
+    for stale in out.parent.glob(f".{out.name}-*"):  # a killed run's partial folder: no one else writes there
+        shutil.rmtree(stale, ignore_errors=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         done = subprocess.run(
             _train_argv(cfg, partial), cwd=REPO, capture_output=True, text=True, timeout=TRAIN_BUDGET_S
         )
         assert done.returncode == 0, done.stderr[-3000:]
-        try:
-            partial.rename(out)
-        except OSError:
-            if not (out / MANIFEST_NAME).is_file():
-                raise  # not another run's finished copy: a real failure
+        partial.rename(out)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
-    return out

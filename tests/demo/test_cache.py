@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,7 +41,7 @@ def test_a_second_prepare_reuses_the_set_without_training(tmp_path: Path) -> Non
     assert first == again and train.calls == 1
     assert read_manifest(first)["base_model_hash"] == "sha256:b" and "wall_s" in read_manifest(first)
     assert sorted(p.name for p in first.iterdir()) == sorted([MANIFEST_NAME, *ADAPTER_IDS])
-    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no partial folder is left
+    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == [first.name]  # no partial folder is left
 
 
 def test_another_recipe_or_base_trains_its_own_set(tmp_path: Path) -> None:
@@ -54,7 +57,38 @@ def test_another_recipe_or_base_trains_its_own_set(tmp_path: Path) -> None:
 def test_a_failed_training_leaves_no_set_and_the_next_run_trains(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError):
         ensure_trained(tmp_path, tmp_path, DemoRecipe(), "sha256:b", _fail)
-    assert list(tmp_path.iterdir()) == []
+    assert [p for p in tmp_path.iterdir() if p.is_dir()] == []
     train = CountingTrainer()
     ensure_trained(tmp_path, tmp_path, DemoRecipe(), "sha256:b", train)
     assert train.calls == 1
+
+
+class SlowTrainer(CountingTrainer):
+    """A CountingTrainer that takes long enough for a second run to arrive while it trains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = threading.Event()
+
+    def __call__(self, model_dir: Path, out: Path, recipe: DemoRecipe, base_hash: str) -> dict[str, object]:
+        self.started.set()
+        time.sleep(0.5)
+        return super().__call__(model_dir, out, recipe, base_hash)
+
+
+def test_a_run_that_arrives_during_training_waits_for_that_set(tmp_path: Path) -> None:
+    train = SlowTrainer()
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(ensure_trained, tmp_path, tmp_path, DemoRecipe(), "sha256:b", train)
+        assert train.started.wait(10)
+        second = pool.submit(ensure_trained, tmp_path, tmp_path, DemoRecipe(), "sha256:b", train)
+        assert first.result(10) == second.result(10)
+    assert train.calls == 1
+
+
+def test_a_killed_runs_partial_folder_is_removed_by_the_next_training(tmp_path: Path) -> None:
+    out = ensure_trained(tmp_path, tmp_path, DemoRecipe(), "sha256:b", CountingTrainer()).name
+    left = tmp_path / f".{DemoRecipe().key('sha256:other')}-killed"
+    left.mkdir()
+    ensure_trained(tmp_path, tmp_path, DemoRecipe(), "sha256:other", CountingTrainer())
+    assert not left.exists() and (tmp_path / out).is_dir()
