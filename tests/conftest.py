@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,32 @@ def smollm2_dir() -> Path:
     from lorafleet.model.prepare import ensure_default_model
 
     return ensure_default_model()
+
+
+_PRETRAINING = pytest.StashKey[subprocess.Popen[bytes]]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start training the sets that the selected tests name in pytest.mark.trains, in the order they first
+    need them, in the background: they train while the tests before them run (harness.pretraining)."""
+    if session.config.option.collectonly:
+        return
+    names = list(
+        dict.fromkeys(
+            name for item in session.items for mark in item.iter_markers("trains") for name in mark.args
+        )
+    )
+    if names:
+        from harness.pretraining import start
+        from lorafleet.config import get_settings
+
+        log_path = get_settings().data_path / "logs" / "pretraining.log"
+        session.config.stash[_PRETRAINING] = start(names, log_path)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    proc = session.config.stash.get(_PRETRAINING, None)
+    if proc is not None:
+        from harness.pretraining import stop
+
+        stop(proc)

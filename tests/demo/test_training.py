@@ -22,7 +22,7 @@ from replica.server import create_app
 from tests.demo.held_out import HELD_OUT_PROMPTS, SIGN_OFF_WORDS, SIGN_OFFS, answer_problems
 
 # The first test in a fresh clone trains the set (minutes of CPU on a loaded machine).
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.trains("demo")]
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -26,7 +26,7 @@ from harness.stacks.gateway import GatewayStack, gateway_stack
 from lorafleet.config import RelaySettings
 from tests.integration.services import REPO
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.trains("e2e-canaries")]
 
 # The fastest settings that still pass the trainer's own held-out check on SmolLM2 (20 steps).
 REQUESTS = 60

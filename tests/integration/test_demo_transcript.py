@@ -17,7 +17,7 @@ from harness.stacks.gateway import ADAPTERS, ALIASES, GatewayStack, gateway_stac
 from lorafleet.model.base_hash import base_model_hash
 from tests.demo.held_out import LIST_PROMPTS, answer_problems
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.trains("demo")]
 
 
 @pytest.fixture(scope="module")

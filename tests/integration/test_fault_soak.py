@@ -18,6 +18,7 @@ from tests.integration.services import ServiceAddresses
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.trains("e2e-canaries"),
     pytest.mark.skipif(ostack.missing_local_infra() is not None, reason=str(ostack.missing_local_infra())),
 ]
 

@@ -40,7 +40,7 @@ from harness.stacks.churn import (
 from tests.integration.services import ServiceAddresses
 from tests.integration.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.trains("e2e-canaries")]
 
 # The canaries: E2E_CANARIES, shared with the canary probe (two tenants, a v1 and a v2 canary each).
 PLAN = GatewayChurnPlan(requests=150, flip_after=50, kill_after=90, concurrency=6)
