@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lorafleet.config import get_settings
+from lorafleet.file_lock import file_lock
 from lorafleet.model.errors import BaseModelError
 from lorafleet.pids import pid_alive
 
@@ -103,6 +104,17 @@ def ensure_default_model(models_dir: Path | None = None) -> Path:
     if (out_dir / "config.json").is_file():
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    # One conversion at a time: a second process waits for the first one's directory, never converts too.
+    with file_lock(out_dir.parent / f".{out_dir.name}.lock"):
+        if (out_dir / "config.json").is_file():
+            return out_dir
+        _convert_into(out_dir)
+    log.info("prepared %s", out_dir)
+    return out_dir
+
+
+def _convert_into(out_dir: Path) -> None:
+    """Convert the bundled GGUF into out_dir (the caller holds out_dir's lock)."""
     gguf_path = bundled_gguf_path()
     # Build beside the target and rename: an interrupted run leaves only a hidden temp dir, never a half one.
     tmp_dir = Path(tempfile.mkdtemp(prefix=f"{temp_prefix(out_dir)}{os.getpid()}-", dir=out_dir.parent))
@@ -118,8 +130,6 @@ def ensure_default_model(models_dir: Path | None = None) -> Path:
             log.info("another process prepared %s first; keeping theirs", out_dir)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
-    log.info("prepared %s", out_dir)
-    return out_dir
 
 
 def temp_prefix(out_dir: Path) -> str:
