@@ -3,7 +3,9 @@ earlier tests run: the sets fill CPU time those tests leave idle, and a test tha
 trained waits on the set's lock rather than training it twice (demo.cache, harness.canary_training).
 
 The background trains exactly what the test's own call would, in the same code, so it changes no result:
-it only moves the training earlier. If it fails, the test's own call trains the set and reports why.
+it only moves the training earlier. If it fails, the test's own call trains the set and reports why. While a
+test that needs a set is set up (and so may wait for it), the background runs at normal priority, where the
+system allows it: on a CPU busy with other jobs, a waited-for training at the lowest priority would starve.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ops.stack.paths import REPO_ROOT
 log = logging.getLogger(__name__)
 
 GRACE_S = 10.0
+BACKGROUND_NICE = 19
 
 
 def _demo() -> None:
@@ -69,9 +72,30 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(GRACE_S)
 
 
+def hurry(proc: subprocess.Popen[bytes]) -> None:
+    """Run the background at normal priority (a test may be waiting for it), if the system allows that."""
+    _renice(proc, 0)
+
+
+def ease(proc: subprocess.Popen[bytes]) -> None:
+    """Back to the lowest priority: only what the tests leave idle."""
+    _renice(proc, BACKGROUND_NICE)
+
+
+def _renice(proc: subprocess.Popen[bytes], nice: int) -> None:
+    if proc.poll() is not None:
+        return
+    try:  # the whole group: the trainers it started too
+        os.setpriority(os.PRIO_PGRP, proc.pid, nice)
+    except PermissionError:
+        log.debug("may not set the background's priority to %d", nice)  # lowering nice needs CAP_SYS_NICE
+    except ProcessLookupError:
+        pass  # it has just finished
+
+
 def main(names: list[str]) -> int:
     """Train each named set in turn; a failure is logged and the next set still trains."""
-    os.nice(19)  # only what the tests leave idle
+    os.nice(BACKGROUND_NICE)
     failed = 0
     for name in names:
         try:

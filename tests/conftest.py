@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
         log_path = get_settings().data_path / "logs" / "pretraining.log"
         session.config.stash[_PRETRAINING] = start(names, log_path)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """While a test that needs a set is set up, it may wait for the background: let that run at full speed."""
+    proc = item.config.stash.get(_PRETRAINING, None)
+    if proc is None or item.get_closest_marker("trains") is None:
+        return (yield)
+    from harness.pretraining import ease, hurry
+
+    hurry(proc)
+    try:
+        return (yield)
+    finally:
+        ease(proc)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
