@@ -141,7 +141,12 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
         online = Online(
             settings=settings,
             auth=KeyAuthenticator(pool, settings.key_cache_ttl_s, guard=guard),
-            aliases=AliasCache(pool, settings.alias_cache_ttl_s, guard=guard),
+            aliases=AliasCache(
+                pool,
+                settings.alias_cache_ttl_s,
+                guard=guard,
+                counted=lambda outcome: metrics.alias_lookups.labels(outcome).inc(),
+            ),
             view=ReplicaView(settings.replica_stale_s, replica_id_prefix=settings.replica_id_prefix),
             replicas=ReplicaClient(
                 settings.replica_service_token.get_secret_value(),

@@ -92,6 +92,13 @@ class GatewayMetrics:
             ["replica"],
             registry=self.registry,
         )
+        self.alias_lookups = Counter(
+            "gateway_alias_cache_lookups",
+            "Alias resolutions by outcome: hit (cached), miss (read from PostgreSQL) or stale (the store was "
+            "unreachable and an expired entry answered).",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.streams_cut = Counter(
             "gateway_streams_cut",
             "SSE streams cut because the client stopped reading (buffer full or a send timed out).",

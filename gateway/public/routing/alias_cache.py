@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 import asyncpg
 
@@ -44,8 +45,10 @@ class AliasCache:
         ttl_s: float = 10.0,
         max_missing_per_tenant: int = 1_000,
         guard: StoreGuard | None = None,
+        counted: Callable[[str], None] = lambda outcome: None,
     ) -> None:
         self.pool = pool
+        self.counted = counted  # each lookup's outcome: hit, miss (read from the store) or stale
         self.guard = guard or StoreGuard(deadline_s=2.0, pause_s=1.0)
         self.ttl_s = ttl_s
         self.max_missing_per_tenant = max_missing_per_tenant
@@ -62,6 +65,7 @@ class AliasCache:
         key = (tenant_id, alias)
         hit = self._entries.get(key)
         if hit is not None and hit[0] > time.monotonic():
+            self.counted("hit")
             return hit[1]
         changes = self._changes
         try:
@@ -76,7 +80,9 @@ class AliasCache:
         except StoreUnavailable:
             if hit is None:
                 raise
+            self.counted("stale")
             return hit[1]  # the store is down: the last answer stands until it is back
+        self.counted("miss")
         target = None
         if row is not None:
             target = AliasTarget(row["adapter_id"], row["canary_adapter_id"], row["canary_weight"] or 0.0)

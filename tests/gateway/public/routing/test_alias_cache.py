@@ -72,3 +72,22 @@ async def test_a_move_whose_event_never_arrives_is_served_once_the_ttl_passes(
     assert (await cache.resolve("acme", "acme/support:prod")).adapter_id == "acme-support-v1"  # type: ignore[union-attr]
     now[0] += 0.2
     assert (await cache.resolve("acme", "acme/support:prod")).adapter_id == "acme-support-v2"  # type: ignore[union-attr]
+
+
+async def test_each_lookup_is_counted_as_a_hit_a_miss_or_a_stale_answer() -> None:
+    store = Store({("acme", "acme/support:prod"): "acme-support-v1"})
+    outcomes: list[str] = []
+    cache = AliasCache(store, ttl_s=60.0, counted=outcomes.append)  # type: ignore[arg-type]
+    await cache.resolve("acme", "acme/support:prod")
+    await cache.resolve("acme", "acme/support:prod")
+    await cache.resolve("acme", "acme/unknown:prod")
+    await cache.resolve("acme", "not an alias")  # outside the grammar: never looked up, never counted
+    cache.ttl_s = 0.0
+    cache.apply(
+        AliasChanged(tenant_id="acme", alias="acme/support:prod", adapter_id="acme-support-v1", revision=2)
+    )
+    await cache.resolve("acme", "acme/support:prod")  # read again, now cached already expired
+    store.down = True
+    await cache.resolve("acme", "acme/support:prod")
+    assert outcomes == ["miss", "hit", "miss", "miss", "stale"]
+    assert store.reads == 4
