@@ -80,6 +80,7 @@ def up(settings: PlatformSettings, timeout: float = 60.0) -> str:
     if ready(settings) and (data / "postmaster.pid").exists():
         _ensure_password_auth(settings)
         _ensure_role_and_db(settings)
+        _ensure_statement_stats(settings)
         return "already running"
     logs = log_dir(settings)
     for d in (base, socket, logs / NAME):
@@ -102,6 +103,8 @@ def up(settings: PlatformSettings, timeout: float = 60.0) -> str:
             ]
         )
     options = f"-p {settings.postgres_port} -k {socket} -c listen_addresses=127.0.0.1"
+    if _has_statement_stats():
+        options += " -c shared_preload_libraries=pg_stat_statements"
     _pg_ctl(
         settings,
         "-l",
@@ -117,6 +120,7 @@ def up(settings: PlatformSettings, timeout: float = 60.0) -> str:
         raise RuntimeError("PostgreSQL did not become ready")
     _ensure_password_auth(settings)
     _ensure_role_and_db(settings)
+    _ensure_statement_stats(settings)
     return "started"
 
 
@@ -182,6 +186,22 @@ def _ensure_role_and_db(settings: PlatformSettings) -> None:
         _psql(settings, f'ALTER ROLE "{user}" CREATEROLE')
     if _psql(settings, f"SELECT 1 FROM pg_database WHERE datname = '{db}'") != "1":
         _psql(settings, f'CREATE DATABASE "{db}" OWNER "{user}"')
+
+
+def _has_statement_stats() -> bool:
+    """Whether pg_stat_statements is installed beside the server (Debian's postgresql package ships it)."""
+    return (Path(_bin("postgres")).parent.parent / "lib" / "pg_stat_statements.so").is_file()
+
+
+def _ensure_statement_stats(settings: PlatformSettings) -> None:
+    """pg_stat_statements in the `postgres` database (the platform's own schema stays as its migrations made
+    it), readable by the platform's role, so a benchmark can count the statements each database ran
+    (`lorafleet bench fleet`); skipped where the module is not loaded."""
+    if _psql(settings, "SELECT 1 FROM pg_settings WHERE name = 'pg_stat_statements.max'") != "1":
+        return
+    user = urlparse(settings.database_url).username or "lorafleet"
+    _psql(settings, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    _psql(settings, f'GRANT pg_read_all_stats TO "{user}"')
 
 
 def pid(settings: PlatformSettings) -> int | None:
