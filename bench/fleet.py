@@ -1,8 +1,10 @@
 """`lorafleet bench fleet`: the brief's fleet on real processes with calibrated stand-in replicas.
 
-The run's own stack (bench/fleet_stack.py): adapters, tenants and aliases in its database, the relay, the
-placement worker, the stats stream, two public gateways sharing Redis and one process hosting K stand-ins
-that time tokens like a GPU replica (bench/standin_host.py). Once the placements are in, the trace is
+The run's own stack (bench/fleet_stack.py): tenants in its database, the internal API, the registry
+validator, the relay, the placement worker, the stats stream, two public gateways sharing Redis and one
+process hosting K stand-ins that time tokens like a GPU replica (bench/standin_host.py). The adapters and
+their aliases are registered through the internal API (bench/fleet_register.py). Once the validator has
+passed them all and the placements are in, the trace is
 replayed through both gateways (loadtest's replay: --rate, --duration, a Zipf mix over the aliases), half
 the requests each. Part-way a replica joins, later it is killed (bench/fleet_join.py). The stand-ins' clock
 runs --slow times slower than the wall (default: 40 req/s over --rate), so the fleet sees the brief's load
@@ -21,11 +23,23 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import asyncpg
+import httpx
 import typer
 
 from bench.fleet_join import join, kill
 from bench.fleet_probe import LagProbe, Series, owners, rates, sample_loop
-from bench.fleet_stack import FleetConfig, FleetStack, alias_name, fleet_stack, groups
+from bench.fleet_register import register_fleet
+from bench.fleet_scrape import alias_lookups, statements, window_lateness
+from bench.fleet_sim import agreement, simulate_run
+from bench.fleet_stack import (
+    SERVICE_TOKEN,
+    FleetConfig,
+    FleetStack,
+    alias_name,
+    fleet_adapters,
+    fleet_stack,
+    groups,
+)
 from loadtest.client import RequestRecord
 from loadtest.runner import LoadTestConfig, replay_trace, run_trace
 from loadtest.summary import summarise
@@ -34,6 +48,7 @@ from sim import trace as traces
 from sim.workload import Request, WorkloadConfig
 
 BRIEF_RATE = 40.0
+STATS_WINDOW_S = 60.0  # the stats stream's default window (LORAFLEET_STATS_WINDOW_S), which the stack keeps
 DEFAULT_TRACE = Path("/work/shared/traces/azure_conv_2023.csv")
 
 
@@ -48,6 +63,25 @@ async def _placed(pool: asyncpg.Pool, replicas: int, timeout_s: float) -> int:
         last = now
         await asyncio.sleep(0.5)
     return len(last)
+
+
+async def _register(stack: FleetStack) -> dict[str, float]:
+    """Every adapter of the run registered, validated and aliased through the internal API."""
+    from gateway.config import GatewayConfig
+    from gateway.registry.served_base import served_base_hash, served_model_dir
+
+    settings = GatewayConfig.from_env().gateway
+    model_dir, base_hash = served_model_dir(settings), served_base_hash(settings)
+    adapters = fleet_adapters(stack.cfg)
+    return await register_fleet(
+        stack.internal_url,
+        SERVICE_TOKEN,
+        stack.stack.platform,
+        model_dir,
+        base_hash,
+        adapters,
+        stack.stack.work,
+    )
 
 
 async def _replay(
@@ -89,13 +123,18 @@ async def run_fleet(
         lag = LagProbe(platform, groups(stack.run, [stack.replica_id(i) for i in range(cfg.replicas)]))
         await lag.start()
         series, stop = Series(), asyncio.Event()
+        scraper = httpx.AsyncClient()
         try:
+            registration = await _register(stack)
             placed = await _placed(pool, cfg.replicas, 600.0)
             await asyncio.sleep(3 * cfg.state_interval_s)  # the gateways have the replicas' latest states
             pids = {name: p.proc.pid for name, p in stack.stack.procs.items() if p.proc is not None}
+            database_url = stack.stack.platform.database_url
+            database = database_url.rsplit("/", 1)[-1].split("?")[0]
+            statements_before = await statements(database_url, database)
             t0 = time.monotonic()
-            database = stack.stack.platform.database_url.rsplit("/", 1)[-1].split("?")[0]
             sampler = asyncio.create_task(sample_loop(lag, pool, database, pids, t0, series, stop))
+            closes = asyncio.create_task(window_lateness(scraper, stack.stats_url, STATS_WINDOW_S, stop))
             replay = asyncio.create_task(_replay(stack, stack.stack.keys, trace, rate))
             events: dict[str, Any] = {}
             span = max((r.arrival_s for r in trace), default=0.0)
@@ -106,14 +145,20 @@ async def run_fleet(
                 await asyncio.sleep(max(kill_at * span - (time.monotonic() - t0), 0.0))
                 events["kill"] = await kill(stack, pool, quiet_s, 120.0)
             records = await replay
+            elapsed = time.monotonic() - t0
+            statements_after = await statements(database_url, database)
+            aliases = await alias_lookups(scraper, stack.gateways)
             run = stack.run
             stop.set()
             await sampler
+            windows = await closes
         finally:
             stop.set()
             await lag.stop()
             await pool.close()
+            await scraper.aclose()
     summary = summarise(_model_time(records, cfg.slow), rate, span or 1.0)
+    simulated = simulate_run(cfg, trace, STATS_WINDOW_S)
     found: dict[str, int] = {}  # the stand-ins' own count of the tiers they found, written as they stop
     for path in (work / "standin-host.json", work / "standin-joiner.json"):
         with contextlib.suppress(OSError, ValueError):
@@ -126,9 +171,26 @@ async def run_fleet(
         "config": {**asdict(cfg), "calibration": [str(p) for p in cfg.calibration], "rate": rate},
         "time_note": f"the stand-ins' clock runs {cfg.slow:g}x slower than the wall; TTFT and TPOT are model "
         f"seconds (wall / {cfg.slow:g}), so the fleet sees {rate * cfg.slow:g} req/s of the brief's load",
+        "registration": registration,
         "owner_placements_at_start": placed,
         "summary": summary,
         "standin_tiers": found,
+        "simulator": {
+            "agreement": agreement(summary, simulated),
+            "note": "the simulator on the same trace, sizes, routing and timing, in model seconds; it has no "
+            "join or kill",
+            "tier_share": simulated["tier_share"],
+            "ttft": simulated["ttft"],
+        },
+        "alias_cache": aliases,
+        "stats_windows": {
+            "window_s": STATS_WINDOW_S,
+            "closed": windows,
+            "late_s_max": max((w["late_s"] for w in windows), default=None),
+        },
+        "postgres_statements_per_s": None
+        if statements_before is None or statements_after is None
+        else round((statements_after - statements_before) / max(elapsed, 1e-9), 2),
         "events": events,
         **rates(series),
         "series": {"lag": series.lag, "postgres_transactions": series.xacts, "cpu_s": series.cpu},

@@ -1,5 +1,6 @@
-"""The fleet benchmark's stack: its own database (tenants, ready adapters, aliases), Redis, the relay, the
-placement worker, the stats stream, two public gateways sharing that Redis, and the calibrated stand-in
+"""The fleet benchmark's stack: its own database (the tenants and their keys), Redis, the internal API and
+the registry validator (which the adapters are registered through, bench/fleet_register.py), the relay,
+the placement worker, the stats stream, two public gateways sharing that Redis, and the calibrated stand-in
 host with K replicas; a second host process with one replica joins (and is killed) on demand.
 
 Replica ids carry the run's prefix (`fl<run>-<index>`), which the gateways, the placement worker and the
@@ -14,20 +15,21 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.fleet_register import FleetAdapter
 from bench.gateway_stack import REPO
 from harness.ports import free_port, free_ports
 from harness.redis_server import redis_server
 from harness.running import Running
-from harness.seed import Alias, ReadyAdapter, Seed, Tenant
+from harness.seed import Seed, Tenant
 from harness.spec import HttpReady, ProcessSpec, StackSpec, app_args
 from harness.stack import RunningStack, private_stack
 from harness.stacks.scaleup import start_groups_at_end
 from lorafleet.config import PlatformSettings
-from schemas import topics
+from schemas import principals, topics
 
 TOKEN = "fleet-bench-replica-token"
+SERVICE_TOKEN = "fleet-bench-service-token"
 STOP_GRACE_S = 15.0
-NO_WEIGHTS = "sha256:" + "f" * 64  # the stand-ins fetch no weights
 
 
 @dataclass(frozen=True)
@@ -57,16 +59,18 @@ def alias_name(rank: int, tenants: int) -> str:
 
 
 def fleet_seed(cfg: FleetConfig) -> Seed:
-    tenants = tuple(Tenant(tenant_name(t, cfg.tenants), 100_000.0, 2_000_000_000) for t in range(cfg.tenants))
-    ranks = range(cfg.adapters)
-    adapters = tuple(
-        ReadyAdapter(adapter_name(r), tenant_name(r, cfg.tenants), NO_WEIGHTS, checksum=NO_WEIGHTS, rank=16)
-        for r in ranks
+    """The tenants with their keys; the adapters and aliases go in through the internal API."""
+    return Seed(
+        tuple(Tenant(tenant_name(t, cfg.tenants), 100_000.0, 2_000_000_000) for t in range(cfg.tenants))
     )
-    aliases = tuple(
-        Alias(alias_name(r, cfg.tenants), tenant_name(r, cfg.tenants), adapter_name(r)) for r in ranks
-    )
-    return Seed(tenants, adapters, aliases)
+
+
+def fleet_adapters(cfg: FleetConfig) -> list[FleetAdapter]:
+    """Adapter i of popularity rank i, its tenant and its alias."""
+    return [
+        FleetAdapter(adapter_name(r), tenant_name(r, cfg.tenants), alias_name(r, cfg.tenants))
+        for r in range(cfg.adapters)
+    ]
 
 
 def host_spec(name: str, ids: list[str], first_port: int, cfg: FleetConfig, work: Path) -> ProcessSpec:
@@ -80,8 +84,11 @@ def host_spec(name: str, ids: list[str], first_port: int, cfg: FleetConfig, work
     return ProcessSpec(name, tuple(args), first_port, ready=ready, stop_grace_s=STOP_GRACE_S)
 
 
-def _app(name: str, command: str, env: dict[str, str] | None = None, port: int | None = None) -> ProcessSpec:
-    ready = (HttpReady(f"http://127.0.0.1:{port}/ready", 90),) if port is not None else ()
+def _app(
+    name: str, command: str, env: dict[str, str] | None = None, port: int | None = None, path: str = "/ready"
+) -> ProcessSpec:
+    auth = {"Authorization": f"Bearer {SERVICE_TOKEN}"}
+    ready = (HttpReady(f"http://127.0.0.1:{port}{path}", 90, auth),) if port is not None else ()
     return ProcessSpec(name, app_args(command), port, env or {}, ready, stop_grace_s=STOP_GRACE_S)
 
 
@@ -94,6 +101,8 @@ class FleetStack:
     standin_urls: list[str]
     joiner_url: str
     joiner: ProcessSpec
+    internal_url: str
+    stats_url: str
 
     @property
     def prefix(self) -> str:
@@ -106,9 +115,12 @@ class FleetStack:
         return self.stack.add(self.joiner).start()
 
 
-def _env(cfg: FleetConfig, run: str, work: Path, redis_url: str) -> dict[str, str]:
+def _env(cfg: FleetConfig, run: str, work: Path, redis_url: str, ports: dict[str, int]) -> dict[str, str]:
     return {
         "PYTHONPATH": str(REPO),
+        "LORAFLEET_GATEWAY_SERVICE_TOKEN": SERVICE_TOKEN,
+        "LORAFLEET_GATEWAY_VALIDATOR_GROUP": validator_group(run),
+        "LORAFLEET_GATEWAY_VALIDATOR_METRICS_PORT": "0",
         "LORAFLEET_REDIS_URL": redis_url,
         "LORAFLEET_GATEWAY_ROUTING_MODE": cfg.routing,
         # the gateway's wait for a first token is wall time: the stand-ins' slowed clock stretches it too
@@ -119,9 +131,14 @@ def _env(cfg: FleetConfig, run: str, work: Path, redis_url: str) -> dict[str, st
         "LORAFLEET_STATS_APP_ID": f"lorafleet-stats-{run}",
         "LORAFLEET_STATS_FLEET": f"fleet-{run}",
         "LORAFLEET_STATS_DATA_DIR": str(work / "faust"),
-        "LORAFLEET_STATS_METRICS_PORT": str(free_port()),
-        "LORAFLEET_GATEWAY_INTERNAL_PORT": str(free_port()),
+        "LORAFLEET_STATS_METRICS_PORT": str(ports["stats"]),
+        "LORAFLEET_GATEWAY_INTERNAL_PORT": str(ports["internal"]),
     }
+
+
+def validator_group(run: str) -> str:
+    """The run's own registry validator group, under the prefix the validator's login may read."""
+    return f"{principals.VALIDATOR_GROUP_PREFIX}-{run}"
 
 
 def groups(run: str, replica_ids: list[str]) -> dict[str, tuple[topics.Topic, ...]]:
@@ -129,6 +146,7 @@ def groups(run: str, replica_ids: list[str]) -> dict[str, tuple[topics.Topic, ..
     sources = (topics.REPLICA_STATE, topics.REPLICA_EVENTS, topics.REQUESTS_COMPLETED)
     placement = (topics.ADAPTERS_VALIDATED, topics.ALIASES_CHANGED, topics.ADAPTER_STATS, *sources)
     return {
+        validator_group(run): (topics.ADAPTERS_REGISTERED,),
         f"lorafleet-stats-{run}": sources,
         f"placement-{run}": placement,
         **{f"replica-{rid}": (topics.REPLICA_COMMANDS,) for rid in replica_ids},
@@ -144,7 +162,8 @@ async def fleet_stack(platform: PlatformSettings, work: Path, cfg: FleetConfig) 
     first = free_ports(cfg.replicas + 1)
     await start_groups_at_end(platform, groups(run, ids))
     with redis_server(work) as redis:
-        env = _env(cfg, run, work, redis.url)
+        own = {"internal": free_port(), "stats": free_port()}
+        env = _env(cfg, run, work, redis.url, own)
         ports = [free_port(), free_port()]
         gateways = [
             _app(f"gateway-{i}", "public-gateway", {"LORAFLEET_GATEWAY_PUBLIC_PORT": str(p)}, p)
@@ -152,7 +171,11 @@ async def fleet_stack(platform: PlatformSettings, work: Path, cfg: FleetConfig) 
         ]
         processes = (
             host_spec("standin-host", ids[:-1], first, cfg, work),
-            *(_app(name, name) for name in ("stats-stream", "relay", "placement-worker")),
+            _app("gateway", "gateway", port=own["internal"], path="/openapi.json"),
+            *(
+                _app(name, name)
+                for name in ("registry-validator", "stats-stream", "relay", "placement-worker")
+            ),
             *gateways,
         )
         spec = StackSpec(
@@ -173,4 +196,6 @@ async def fleet_stack(platform: PlatformSettings, work: Path, cfg: FleetConfig) 
                 [f"http://127.0.0.1:{first + i}" for i in range(cfg.replicas)],
                 f"http://127.0.0.1:{first + cfg.replicas}",
                 host_spec("standin-joiner", ids[-1:], first + cfg.replicas, cfg, work),
+                f"http://127.0.0.1:{own['internal']}",
+                f"http://127.0.0.1:{own['stats']}",
             )

@@ -1,0 +1,58 @@
+"""The simulator on the fleet run's own trace, sizes, routing and timing, beside the run's numbers: GPU hit
+rate within 2 points and p95 TTFT within 20% is agreement (issue: the simulator validated against real
+processes).
+
+Everything is put in the stand-ins' model seconds. The run replays arrivals on the wall clock while the
+stand-ins' clock runs `slow` times slower, so the simulator sees the arrivals `slow` times closer together;
+the control plane's periods (replica states, the stats windows that feed placement, the demand's time to
+live) are wall periods, so in model seconds they are `slow` times shorter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from bench.fleet_stack import FleetConfig
+from sim import report
+from sim.replica import CacheSizes
+from sim.simulator import SimConfig, simulate
+from sim.timing import load_timing
+from sim.workload import Request
+
+HIT_POINTS = 2.0
+P95_REL = 0.20
+DEMAND_TTL_S = 300.0  # the placement worker's default LORAFLEET_PLACEMENT_DEMAND_TTL_S
+
+
+def simulate_run(cfg: FleetConfig, trace: list[Request], window_s: float) -> dict[str, Any]:
+    """The simulator's report for the run's configuration, in model seconds."""
+    model_trace = [replace(r, arrival_s=r.arrival_s / cfg.slow) for r in trace]
+    sim_cfg = SimConfig(
+        replicas=cfg.replicas,
+        routing=cfg.routing,
+        report_interval_s=cfg.state_interval_s / cfg.slow,
+        sizes=CacheSizes(gpu_slots=cfg.gpu_slots),
+        warmup_s=0.0,
+        replan_s=window_s / cfg.slow,
+        demand_ttl_s=DEMAND_TTL_S / cfg.slow,
+    )
+    return report.build(simulate(sim_cfg, load_timing(list(cfg.calibration)), model_trace))
+
+
+def agreement(run: dict[str, Any], simulated: dict[str, Any]) -> dict[str, Any]:
+    """Both sides' GPU hit rate and p95 TTFT, their differences and whether each is within bounds."""
+    hit_run, hit_sim = run.get("gpu_hit_rate"), simulated.get("gpu_hit_rate")
+    p95_run, p95_sim = run["ttft"].get("p95_s"), simulated["ttft"].get("p95_s")
+    out: dict[str, Any] = {
+        "gpu_hit_rate": {"run": hit_run, "simulator": hit_sim},
+        "ttft_p95_s": {"run": p95_run, "simulator": p95_sim},
+        "bounds": {"hit_points": HIT_POINTS, "p95_relative": P95_REL},
+    }
+    if hit_run is not None and hit_sim is not None:
+        points = round(100 * (hit_sim - hit_run), 2)
+        out["gpu_hit_rate"] |= {"points_apart": points, "agrees": abs(points) <= HIT_POINTS}
+    if p95_run and p95_sim is not None:
+        rel = round((p95_sim - p95_run) / p95_run, 3)
+        out["ttft_p95_s"] |= {"relative": rel, "agrees": abs(rel) <= P95_REL}
+    return out
