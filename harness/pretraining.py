@@ -44,7 +44,8 @@ TRAINERS: dict[str, Callable[[], None]] = {"demo": _demo, "e2e-canaries": _e2e_c
 
 
 def start(names: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-    """A background process, in its own process group, that trains the named sets in order."""
+    """A background process, in its own process group within the caller's session, that trains the named
+    sets in order."""
     unknown = set(names) - set(TRAINERS)
     if unknown:
         raise ValueError(f"no trainer for {sorted(unknown)}; known: {sorted(TRAINERS)}")
@@ -56,7 +57,9 @@ def start(names: list[str], log_path: Path) -> subprocess.Popen[bytes]:
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # stop() ends the trainers it starts too
+            # its own process group, so stop() ends the trainers it starts too, but the tests' session: with
+            # the kernel's autogroup scheduling a new session gets a CPU share of its own, whatever its nice
+            process_group=0,
         )
 
 
