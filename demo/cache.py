@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from demo.recipe import DemoRecipe
-from lorafleet.file_lock import file_lock
+from lorafleet.file_lock import built_once
 
 log = logging.getLogger(__name__)
 
@@ -40,26 +38,13 @@ def read_manifest(out: Path) -> dict[str, object]:
 def ensure_trained(root: Path, model_dir: Path, recipe: DemoRecipe, base_hash: str, train: Trainer) -> Path:
     """The set's folder; when absent, `train(model_dir, folder, recipe, base_hash)` fills a new one."""
     out = set_dir(root, recipe, base_hash)
-    if (out / MANIFEST_NAME).is_file():
-        return out
-    root.mkdir(parents=True, exist_ok=True)
-    with file_lock(root / f".{out.name}.lock"):
-        if not (out / MANIFEST_NAME).is_file():  # another run may have trained it while this one waited
-            _train_into(out, model_dir, recipe, base_hash, train)
-    return out
 
-
-def _train_into(out: Path, model_dir: Path, recipe: DemoRecipe, base_hash: str, train: Trainer) -> None:
-    """Train the set into a fresh folder and rename it to out (the caller holds out's lock)."""
-    for stale in out.parent.glob(f".{out.name}-*"):  # a killed run's partial folder: no one else writes there
-        shutil.rmtree(stale, ignore_errors=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    def build(partial: Path) -> None:
         start = time.perf_counter()
         manifest = train(model_dir, partial, recipe, base_hash)
         manifest["wall_s"] = round(time.perf_counter() - start, 1)
         (partial / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
-        partial.rename(out)
         log.info("trained the demo adapters in %s s into %s", manifest["wall_s"], out)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+
+    root.mkdir(parents=True, exist_ok=True)
+    return built_once(out, MANIFEST_NAME, build)

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
 from canary.manifest import MANIFEST_NAME
 from canary.train import TrainConfig
-from lorafleet.file_lock import file_lock
+from lorafleet.file_lock import built_once
 from ops.stack.paths import REPO_ROOT as REPO
 
 # Cold training runs in its own process under this budget, apart from the probe's own timeout: on a 2-core
@@ -70,25 +68,12 @@ def trained_canaries(cfg: TrainConfig) -> Path:
     )
     root = get_settings().data_path / "canaries"
     out = root / hashlib.sha256(key.encode()).hexdigest()[:16]
-    if (out / MANIFEST_NAME).is_file():
-        return out
     root.mkdir(parents=True, exist_ok=True)
-    with file_lock(root / f".{out.name}.lock"):
-        if not (out / MANIFEST_NAME).is_file():  # another run may have trained them while this one waited
-            _train_into(out, cfg)
-    return out
 
-
-def _train_into(out: Path, cfg: TrainConfig) -> None:
-    """Train cfg's canaries into a fresh folder and rename it to out (the caller holds out's lock)."""
-    for stale in out.parent.glob(f".{out.name}-*"):  # a killed run's partial folder: no one else writes there
-        shutil.rmtree(stale, ignore_errors=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    def build(partial: Path) -> None:
         done = subprocess.run(
             _train_argv(cfg, partial), cwd=REPO, capture_output=True, text=True, timeout=TRAIN_BUDGET_S
         )
         assert done.returncode == 0, done.stderr[-3000:]
-        partial.rename(out)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+
+    return built_once(out, MANIFEST_NAME, build)
