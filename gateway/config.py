@@ -63,6 +63,10 @@ class GatewaySettings(BaseSettings):
     default_max_tokens: int = Field(default=256, ge=1)  # a chat request's budget when it names none
     key_cache_ttl_s: float = Field(default=5.0, ge=0)  # how long an API key's lookup is reused
     alias_cache_ttl_s: float = Field(default=10.0, ge=0)  # how long a resolved alias is reused
+    # every this long all aliases are read in one statement (under the TTL; 0: each only as requests name it),
+    # at most the alias_cache_bulk_max most recently moved
+    alias_cache_refresh_s: float = Field(default=5.0, ge=0)
+    alias_cache_bulk_max: int = Field(default=200_000, ge=1)
     # Router (gateway/public/routing/policy.py): cost (the default) | affinity | random (the A/B
     # baseline); owners per adapter; spill past this many tokens.
     routing_mode: Literal["cost", "affinity", "random"] = "cost"

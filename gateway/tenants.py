@@ -87,6 +87,21 @@ async def list_keys(pool: asyncpg.Pool, tenant_id: str | None = None) -> list[di
     return [dict(r) for r in rows]
 
 
+async def find_callers(pool: asyncpg.Pool, digests: list[str], timeout_s: float) -> dict[str, Caller]:
+    """digest -> caller for each live key among these sha256 hex digests, in one statement."""
+    rows = await pool.fetch(
+        """SELECT k.key_id, k.key_hash, t.tenant_id, t.requests_per_s, t.tokens_per_min
+           FROM api_keys k JOIN tenants t USING (tenant_id)
+           WHERE k.key_hash = ANY($1::text[]) AND k.revoked_at IS NULL""",
+        digests,
+        timeout=timeout_s,
+    )
+    return {
+        r["key_hash"]: Caller(r["tenant_id"], r["key_id"], r["requests_per_s"], r["tokens_per_min"])
+        for r in rows
+    }
+
+
 async def find_caller(pool: asyncpg.Pool, digest: str) -> tuple[str, Caller] | None:
     """(stored hash, caller) for a live key with this sha256 hex digest, else None."""
     row = await pool.fetchrow(

@@ -25,7 +25,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, GatewaySettings
 from gateway.console import routes as console
 from gateway.errors import install_error_handlers
 from gateway.openapi_doc import install_openapi
@@ -39,7 +39,7 @@ from gateway.public.online import Online
 from gateway.public.routes import chat, completions, health, models
 from gateway.public.routing.alias_cache import AliasCache, consume_alias_changes
 from gateway.public.routing.replica_view import ReplicaView, consume_states
-from gateway.public.store_guard import StoreGuard
+from gateway.public.store_guard import REFRESH_FAILED, StoreGuard, keep_fresh
 from gateway.public.tenant_metrics import build_tenant_metrics_app, serve_tenant_metrics
 from gateway.public.upstream.replica_client import ReplicaClient
 from gateway.public.usage_events import CompletionPublisher
@@ -98,6 +98,37 @@ async def _start_consumers(
     ]
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.gather(ready_states.wait(), ready_aliases.wait()), 20)
+    return tasks
+
+
+async def _keep_caches_fresh(online: Online, settings: GatewaySettings) -> list[asyncio.Task]:
+    """Every alias read once before the first request, then again each period; the API keys in use read
+    again each period. Each period is half its TTL at most, so that entries in use never lapse while the
+    store answers and no request waits on a read; none where the TTL caches nothing."""
+    tasks = []
+    refreshes = online.metrics.cache_refreshes
+    aliases = online.aliases
+    period = min(settings.alias_cache_refresh_s, settings.alias_cache_ttl_s / 2)
+    if period > 0:
+        limit = settings.alias_cache_bulk_max
+        with contextlib.suppress(*REFRESH_FAILED):
+            await aliases.refresh_all(limit, timeout_s=10.0)  # else the loop below tries again
+        loop = keep_fresh(
+            "aliases",
+            period,
+            lambda: aliases.refresh_all(limit, timeout_s=period),
+            lambda outcome: refreshes.labels("aliases", outcome).inc(),
+        )
+        tasks.append(asyncio.create_task(loop, name="aliases-fresh"))
+    if settings.key_cache_ttl_s > 0:
+        period = settings.key_cache_ttl_s / 2
+        loop = keep_fresh(
+            "API keys",
+            period,
+            lambda: online.auth.refresh_known(timeout_s=period),
+            lambda outcome: refreshes.labels("keys", outcome).inc(),
+        )
+        tasks.append(asyncio.create_task(loop, name="keys-fresh"))
     return tasks
 
 
@@ -177,6 +208,7 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
         registry = ReplicaRegistry(pool, settings.replica_id_prefix)
         await registry.refresh()
         tasks = await _start_consumers(online, config, registry, pool)
+        tasks += await _keep_caches_fresh(online, settings)
         tenant_server = None
         if settings.tenant_metrics_port:
             token = settings.service_token.get_secret_value()

@@ -99,6 +99,13 @@ class GatewayMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.cache_refreshes = Counter(
+            "gateway_cache_refreshes",
+            "Background reads that keep a cache fresh in one statement, by cache (aliases: every alias; "
+            "keys: the API keys in use) and outcome (ok, failed).",
+            ["cache", "outcome"],
+            registry=self.registry,
+        )
         self.streams_cut = Counter(
             "gateway_streams_cut",
             "SSE streams cut because the client stopped reading (buffer full or a send timed out).",

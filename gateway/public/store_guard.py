@@ -9,6 +9,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import asyncpg
+
 from gateway.errors import STORE_DOWN, StoreUnavailable
 from gateway.public.pause import Pause
 
@@ -51,6 +53,26 @@ class StoreGuard:
                 self.pause.duration_s,
             )
             raise StoreUnavailable() from exc
+
+
+# what a failed background refresh raises: the store unreachable, too slow or refusing the statement
+REFRESH_FAILED: tuple[type[Exception], ...] = (*STORE_DOWN, TimeoutError, asyncpg.PostgresError)
+
+
+async def keep_fresh(
+    what: str, period_s: float, refresh: Callable[[], Awaitable[object]], counted: Callable[[str], None]
+) -> None:
+    """refresh() every period_s, for good, off the requests' path; each outcome (ok, failed) goes to counted.
+    A failed one leaves the cache's entries to their TTL, and their requests to the guarded reads."""
+    while True:
+        try:
+            await refresh()
+        except REFRESH_FAILED as exc:
+            counted("failed")
+            log.warning("refreshing %s failed (%s: %s)", what, type(exc).__name__, exc)
+        else:
+            counted("ok")
+        await asyncio.sleep(period_s)
 
 
 def _drop_result(task: asyncio.Future[Any]) -> None:

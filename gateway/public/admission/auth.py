@@ -21,7 +21,7 @@ import asyncpg
 
 from gateway.errors import StoreUnavailable, Unauthorized
 from gateway.public.store_guard import StoreGuard
-from gateway.tenants import Caller, find_caller, key_hash
+from gateway.tenants import Caller, find_caller, find_callers, key_hash
 
 INVALID_KEY = "Incorrect API key provided. You can find your API key in your lorafleet tenant settings."
 
@@ -81,6 +81,19 @@ class KeyAuthenticator:
         self._vouched[digest] = now + self.vouched_ttl_s  # newest last
         while len(self._vouched) > self.max_entries:
             del self._vouched[next(iter(self._vouched))]
+
+    async def refresh_known(self, timeout_s: float) -> int:
+        """Read every cached valid key again in one statement, so that a key in use never expires on a
+        request's path; a key revoked since is refused from then on. How many were read."""
+        digests = [d for d, (_, caller) in self._cache.items() if caller is not None]
+        if not digests:
+            return 0
+        found = await find_callers(self.pool, digests, timeout_s)
+        expires = time.monotonic() + self.cache_ttl_s
+        for digest in digests:
+            if digest in self._cache:  # not cleared while the statement ran
+                self._cache[digest] = (expires, found.get(digest))
+        return len(digests)
 
     async def _lookup(self, digest: str) -> Caller | None:
         found = await find_caller(self.pool, digest)

@@ -6,6 +6,11 @@ entry. So an event for the same alias name from another fleet on the same Kafka 
 one, costs one read and cannot route a request anywhere the row does not say. The TTL is a backstop for a
 missed event. While the store is unavailable an expired entry keeps answering; an alias never read gets
 StoreUnavailable, a 503.
+
+refresh_all(), which the app runs each period (store_guard.keep_fresh, under the TTL), reads every alias in
+one statement. So requests find their alias cached, a first one included, and none waits on a read while
+the store is healthy. A fleet of thousands of tenants asks for most of its aliases only now and then: read
+one at a time, most requests would miss.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class AliasCache:
         self._missing: dict[str, OrderedDict[str, None]] = {}  # tenant -> its cached misses, oldest first
         self._changes = 0  # events applied so far
         self._listed: dict[str, list[tuple[str, float]]] = {}  # tenant -> its last alias listing
+        self._moved: set[tuple[str, str]] | None = None  # aliases moved during a bulk read, while one runs
 
     async def resolve(self, tenant_id: str, alias: str) -> AliasTarget | None:
         """Where the alias points now (its version and canary), if it exists and belongs to tenant_id. A name
@@ -106,10 +112,42 @@ class AliasCache:
     def apply(self, event: AliasChanged) -> None:
         """An alias moved (here or in a fleet sharing the topic): read it again on its next request."""
         self._changes += 1
-        self._entries.pop((event.tenant_id, event.alias), None)
+        key = (event.tenant_id, event.alias)
+        self._entries.pop(key, None)
+        if self._moved is not None:
+            self._moved.add(key)
         missing = self._missing.get(event.tenant_id)
         if missing is not None:
             missing.pop(event.alias, None)
+
+    async def refresh_all(self, max_rows: int, timeout_s: float) -> int:
+        """Read every alias (the most recently moved max_rows, if there are more) into the cache in one
+        statement; how many. An alias moved while the statement ran is left to its next request: the row read
+        may predate the move."""
+        moved: set[tuple[str, str]] = set()
+        self._moved = moved
+        try:
+            rows = await self.pool.fetch(
+                """SELECT tenant_id, alias, adapter_id, canary_adapter_id, canary_weight FROM aliases
+                   ORDER BY updated_at DESC LIMIT $1""",
+                max_rows,
+                timeout=timeout_s,
+            )
+        finally:
+            self._moved = None
+        expires = time.monotonic() + self.ttl_s
+        for row in rows:
+            key = (row["tenant_id"], row["alias"])
+            if key in moved or not ALIAS_RE.fullmatch(key[1]):
+                continue
+            target = AliasTarget(row["adapter_id"], row["canary_adapter_id"], row["canary_weight"] or 0.0)
+            missing = self._missing.get(key[0])
+            if missing is not None:
+                missing.pop(key[1], None)
+            self._entries[key] = (expires, target)
+        if len(rows) >= max_rows:
+            log.warning("more than %d aliases: the rest are read as requests name them", max_rows)
+        return len(rows)
 
     async def list_aliases(self, tenant_id: str) -> list[tuple[str, float]]:
         """(alias, updated_at unix) of the tenant's aliases; the last listing while the store is down."""

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.errors import Unauthorized
+from gateway.public.admission import auth as auth_module
 from gateway.public.admission.auth import KeyAuthenticator
 from gateway.tenants import key_hash
 
@@ -17,8 +18,17 @@ class Keys:
 
     def __init__(self, live: dict[str, str]) -> None:
         self.live = {key_hash(k): t for k, t in live.items()}
+        self.reads = 0
+
+    async def fetch(self, sql: str, digests: list[str], timeout: float) -> list[dict[str, Any]]:
+        self.reads += 1
+        return [row for d in digests if (row := self._row(d)) is not None]
 
     async def fetchrow(self, sql: str, digest: str) -> dict[str, Any] | None:
+        self.reads += 1
+        return self._row(digest)
+
+    def _row(self, digest: str) -> dict[str, Any] | None:
         tenant = self.live.get(digest)
         if tenant is None:
             return None
@@ -55,3 +65,30 @@ async def test_vouched_keys_expire_and_are_bounded() -> None:
     expired = KeyAuthenticator(keys, cache_ttl_s=0.0, vouched_ttl_s=0.0)  # type: ignore[arg-type]
     await expired.authenticate("Bearer sk-0")
     assert not expired.vouched("Bearer sk-0")
+
+
+async def test_keys_in_use_are_read_again_together_and_a_revocation_applies_at_the_next_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """refresh_known keeps every cached valid key fresh in one statement, so that a key in use never waits on
+    a read on a request's path; a key revoked since is refused from that read on, within the TTL."""
+    now = [1000.0]
+    monkeypatch.setattr(auth_module.time, "monotonic", lambda: now[0])
+    keys = Keys({f"sk-{i}": f"t{i}" for i in range(50)})
+    auth = KeyAuthenticator(keys, cache_ttl_s=5.0)  # type: ignore[arg-type]
+    for i in range(50):
+        await auth.authenticate(f"Bearer sk-{i}")
+    with pytest.raises(Unauthorized):
+        await auth.authenticate("Bearer sk-guess")  # a miss: cached, never read again in bulk
+    assert keys.reads == 51
+    for _ in range(4):  # a bulk read every 2.5 s, half the TTL: the entries never lapse
+        now[0] += 2.5
+        assert await auth.refresh_known(timeout_s=1.0) == 50
+        for i in range(50):
+            assert (await auth.authenticate(f"Bearer sk-{i}")).tenant_id == f"t{i}"
+    assert keys.reads == 51 + 4
+    del keys.live[key_hash("sk-7")]  # revoked
+    await auth.refresh_known(timeout_s=1.0)
+    with pytest.raises(Unauthorized):
+        await auth.authenticate("Bearer sk-7")
+    assert (await auth.authenticate("Bearer sk-8")).tenant_id == "t8"
