@@ -87,10 +87,15 @@ class ModeledReplica:
     # what the replica reports
 
     def tokens_in_flight(self) -> int:
-        # a request in the running step (admitted at boundary step_no - 1) gets a token at boundary step_no
-        return sum(sr.finish_step - self.sim.step_no + 1 for _, _, sr in self.sim.finishing) + sum(
-            sr.req.output_tokens for sr in self.sim.ready
+        """What a real replica reports (replica/engine/scheduler.py): every running and waiting request's
+        length so far, its prompt included."""
+        step = self.sim.step_no
+        running = sum(  # a request in the running step (admitted at step_no - 1) has its token at step_no
+            sr.req.prompt_tokens + sr.req.output_tokens - (sr.finish_step - step + 1)
+            for _, _, sr in self.sim.finishing
         )
+        waiting = sum(sr.req.prompt_tokens for sr in self.sim.ready)
+        return running + waiting + sum(sr.req.prompt_tokens for w in self.sim.loading.values() for sr in w)
 
     def queue_depth(self) -> int:
         """Requests admitted to no batch yet: ready ones and those waiting for their adapter's load."""
@@ -105,6 +110,13 @@ class ModeledReplica:
             self.load_marks.popleft()
         loads = float(self.load_marks[-1][1] - self.load_marks[0][1])
         return CacheState(gpu, self.sim.ram.keys(), self.sim.disk.keys(), 0.0, loads)
+
+    def contents(self) -> dict[str, list[str]]:
+        """The GPU slots, least recently used first, and RAM: how the simulator's replica starts
+        (sim.simulator.SimConfig.initial) when it is compared from the same moment."""
+        entries = sorted(self.sim.slots.entries(), key=lambda e: (e.last_used, e.seq))
+        gpu = [e.adapter_id for e in entries if e.adapter_id not in self.sim.loading]
+        return {"gpu": gpu, "ram": list(self.sim.ram.keys())}
 
     def tier_of(self, adapter_id: str) -> Tier:
         return cast(Tier, self.sim.tier_of(adapter_id))

@@ -112,11 +112,17 @@ def test_load_and_unload_commands_move_adapters_between_tiers() -> None:
 
 
 def test_in_flight_tokens_and_queue_are_reported_while_requests_run() -> None:
+    """As a real replica counts them: each request's prompt and the tokens it has so far. A count of the
+    tokens still to come would hide a queue of long prompts from the gateways' routing."""
     d = Driver()
-    d.submit("a", output=5)
-    assert d.replica.queue_depth() == 1
+    d.submit("a", prompt=40, output=5)
+    assert d.replica.queue_depth() == 1 and d.replica.tokens_in_flight() == 40
     while d.events and not d.replica.sim.finishing:
         t, _, kind, payload = heapq.heappop(d.events)
         d.clock[0] = t
         d.replica.dispatch(kind, payload, t)
-    assert d.replica.queue_depth() == 0 and d.replica.tokens_in_flight() == 5
+    assert d.replica.queue_depth() == 0 and d.replica.tokens_in_flight() == 40  # its first token is to come
+    t, _, kind, payload = heapq.heappop(d.events)
+    d.clock[0] = t
+    d.replica.dispatch(kind, payload, t)
+    assert d.replica.tokens_in_flight() == 41

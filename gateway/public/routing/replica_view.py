@@ -53,6 +53,7 @@ class ReplicaView:
         self.replica_id_prefix = replica_id_prefix
         self._entries: dict[str, _Entry] = {}
         self._inflight: dict[str, int] = {}
+        self._since_state: dict[str, int] = {}  # tokens this gateway sent each replica since its last state
         self._hits = HitWindow()
 
     def apply(self, state: ReplicaState) -> None:
@@ -72,6 +73,7 @@ class ReplicaView:
         ):
             return
         self._entries[state.replica_id] = _Entry(state, now)
+        self._since_state[state.replica_id] = 0
 
     def mark_failed(self, replica_id: str) -> None:
         """A connection to it failed: not live until it reports again."""
@@ -81,6 +83,15 @@ class ReplicaView:
 
     def add_inflight(self, replica_id: str, tokens: int) -> None:
         self._inflight[replica_id] = max(0, self._inflight.get(replica_id, 0) + tokens)
+        if tokens > 0:
+            self._since_state[replica_id] = self._since_state.get(replica_id, 0) + tokens
+
+    def load_of(self, replica_id: str, reported: int) -> int:
+        """A replica's tokens in flight as this gateway best knows them: its last report (every gateway's
+        requests) plus what this gateway sent it since, or this gateway's own reservations if more. Its own
+        alone would show each of several gateways only its share, and each would fill an owner past the
+        spill threshold before spilling."""
+        return max(reported + self._since_state.get(replica_id, 0), self.inflight(replica_id))
 
     def inflight(self, replica_id: str) -> int:
         return self._inflight.get(replica_id, 0)
@@ -110,7 +121,7 @@ class ReplicaView:
                 ReplicaLoad(
                     replica_id=rid,
                     url=e.state.url,
-                    tokens_in_flight=max(e.state.tokens_in_flight, self.inflight(rid)),
+                    tokens_in_flight=self.load_of(rid, e.state.tokens_in_flight),
                     resident=frozenset(e.state.gpu_adapters) | frozenset(e.state.ram_adapters),
                     gpu=frozenset(e.state.gpu_adapters),
                     merged=e.state.merged_adapter_id,

@@ -112,3 +112,21 @@ def test_a_feed_outage_holds_every_replica_and_a_working_feed_ages_a_silent_one(
     view.feed.delivered()
     view.apply(state("replica-1"))
     assert [r.replica_id for r in view.live()] == ["replica-1"]
+
+
+def test_a_replicas_load_is_its_last_report_plus_what_this_gateway_sent_since() -> None:
+    """Two gateways share an owner. Each sees its own requests at once and the other's only through the
+    replica's reports: counting its own reservations alone, each would fill the owner to the spill
+    threshold by itself."""
+    view = ReplicaView(stale_s=3.0, clock=Clock())
+    view.apply(state("replica-0", tokens=20_000))  # the other gateway's requests, reported
+    view.add_inflight("replica-0", 9_000)
+    assert [r.tokens_in_flight for r in view.live()] == [29_000]
+    view.apply(state("replica-0", tokens=29_000))  # the next report counts this gateway's request in
+    assert next(r for r in view.live() if r.replica_id == "replica-0").tokens_in_flight == 29_000
+    view.add_inflight("replica-0", -9_000)  # done; the report still has it until the next one
+    view.apply(state("replica-0", tokens=20_000))
+    assert next(r for r in view.live() if r.replica_id == "replica-0").tokens_in_flight == 20_000
+    view.add_inflight("replica-0", 40_000)  # more than any report: its own reservations are the floor
+    view.apply(state("replica-0", tokens=1_000))
+    assert next(r for r in view.live() if r.replica_id == "replica-0").tokens_in_flight == 40_000
