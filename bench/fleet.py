@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import tempfile
 import time
 from dataclasses import asdict, replace
@@ -45,6 +46,7 @@ from loadtest.runner import LoadTestConfig, replay_trace, run_trace
 from loadtest.summary import summarise
 from lorafleet.config import PlatformSettings
 from sim import trace as traces
+from sim.report import percentile
 from sim.workload import Request, WorkloadConfig
 
 BRIEF_RATE = 40.0
@@ -95,6 +97,16 @@ async def _replay(
     return [rec for part in await asyncio.gather(*runs) for rec in part]
 
 
+async def _contents(client: httpx.AsyncClient, stack: FleetStack) -> list[tuple[str, dict[str, list[str]]]]:
+    """Each stand-in's id with its GPU slots and RAM now, for the simulator to start from."""
+    out = []
+    for i, url in enumerate(stack.standin_urls):
+        resp = await client.get(f"{url}/cache", timeout=10.0)
+        resp.raise_for_status()
+        out.append((stack.replica_id(i), resp.json()))
+    return out
+
+
 def _model_time(records: list[RequestRecord], slow: float) -> list[RequestRecord]:
     """Times in the stand-ins' model seconds."""
     return [
@@ -129,9 +141,11 @@ async def run_fleet(
             placed = await _placed(pool, cfg.replicas, 600.0)
             await asyncio.sleep(3 * cfg.state_interval_s)  # the gateways have the replicas' latest states
             pids = {name: p.proc.pid for name, p in stack.stack.procs.items() if p.proc is not None}
+            pids["bench-client"] = os.getpid()  # the load client (and the probes) run in this process
             database_url = stack.stack.platform.database_url
             database = database_url.rsplit("/", 1)[-1].split("?")[0]
             statements_before = await statements(database_url, database)
+            start = await _contents(scraper, stack)
             t0 = time.monotonic()
             sampler = asyncio.create_task(sample_loop(lag, pool, database, pids, t0, series, stop))
             closes = asyncio.create_task(window_lateness(scraper, stack.stats_url, STATS_WINDOW_S, stop))
@@ -158,13 +172,15 @@ async def run_fleet(
             await pool.close()
             await scraper.aclose()
     summary = summarise(_model_time(records, cfg.slow), rate, span or 1.0)
-    simulated = simulate_run(cfg, trace, STATS_WINDOW_S)
+    simulated = simulate_run(cfg, trace, STATS_WINDOW_S, start)
     found: dict[str, int] = {}  # the stand-ins' own count of the tiers they found, written as they stop
+    ttfts: list[float] = []  # and their own times to first token
     for path in (work / "standin-host.json", work / "standin-joiner.json"):
         with contextlib.suppress(OSError, ValueError):
             for row in json.loads(path.read_text()):
                 for tier, n in row["found"].items():
                     found[tier] = found.get(tier, 0) + n
+                ttfts.extend(row.get("ttft_s", ()))
     return {
         "benchmark": "fleet",
         "run": run,
@@ -175,10 +191,11 @@ async def run_fleet(
         "owner_placements_at_start": placed,
         "summary": summary,
         "standin_tiers": found,
+        "standin_ttft": _quantiles(ttfts),
         "simulator": {
             "agreement": agreement(summary, simulated),
-            "note": "the simulator on the same trace, sizes, routing and timing, in model seconds; it has no "
-            "join or kill",
+            "note": "the simulator on the same trace, sizes, routing and timing, in model seconds, from the "
+            "stand-ins' GPU and RAM contents when the replay began; it has no join or kill",
             "tier_share": simulated["tier_share"],
             "ttft": simulated["ttft"],
         },
@@ -195,6 +212,13 @@ async def run_fleet(
         **rates(series),
         "series": {"lag": series.lag, "postgres_transactions": series.xacts, "cpu_s": series.cpu},
     }
+
+
+def _quantiles(values: list[float]) -> dict[str, Any]:
+    """Model seconds from a request's arrival at its stand-in to its first token: what the model queued. The
+    client's TTFT beyond it was spent on the way (client, gateways, the shared CPU)."""
+    ordered = sorted(values)
+    return {"count": len(ordered), "p50_s": percentile(ordered, 50), "p95_s": percentile(ordered, 95)}
 
 
 def fleet(

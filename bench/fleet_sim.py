@@ -25,11 +25,17 @@ P95_REL = 0.20
 DEMAND_TTL_S = 300.0  # the placement worker's default LORAFLEET_PLACEMENT_DEMAND_TTL_S
 
 
-def simulate_run(cfg: FleetConfig, trace: list[Request], window_s: float) -> dict[str, Any]:
-    """The simulator's report for the run's configuration, in model seconds."""
+def simulate_run(
+    cfg: FleetConfig, trace: list[Request], window_s: float, start: list[tuple[str, dict[str, list[str]]]]
+) -> dict[str, Any]:
+    """The simulator's report for the run's configuration, in model seconds, from the fleet as it stood when
+    the replay began: start holds each stand-in's id and its GPU slots (least recently used first) and RAM.
+    The same ids give every adapter the same owners; the same contents, the same first loads."""
     model_trace = [replace(r, arrival_s=r.arrival_s / cfg.slow) for r in trace]
     sim_cfg = SimConfig(
         replicas=cfg.replicas,
+        replica_ids=tuple(rid for rid, _ in start),
+        initial=tuple((tuple(c["gpu"]), tuple(c["ram"])) for _, c in start),
         routing=cfg.routing,
         report_interval_s=cfg.state_interval_s / cfg.slow,
         sizes=CacheSizes(gpu_slots=cfg.gpu_slots),

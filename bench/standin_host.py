@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -68,12 +69,15 @@ class StreamSink:
     """A request's tokens as NDJSON lines on its chunked response (opened once the tier is known; the model
     sends nothing before its next step boundary, which comes after)."""
 
-    def __init__(self, done_line: bytes) -> None:
+    def __init__(self, done_line: bytes, first: Callable[[], None]) -> None:
         self.done_line = done_line
+        self.first = first  # called at the first token
         self.stream: Stream | None = None
 
     def token(self, index: int) -> None:
         assert self.stream is not None
+        if index == 0:
+            self.first()
         self.stream.write(_LINES[index % len(_LINES)])
 
     def done(self) -> None:
@@ -92,6 +96,7 @@ class HostedStandin:
         self.t0 = self.loop.time()
         self.model = ModeledReplica(replica_id, config.timing, config.sizes, self._schedule)
         self.owned: set[str] = set()
+        self.ttfts: list[float] = []  # model seconds from each request's arrival here to its first token
 
     def now(self) -> float:
         """Model seconds since the start."""
@@ -101,8 +106,9 @@ class HostedStandin:
         self.loop.call_at(self.t0 + t * self.config.slow, self.model.dispatch, kind, payload, t)
 
     def handle(self, req: Request, conn: Connection) -> None:
-        if req.method == "GET" and req.path == "/stats":  # what the fleet benchmark polls
-            conn.respond(200, {"content-type": "application/json"}, json.dumps(self.report()).encode())
+        if req.method == "GET" and req.path in ("/stats", "/cache"):  # what the fleet benchmark polls
+            answer = self.report() if req.path == "/stats" else self.model.contents()
+            conn.respond(200, {"content-type": "application/json"}, json.dumps(answer).encode())
             return
         body = accept(req, conn, self.expected, self.replica_id)
         if body is not None:
@@ -116,8 +122,9 @@ class HostedStandin:
         adapter_id = body.adapter_id or ""
         if not adapter_id:
             self.model.own("", "gpu", self.now())
-        sink = StreamSink(done)
-        tier = self.model.submit(adapter_id, prompt, n, self.now(), sink)
+        arrived = self.now()
+        sink = StreamSink(done, lambda: self.ttfts.append(self.now() - arrived))
+        tier = self.model.submit(adapter_id, prompt, n, arrived, sink)
         headers = {"content-type": "application/x-ndjson", "x-request-id": body.request_id or "standin"}
         if body.adapter_id is not None:
             headers |= {"x-adapter-id": body.adapter_id, "x-adapter-tier": tier}
@@ -155,7 +162,12 @@ class HostedStandin:
         )
 
     def report(self) -> dict[str, object]:
-        return {"replica_id": self.replica_id, "served": self.model.served, "found": dict(self.model.found)}
+        return {
+            "replica_id": self.replica_id,
+            "served": self.model.served,
+            "found": dict(self.model.found),
+            "ttft_s": [round(t, 4) for t in self.ttfts],
+        }
 
 
 async def _run_one(

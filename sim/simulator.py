@@ -55,6 +55,8 @@ class SimConfig:
     host_contention: float | None = None
     # per replica (in order): (GPU adapters, least recently used first; RAM adapters) at the start
     initial: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = ()
+    # the replicas' ids, which decide each adapter's owners (rendezvous); default replica-000, -001, ...
+    replica_ids: tuple[str, ...] = ()
     probe_window_s: float = 60.0  # sim.probe's window for active sets and GPU copies
     # the cost router's prices (the gateway's LORAFLEET_GATEWAY_DRAIN_TOKENS_PER_S and _SLOT_COST_S)
     drain_tokens_per_s: float = RouterPolicy.drain_tokens_per_s
@@ -98,7 +100,9 @@ class Simulation:
         self.events: list[tuple[float, int, int, object]] = []
         self.seq = 0
         self.done: list[SimRequest] = []
-        ids = [f"replica-{i:03d}" for i in range(cfg.replicas)]
+        ids = list(cfg.replica_ids) or [f"replica-{i:03d}" for i in range(cfg.replicas)]
+        if len(ids) != cfg.replicas or len(set(ids)) != len(ids):
+            raise ValueError(f"replica_ids must be {cfg.replicas} distinct ids")
         self.replicas = {
             rid: SimReplica(rid, timing, cfg.sizes, self._schedule, self._complete, cfg.seed) for rid in ids
         }
