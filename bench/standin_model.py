@@ -38,6 +38,7 @@ class ModeledReplica:
         self.replica_id = replica_id
         self.sim = SimReplica(replica_id, timing, sizes, schedule, self._complete)
         self.sinks: dict[int, tuple[Sink, int]] = {}  # request id -> its sink and tokens sent so far
+        self.requests: dict[int, SimRequest] = {}  # request id -> the request, until it completes
         self.ids = itertools.count()
         self.found: dict[str, int] = {}  # tier -> requests that found their adapter there
         self.served = 0
@@ -50,16 +51,19 @@ class ModeledReplica:
         req = Request(next(self.ids), now, adapter_id, prompt_tokens, max(output_tokens, 1))
         sr = SimRequest(req)
         self.sinks[req.request_id] = (sink, 0)
+        self.requests[req.request_id] = sr
         self.sim.arrive(sr, now)
         tier = cast(Tier, sr.found_in)
         self.found[tier] = self.found.get(tier, 0) + 1
         return tier
 
     def cancel(self, sink: Sink) -> None:
-        """The caller went away: its request runs on in the model (a batch row) but sends nothing."""
+        """The caller went away: as a replica does, the request leaves the queue or frees its batch row at
+        the next step boundary, and sends nothing more."""
         for key, (s, sent) in list(self.sinks.items()):
             if s is sink:
                 self.sinks[key] = (_DROPPED, sent)
+                self.sim.cancel(self.requests[key])
 
     def dispatch(self, kind: int, payload: object, now: float) -> None:
         """One event the schedule fired, at model time now."""
@@ -81,6 +85,9 @@ class ModeledReplica:
 
     def _complete(self, sr: SimRequest) -> None:
         sink, _ = self.sinks.pop(sr.req.request_id)
+        del self.requests[sr.req.request_id]
+        if sr.cancelled:
+            return
         self.served += 1
         sink.done()
 

@@ -39,6 +39,7 @@ class SimRequest:
     first_token_s: float = -1.0
     finish_s: float = -1.0
     finish_step: int = 0
+    cancelled: bool = False  # its caller went away (the calibrated stand-in; the simulator never cancels)
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,15 @@ class SimReplica:
             return "ram"
         return "disk" if adapter_id in self.disk else "remote"
 
+    def cancel(self, sr: SimRequest) -> None:
+        """Its caller went away, and a replica frees the row of a request whose connection closed: a queued
+        one never runs (dropped when it would be admitted); a running one ends at the next step boundary."""
+        sr.cancelled = True
+        if any(entry[2] is sr for entry in self.finishing):
+            sr.finish_step = self.step_no
+            self.finishing[:] = [(e[2].finish_step, e[1], e[2]) for e in self.finishing]
+            heapq.heapify(self.finishing)
+
     def arrive(self, sr: SimRequest, now: float) -> None:
         aid = sr.req.adapter_id
         sr.replica_id = self.replica_id
@@ -255,7 +265,13 @@ class SimReplica:
         admitted: list[SimRequest] = []
         room = self.timing.max_batch - len(finishing)
         while self.ready and room > 0:
-            admitted.append(self.ready.popleft())
+            sr = self.ready.popleft()
+            if sr.cancelled:  # never admitted: its pin goes, and it ends with nothing sent
+                self.slots.unpin(sr.req.adapter_id, now)
+                sr.finish_s = now
+                self.on_complete(sr)
+                continue
+            admitted.append(sr)
             room -= 1
         if not finishing and not admitted:
             self.busy = False

@@ -126,3 +126,28 @@ def test_in_flight_tokens_and_queue_are_reported_while_requests_run() -> None:
     d.clock[0] = t
     d.replica.dispatch(kind, payload, t)
     assert d.replica.tokens_in_flight() == 41
+
+
+def test_a_request_whose_caller_went_away_frees_its_place_as_on_a_replica() -> None:
+    """A gateway that gives up on a first token closes the connection and tries elsewhere. A replica then
+    frees the request's row; a stand-in that ran it on would serve every retried request twice."""
+    d = Driver()
+    d.replica.own("a", "gpu", 0.0)
+    d.run()
+    _, running = d.submit("a", prompt=40, output=50)
+    _, queued = d.submit("a", prompt=40, output=50)
+    d.replica.cancel(queued)  # before any step: it never runs
+    t, _, kind, payload = heapq.heappop(d.events)
+    d.clock[0] = t
+    d.replica.dispatch(kind, payload, t)  # the running one is admitted
+    assert len(d.replica.sim.finishing) == 1 and d.replica.tokens_in_flight() == 40
+    for _ in range(3):
+        t, _, kind, payload = heapq.heappop(d.events)
+        d.clock[0] = t
+        d.replica.dispatch(kind, payload, t)
+    assert [i for i, _ in running.tokens] == [0, 1, 2]
+    d.replica.cancel(running)
+    d.run()
+    assert len(running.tokens) <= 4 and running.finished_at is None and queued.tokens == []
+    assert d.replica.tokens_in_flight() == 0 and not d.replica.sim.rows and d.replica.served == 0
+    assert all(e.ref_count == 0 for e in d.replica.sim.slots.entries())
