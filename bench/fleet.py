@@ -128,8 +128,11 @@ async def run_fleet(
     join_at: float,
     kill_at: float,
     quiet_s: float = 5.0,
+    warmup_s: float = 0.0,
 ) -> dict[str, Any]:
-    """Bring the stack up, wait for the first plan, replay the trace with a join and a kill; the report."""
+    """Bring the stack up, wait for the first plan, replay the trace with a join and a kill; the report. The
+    requests of the first warmup_s (wall seconds of the replay) run but are left out of the summary and the
+    simulator's report: the fleet's caches start from registration, not from traffic."""
     async with fleet_stack(platform, work, cfg) as stack:
         pool = await asyncpg.create_pool(stack.stack.platform.database_url, min_size=1, max_size=3)
         lag = LagProbe(platform, groups(stack.run, [stack.replica_id(i) for i in range(cfg.replicas)]))
@@ -171,8 +174,9 @@ async def run_fleet(
             await lag.stop()
             await pool.close()
             await scraper.aclose()
-    summary = summarise(_model_time(records, cfg.slow), rate, span or 1.0)
-    simulated = simulate_run(cfg, trace, STATS_WINDOW_S, start)
+    counted = [r for r in records if r.arrival_s >= warmup_s]
+    summary = summarise(_model_time(counted, cfg.slow), rate, max(span - warmup_s, 1.0))
+    simulated = simulate_run(cfg, trace, STATS_WINDOW_S, start, warmup_s)
     found: dict[str, int] = {}  # the stand-ins' own count of the tiers they found, written as they stop
     ttfts: list[float] = []  # and their own times to first token
     for path in (work / "standin-host.json", work / "standin-joiner.json"):
@@ -184,7 +188,12 @@ async def run_fleet(
     return {
         "benchmark": "fleet",
         "run": run,
-        "config": {**asdict(cfg), "calibration": [str(p) for p in cfg.calibration], "rate": rate},
+        "config": {
+            **asdict(cfg),
+            "calibration": [str(p) for p in cfg.calibration],
+            "rate": rate,
+            "warmup_s": warmup_s,
+        },
         "time_note": f"the stand-ins' clock runs {cfg.slow:g}x slower than the wall; TTFT and TPOT are model "
         f"seconds (wall / {cfg.slow:g}), so the fleet sees {rate * cfg.slow:g} req/s of the brief's load",
         "registration": registration,
@@ -243,6 +252,9 @@ def fleet(
     calibration: Annotated[list[Path] | None, typer.Option(help="timing calibration files")] = None,
     join_at: Annotated[float, typer.Option(help="share of the run when a replica joins (0: none)")] = 0.4,
     kill_at: Annotated[float, typer.Option(help="share of the run when it is killed (0: never)")] = 0.7,
+    warmup: Annotated[
+        float, typer.Option(help="replay seconds served but left out of the figures (within --duration)")
+    ] = 0.0,
 ) -> None:
     """Replay a trace on a fleet of calibrated stand-ins behind two real gateways: JSON and HTML."""
     from bench._util import emit
@@ -263,7 +275,7 @@ def fleet(
     replay = traces.ReplayConfig(rate, duration, offset, adapters, zipf, 0, seed)
     trace, info = replay_trace(trace_path, replay, models)
     work = Path(tempfile.mkdtemp(prefix="lorafleet-fleet-"))
-    result = asyncio.run(run_fleet(get_settings(), work, cfg, trace, rate, join_at, kill_at))
+    result = asyncio.run(run_fleet(get_settings(), work, cfg, trace, rate, join_at, kill_at, warmup_s=warmup))
     result["trace"] = {"path": str(trace_path), "zipf": zipf, "seed": seed, **info}
     result["logs"] = str(work)
     out.mkdir(parents=True, exist_ok=True)

@@ -26,11 +26,16 @@ DEMAND_TTL_S = 300.0  # the placement worker's default LORAFLEET_PLACEMENT_DEMAN
 
 
 def simulate_run(
-    cfg: FleetConfig, trace: list[Request], window_s: float, start: list[tuple[str, dict[str, list[str]]]]
+    cfg: FleetConfig,
+    trace: list[Request],
+    window_s: float,
+    start: list[tuple[str, dict[str, list[str]]]],
+    warmup_s: float = 0.0,
 ) -> dict[str, Any]:
     """The simulator's report for the run's configuration, in model seconds, from the fleet as it stood when
     the replay began: start holds each stand-in's id and its GPU slots (least recently used first) and RAM.
-    The same ids give every adapter the same owners; the same contents, the same first loads."""
+    The same ids give every adapter the same owners; the same contents, the same first loads. Requests of the
+    first warmup_s (wall seconds) are left out, as in the run."""
     model_trace = [replace(r, arrival_s=r.arrival_s / cfg.slow) for r in trace]
     sim_cfg = SimConfig(
         replicas=cfg.replicas,
@@ -39,7 +44,7 @@ def simulate_run(
         routing=cfg.routing,
         report_interval_s=cfg.state_interval_s / cfg.slow,
         sizes=CacheSizes(gpu_slots=cfg.gpu_slots),
-        warmup_s=0.0,
+        warmup_s=warmup_s / cfg.slow,
         replan_s=window_s / cfg.slow,
         demand_ttl_s=DEMAND_TTL_S / cfg.slow,
     )
