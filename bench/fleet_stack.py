@@ -123,8 +123,10 @@ def _env(cfg: FleetConfig, run: str, work: Path, redis_url: str, ports: dict[str
         "LORAFLEET_GATEWAY_VALIDATOR_METRICS_PORT": "0",
         "LORAFLEET_REDIS_URL": redis_url,
         "LORAFLEET_GATEWAY_ROUTING_MODE": cfg.routing,
-        # the gateway's wait for a first token is wall time: the stand-ins' slowed clock stretches it too
+        # the gateway's waits for a first token and between tokens are wall time: the stand-ins' slowed clock
+        # stretches them too
         "LORAFLEET_GATEWAY_FIRST_TOKEN_TIMEOUT_S": str(10.0 * cfg.slow),
+        "LORAFLEET_GATEWAY_STALL_TIMEOUT_S": str(10.0 * cfg.slow),
         "LORAFLEET_PLACEMENT_GROUP_ID": f"placement-{run}",
         "LORAFLEET_PLACEMENT_METRICS_PORT": "0",
         "LORAFLEET_RELAY_METRICS_PORT": "0",
