@@ -108,24 +108,24 @@ async def _keep_caches_fresh(online: Online, settings: GatewaySettings) -> list[
     tasks = []
     refreshes = online.metrics.cache_refreshes
     aliases = online.aliases
-    period = min(settings.alias_cache_refresh_s, settings.alias_cache_ttl_s / 2)
-    if period > 0:
+    alias_period = min(settings.alias_cache_refresh_s, settings.alias_cache_ttl_s / 2)
+    if alias_period > 0:
         limit = settings.alias_cache_bulk_max
         with contextlib.suppress(*REFRESH_FAILED):
             await aliases.refresh_all(limit, timeout_s=10.0)  # else the loop below tries again
         loop = keep_fresh(
             "aliases",
-            period,
-            lambda: aliases.refresh_all(limit, timeout_s=period),
+            alias_period,
+            lambda: aliases.refresh_all(limit, timeout_s=alias_period),
             lambda outcome: refreshes.labels("aliases", outcome).inc(),
         )
         tasks.append(asyncio.create_task(loop, name="aliases-fresh"))
-    if settings.key_cache_ttl_s > 0:
-        period = settings.key_cache_ttl_s / 2
+    key_period = settings.key_cache_ttl_s / 2
+    if key_period > 0:
         loop = keep_fresh(
             "API keys",
-            period,
-            lambda: online.auth.refresh_known(timeout_s=period),
+            key_period,
+            lambda: online.auth.refresh_known(timeout_s=key_period),
             lambda outcome: refreshes.labels("keys", outcome).inc(),
         )
         tasks.append(asyncio.create_task(loop, name="keys-fresh"))
