@@ -43,10 +43,9 @@ from bench.fleet_stack import (
 )
 from loadtest.client import RequestRecord
 from loadtest.runner import LoadTestConfig, replay_trace, run_trace
-from loadtest.summary import summarise
+from loadtest.summary import pcts, summarise
 from lorafleet.config import PlatformSettings
 from sim import trace as traces
-from sim.report import percentile
 from sim.workload import Request, WorkloadConfig
 
 BRIEF_RATE = 40.0
@@ -200,7 +199,8 @@ async def run_fleet(
         "owner_placements_at_start": placed,
         "summary": summary,
         "standin_tiers": found,
-        "standin_ttft": _quantiles(ttfts),
+        # arrival at a stand-in to its first token, model seconds: the model's queue and loads alone
+        "standin_ttft": {"count": len(ttfts), **pcts(ttfts)},
         "simulator": {
             "agreement": agreement(summary, simulated),
             "note": "the simulator on the same trace, sizes, routing and timing, in model seconds, from the "
@@ -221,13 +221,6 @@ async def run_fleet(
         **rates(series),
         "series": {"lag": series.lag, "postgres_transactions": series.xacts, "cpu_s": series.cpu},
     }
-
-
-def _quantiles(values: list[float]) -> dict[str, Any]:
-    """Model seconds from a request's arrival at its stand-in to its first token: what the model queued. The
-    client's TTFT beyond it was spent on the way (client, gateways, the shared CPU)."""
-    ordered = sorted(values)
-    return {"count": len(ordered), "p50_s": percentile(ordered, 50), "p95_s": percentile(ordered, 95)}
 
 
 def fleet(

@@ -11,7 +11,7 @@ from loadtest.runner import tenant_of
 from sim.report import TIERS, percentile, tenant_p95
 
 
-def _pcts(values: list[float]) -> dict[str, float | None]:
+def pcts(values: list[float]) -> dict[str, float | None]:
     ordered = sorted(values)
     return {f"p{q}_s": (None if (v := percentile(ordered, q)) is None else round(v, 4)) for q in (50, 95)}
 
@@ -27,9 +27,9 @@ def summarise(records: list[RequestRecord], rate: float, duration_s: float) -> d
         "ok": len(ok),
         "statuses": {str(k): v for k, v in sorted(Counter(r.status for r in records).items())},
         "errors": dict(Counter(r.error for r in records if r.error)),
-        "ttft": _pcts([r.ttft_s for r in ok]),
-        "ttft_by_tier": {t: _pcts([r.ttft_s for r in ok if r.tier == t]) for t in TIERS if tiers[t]},
-        "tpot": _pcts([r.tpot_s for r in ok if r.tpot_s >= 0]),
+        "ttft": pcts([r.ttft_s for r in ok]),
+        "ttft_by_tier": {t: pcts([r.ttft_s for r in ok if r.tier == t]) for t in TIERS if tiers[t]},
+        "tpot": pcts([r.tpot_s for r in ok if r.tpot_s >= 0]),
         "ttft_by_tenant": tenant_p95((tenant_of(r.model), r.ttft_s) for r in ok),
         "tier_share": {t: round(tiers[t] / n, 4) for t in TIERS},
         "gpu_hit_rate": round(tiers["gpu"] / n, 4) if ok else None,
