@@ -1,12 +1,18 @@
-"""How long a Kafka feed of heartbeats has been known to deliver, so that its own outage ages nothing.
+"""How long a Kafka feed of heartbeats has been known to deliver, so that neither its outage nor its reader's
+backlog ages anything.
 
 A follower of replica.state judges a replica by when its last report arrived. While the broker is down no
 report arrives from anyone, and by that rule every replica would go stale together: the gateway would
 refuse every chat and the placement worker would replan an empty fleet, although the replicas are serving.
-So ages count up to the last moment the feed was known to work: a poll that returned records, or, when a
-poll returned none, the broker answering a cheap request (the partitions' end offsets). While the feed is
-down the ages stand still; a replica that died meanwhile is found by the data path (a failed connection
-marks it failed), and once the feed is back every silent replica ages again.
+The same happens when the follower falls behind its topic: a report waiting unread is as good as lost, and
+a worker busy with a burst of other events would drop replicas that report on time, replan, and fall
+further behind.
+
+So ages count up to the last moment the feed is known to have been read to its end: the follower asks the
+broker for the partitions' end offsets, and once its own position has passed them, every report sent
+before it asked has been applied. While the broker does not answer, or the follower has not read that far,
+ages stand still; a replica that died meanwhile is found by the data path (a failed connection marks it
+failed), and once the follower has caught up every silent replica ages again.
 """
 
 from __future__ import annotations
@@ -14,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
 log = logging.getLogger(__name__)
@@ -36,14 +42,17 @@ class FeedWatch:
         self.probe_timeout_s = probe_timeout_s
         self.clock = clock
         self.ok_at: float | None = None
+        # (when the end offsets were asked, the offsets): delivered once the consumer's position passes them
+        self._target: tuple[float, dict[TopicPartition, int]] | None = None
         self._down_logged = False
+        self._behind_logged = False
 
-    def delivered(self) -> None:
-        """The feed works now."""
+    def delivered(self, at: float | None = None) -> None:
+        """Every report sent before `at` (default: now) has been applied."""
         if self._down_logged:
             log.info("the replica.state feed delivers again")
             self._down_logged = False
-        self.ok_at = self.clock()
+        self.ok_at = self.clock() if at is None else max(at, self.ok_at or at)
 
     def now(self) -> float:
         """The clock while the feed works; frozen at its last delivery (plus the allowance) while it is down.
@@ -57,20 +66,41 @@ class FeedWatch:
         """Seconds since the feed was last known to work beyond the allowance (0 while it works)."""
         return 0.0 if self.ok_at is None else max(0.0, self.clock() - self.ok_at - self.allowance_s)
 
-    async def after_poll(self, consumer: AIOKafkaConsumer, got_records: bool) -> None:
-        """Call after every poll: records prove the feed works; an empty poll asks the broker, at most once
-        per allowance_s, for the end offsets of the consumer's partitions."""
-        if got_records:
-            self.delivered()
-            return
-        if self.ok_at is not None and self.clock() - self.ok_at < self.allowance_s / 2:
-            return
-        parts = list(consumer.assignment())
+    async def after_batch(self, consumer: AIOKafkaConsumer, parts: Collection[TopicPartition]) -> None:
+        """Call after every poll, once its records are applied. Asks the broker for the end offsets of parts
+        at most once per allowance_s/2; the moment it asked counts as delivered once the consumer's position
+        has passed them, on this poll or a later one. Records alone prove nothing: a consumer behind its topic
+        has not seen the newest reports."""
         try:
-            await asyncio.wait_for(consumer.end_offsets(parts), self.probe_timeout_s)
+            if self._target is not None and not await self._reached(consumer):
+                return
+            if self.ok_at is not None and self.clock() - self.ok_at < self.allowance_s / 2:
+                return
+            asked = self.clock()
+            ends = await asyncio.wait_for(consumer.end_offsets(list(parts)), self.probe_timeout_s)
         except (KafkaError, OSError, TimeoutError) as exc:
+            self._target = None  # asked again on the next poll
             if not self._down_logged and self.down_for() > 0:
                 log.warning("the replica.state feed does not answer (%r): replica ages are held", exc)
                 self._down_logged = True
             return
-        self.delivered()
+        self._target = (asked, ends)
+        await self._reached(consumer)
+
+    async def _reached(self, consumer: AIOKafkaConsumer) -> bool:
+        assert self._target is not None
+        asked, ends = self._target
+        unread = 0
+        for tp, end in ends.items():
+            unread += max(0, end - await consumer.position(tp))
+        if unread:
+            if not self._behind_logged and self.down_for() > 0:
+                log.warning("%d replica.state reports are not read yet: replica ages are held", unread)
+                self._behind_logged = True
+            return False
+        if self._behind_logged:
+            log.info("the replica.state feed is read to its end again")
+            self._behind_logged = False
+        self._target = None
+        self.delivered(asked)
+        return True

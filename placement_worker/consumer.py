@@ -167,6 +167,8 @@ class PlacementWorker:
         once a second, unload spill copies that went idle."""
         changes = await self._expire_spills()
         await self._merging.tick(self._pool)
+        if self.feed.ok_at is None:  # replica.state not yet read to its end: the fleet is not known yet
+            return changes
         beats = await store.heartbeats(self._pool, self._s.replica_id_prefix)
         now_members = members(beats, self.feed.now(), self._s.membership_ttl_s)
         slots = {b.replica_id: b.gpu_slots for b in beats if b.replica_id in now_members}

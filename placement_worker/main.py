@@ -71,7 +71,6 @@ async def run_worker(
         next_tick = time.monotonic() + settings.tick_s
         while not stop.is_set():
             batch = await consumer.getmany(timeout_ms=int(settings.tick_s * 1000), max_records=500)
-            await worker.feed.after_poll(consumer, bool(batch))
             for tp, records in batch.items():
                 for record in records:
                     event = await letters.parse(tp.topic, tp.partition, record.offset, record.value)
@@ -87,6 +86,8 @@ async def run_worker(
                     outcome = "handled" if handled else "dead_lettered"
                     metrics.EVENTS_HANDLED.labels("placement-worker", tp.topic, outcome).inc()
                 await consumer.commit({tp: records[-1].offset + 1})
+            states = [tp for tp in consumer.assignment() if tp.topic == topics.REPLICA_STATE.name]
+            await worker.feed.after_batch(consumer, states)
             if time.monotonic() >= next_tick:
                 await worker.tick()
                 next_tick = time.monotonic() + settings.tick_s

@@ -44,6 +44,7 @@ async def test_a_window_the_stream_stored_first_still_raises_the_owner_count(poo
         replica_id_prefix=prefix, tick_s=0.01, membership_ttl_s=600, demand_ttl_s=TTL_S, decay_check_s=0.05
     )
     worker = PlacementWorker(pool, settings)
+    worker.feed.delivered()  # no consumer here: the heartbeats above are the whole feed
     await worker.tick()  # the first look plans the fleet: the default two owners
     assert len(await _owners(pool, adapter)) == settings.default_owners
 

@@ -1,12 +1,16 @@
-"""FeedWatch: ages run with the clock while the feed delivers, and stand still while it does not."""
+"""FeedWatch: ages run with the clock while the feed is read to its end, and stand still while the broker
+does not answer or the reader is behind it."""
 
 from __future__ import annotations
 
 import asyncio
 
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError
 
 from lorafleet.feed import FeedWatch
+
+PART = TopicPartition("replica.state", 0)
 
 
 class Clock:
@@ -18,22 +22,23 @@ class Clock:
 
 
 class Consumer:
-    """end_offsets answers, fails or hangs, as a broker that is up, refusing or blackholed."""
+    """A reader at `read` of a partition whose end is `end`; end_offsets answers, fails or hangs, as a
+    broker that is up, refusing or blackholed."""
 
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
+    def __init__(self, mode: str = "up", end: int = 0, read: int = 0) -> None:
+        self.mode, self.end, self.read = mode, end, read
         self.asked = 0
 
-    def assignment(self) -> set:
-        return set()
-
-    async def end_offsets(self, _parts: list) -> dict:
+    async def end_offsets(self, parts: list) -> dict:
         self.asked += 1
         if self.mode == "refused":
             raise KafkaConnectionError("connection refused")
         if self.mode == "blackholed":
             await asyncio.sleep(60)
-        return {}
+        return dict.fromkeys(parts, self.end)
+
+    async def position(self, _part: TopicPartition) -> int:
+        return self.read
 
 
 def test_ages_follow_the_clock_until_the_feed_stops_delivering() -> None:
@@ -49,19 +54,44 @@ def test_ages_follow_the_clock_until_the_feed_stops_delivering() -> None:
     assert watch.now() == 160.0 and watch.down_for() == 0.0
 
 
-async def test_an_empty_poll_asks_the_broker_and_only_its_answer_counts() -> None:
+async def test_only_the_brokers_answer_counts_and_not_more_than_twice_an_allowance() -> None:
     clock = Clock()
     watch = FeedWatch(allowance_s=1.0, probe_timeout_s=0.05, clock=clock)
-    await watch.after_poll(Consumer("up"), got_records=True)  # type: ignore[arg-type]
+    await watch.after_batch(Consumer(), [PART])  # type: ignore[arg-type]
     assert watch.ok_at == 100.0
     for mode in ("refused", "blackholed"):
         clock.now += 5.0
         consumer = Consumer(mode)
-        await watch.after_poll(consumer, got_records=False)  # type: ignore[arg-type]
+        await watch.after_batch(consumer, [PART])  # type: ignore[arg-type]
         assert consumer.asked == 1 and watch.ok_at == 100.0, mode
     clock.now += 5.0
-    up = Consumer("up")
-    await watch.after_poll(up, got_records=False)  # type: ignore[arg-type]
+    up = Consumer()
+    await watch.after_batch(up, [PART])  # type: ignore[arg-type]
     assert watch.ok_at == clock.now
-    await watch.after_poll(up, got_records=False)  # type: ignore[arg-type]
+    await watch.after_batch(up, [PART])  # type: ignore[arg-type]
     assert up.asked == 1  # confirmed just now: no second request
+
+
+async def test_a_reader_behind_its_topic_holds_the_ages_until_it_passes_the_end_it_was_told() -> None:
+    clock = Clock()
+    watch = FeedWatch(allowance_s=1.0, clock=clock)
+    watch.delivered()
+    reader = Consumer(end=1_000, read=200)  # a burst of other events kept it busy
+    clock.now = 105.0
+    await watch.after_batch(reader, [PART])  # type: ignore[arg-type]
+    assert watch.ok_at == 100.0 and watch.now() == 101.0  # 800 reports unread: nobody ages
+    for read in (500, 999):
+        clock.now += 5.0
+        reader.read = read
+        await watch.after_batch(reader, [PART])  # type: ignore[arg-type]
+        assert watch.now() == 101.0 and reader.asked == 1  # still reading toward the same end
+    # more reports arrived meanwhile: only the end it was told counts, so a busy topic is never out of reach
+    reader.read, reader.end = 1_000, 1_300
+    clock.now = 130.0
+    await watch.after_batch(reader, [PART])  # type: ignore[arg-type]
+    assert watch.ok_at == 105.0  # every report sent before it asked has been applied
+    assert reader.asked == 2  # and it asks again, for the end as it is now
+    reader.read = 1_300
+    clock.now = 130.2
+    await watch.after_batch(reader, [PART])  # type: ignore[arg-type]
+    assert watch.ok_at == 130.0 and watch.now() == 130.2

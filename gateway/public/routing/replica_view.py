@@ -154,7 +154,6 @@ async def consume_states(
         ready.set()
         while True:
             batch = await consumer.getmany(timeout_ms=POLL_MS)
-            await view.feed.after_poll(consumer, bool(batch))
             for msg in (m for records in batch.values() for m in records):
                 event = await letters.parse_following(msg.topic, msg.partition, msg.offset, msg.value)
                 if event is None:
@@ -167,5 +166,6 @@ async def consume_states(
                 ):
                     continue
                 view.apply(event)
+            await view.feed.after_batch(consumer, parts)
     finally:
         await consumer.stop()
