@@ -44,6 +44,7 @@ class FeedWatch:
         self.ok_at: float | None = None
         # (when the end offsets were asked, the offsets): delivered once the consumer's position passes them
         self._target: tuple[float, dict[TopicPartition, int]] | None = None
+        self._rechecked_at = 0.0
         self._down_logged = False
         self._behind_logged = False
 
@@ -73,6 +74,7 @@ class FeedWatch:
         has not seen the newest reports."""
         try:
             if self._target is not None and not await self._reached(consumer):
+                await self._lower_target(consumer, parts)
                 return
             if self.ok_at is not None and self.clock() - self.ok_at < self.allowance_s / 2:
                 return
@@ -84,7 +86,19 @@ class FeedWatch:
                 log.warning("the replica.state feed does not answer (%r): replica ages are held", exc)
                 self._down_logged = True
             return
-        self._target = (asked, ends)
+        self._target, self._rechecked_at = (asked, ends), asked
+        await self._reached(consumer)
+
+    async def _lower_target(self, consumer: AIOKafkaConsumer, parts: Collection[TopicPartition]) -> None:
+        """A log truncated under the reader (a broker restored without its data) can end below the offsets it
+        was told. Every 10 allowances it asks again, and waits only for the records that still exist."""
+        if self.clock() - self._rechecked_at < 10 * self.allowance_s:
+            return
+        assert self._target is not None
+        self._rechecked_at = self.clock()
+        now = await asyncio.wait_for(consumer.end_offsets(list(parts)), self.probe_timeout_s)
+        asked, ends = self._target
+        self._target = (asked, {tp: min(end, now.get(tp, end)) for tp, end in ends.items()})
         await self._reached(consumer)
 
     async def _reached(self, consumer: AIOKafkaConsumer) -> bool:
@@ -94,7 +108,7 @@ class FeedWatch:
         for tp, end in ends.items():
             unread += max(0, end - await consumer.position(tp))
         if unread:
-            if not self._behind_logged and self.down_for() > 0:
+            if not self._behind_logged and self.down_for() > 10 * self.allowance_s:  # not a busy second
                 log.warning("%d replica.state reports are not read yet: replica ages are held", unread)
                 self._behind_logged = True
             return False

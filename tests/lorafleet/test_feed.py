@@ -81,7 +81,7 @@ async def test_a_reader_behind_its_topic_holds_the_ages_until_it_passes_the_end_
     await watch.after_batch(reader, [PART])  # type: ignore[arg-type]
     assert watch.ok_at == 100.0 and watch.now() == 101.0  # 800 reports unread: nobody ages
     for read in (500, 999):
-        clock.now += 5.0
+        clock.now += 4.0
         reader.read = read
         await watch.after_batch(reader, [PART])  # type: ignore[arg-type]
         assert watch.now() == 101.0 and reader.asked == 1  # still reading toward the same end
@@ -95,3 +95,19 @@ async def test_a_reader_behind_its_topic_holds_the_ages_until_it_passes_the_end_
     clock.now = 130.2
     await watch.after_batch(reader, [PART])  # type: ignore[arg-type]
     assert watch.ok_at == 130.0 and watch.now() == 130.2
+
+
+async def test_a_log_truncated_under_the_reader_is_waited_for_only_as_far_as_it_still_goes() -> None:
+    clock = Clock()
+    watch = FeedWatch(allowance_s=1.0, clock=clock)
+    reader = Consumer(end=1_000, read=200)
+    await watch.after_batch(reader, [PART])  # type: ignore[arg-type]
+    reader.end, reader.read = 300, 300  # the broker came back without its data; the reader reset to its end
+    clock.now = 105.0
+    await watch.after_batch(reader, [PART])  # type: ignore[arg-type]
+    assert watch.ok_at is None and reader.asked == 1  # not asked again before 10 allowances
+    clock.now = 110.0
+    await watch.after_batch(reader, [PART])  # type: ignore[arg-type]
+    assert watch.ok_at == 100.0 and reader.asked == 2  # asked again: what still exists has been read
+    await watch.after_batch(reader, [PART])  # type: ignore[arg-type]
+    assert watch.ok_at == 110.0 and reader.asked == 3
