@@ -35,6 +35,14 @@ async def _probe(client: httpx.AsyncClient, stack: FleetStack, n: int, rank: int
         await client.post(url, json={**body, "max_tokens": 1}, headers=headers, timeout=30.0)
 
 
+async def _routing(client: httpx.AsyncClient, gateway: str) -> set[str]:
+    """The replicas a gateway routes to now (its GET /ready)."""
+    try:
+        return set((await client.get(f"{gateway}/ready", timeout=2.0)).json()["replicas"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return set()
+
+
 async def _settle(
     pool: asyncpg.Pool, before: Owners, t0: float, quiet_s: float, timeout_s: float
 ) -> tuple[Owners, float | None]:
@@ -99,12 +107,29 @@ async def join(stack: FleetStack, pool: asyncpg.Pool, quiet_s: float, timeout_s:
                     return
                 await asyncio.sleep(0.1)
 
-        routing = asyncio.create_task(first_served())
+        async def routable() -> None:
+            """Poll every gateway's routing set until each lists the newcomer."""
+            nonlocal routable_s
+            while time.monotonic() - t0 < timeout_s:
+                seen = [new in await _routing(client, g) for g in stack.gateways]
+                if all(seen):
+                    routable_s = time.monotonic() - t0
+                    return
+                await asyncio.sleep(0.1)
+
+        routable_s: float | None = None
+        routing = asyncio.gather(first_served(), routable())
         after, settle_s = await _settle(pool, before, t0, quiet_s, timeout_s)
         await routing
     out = _outcome(before, after, stack.cfg.replicas + 1, settle_s)
     out["placed_on_new"] = sum(1 for _, rid in after if rid == new)
     out["serving_s"] = None if ready_s is None else round(ready_s, 3)
+    out["routable_s"] = None if routable_s is None else round(routable_s, 3)
+    # every gateway routes to it (its GET /ready) this long after it answered its health check: the
+    # registration read and its first replica.state (the goal: two state periods)
+    out["routable_after_serving_s"] = (
+        None if routable_s is None or ready_s is None else round(routable_s - ready_s, 3)
+    )
     out["first_probe_routed_s"] = None if routed_s is None else round(routed_s, 3)
     out["first_placed_s"] = None if placed_s is None else round(placed_s, 3)
     out["routing_settled_after_serving_s"] = (

@@ -205,6 +205,7 @@ def build_public_app(config: GatewayConfig) -> FastAPI:
             ),
         )
         app.state.online = online
+        metrics.replicas_routable.set_function(lambda: len(online.view.live()))
         registry = ReplicaRegistry(pool, settings.replica_id_prefix)
         await registry.refresh()
         tasks = await _start_consumers(online, config, registry, pool)

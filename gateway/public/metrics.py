@@ -81,6 +81,12 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.dead_letters = dead_letter_counter(self.registry)
+        self.replicas_routable = Gauge(
+            "gateway_replicas_routable",
+            "Replicas this gateway routes to: registered, ready, reported within the staleness bound, and not"
+            " failed since their last report.",
+            registry=self.registry,
+        )
         self.rate_limit_fallback = Gauge(
             "gateway_rate_limit_fallback",
             "1 while this gateway admits from its local share of each limit (Redis unreachable or off).",

@@ -58,6 +58,9 @@ def test_small_fleet_serves_the_trace_and_a_joining_replica_moves_its_share(
     assert join["placements_settled_s"] is not None, join
     assert join["routing_settled_after_placement_s"] is not None, join
     assert join["routing_settled_after_placement_s"] <= 2 * STATE_S + 1.0, join
+    # both gateways route to it within two state periods of its health check, and a registry re-read (0.5 s)
+    assert join["routable_after_serving_s"] is not None, join
+    assert join["routable_after_serving_s"] <= 2 * STATE_S + 1.0, join
     assert report["consumer_lag_last"][f"placement-{report['run']}"] <= 10, report["consumer_lag_last"]
     assert report["registration"]["adapters"] == cfg.adapters
     aliases = report["alias_cache"]  # counted by both gateways: each request resolves its alias once

@@ -166,6 +166,9 @@ async def test_a_joining_replica_warms_its_adapters_before_it_is_routed_to(stack
     became = next(i for i, line in enumerate(lines) if "replica is ready" in line)
     assert all(i > became for i in served), "the replica served a request before it was ready"
     await wait_until(lambda: _live(stack, {first.name, joiner.name}), "both routed to", 30)
+    async with httpx.AsyncClient() as c:
+        exposed = (await c.get(f"{stack.url}/metrics", timeout=10)).text.splitlines()
+    assert "gateway_replicas_routable 2.0" in exposed
 
 
 async def _true(value: bool) -> bool:
