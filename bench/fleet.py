@@ -30,7 +30,7 @@ import typer
 from bench.fleet_join import join, kill
 from bench.fleet_probe import LagProbe, Series, owners, rates, sample_loop
 from bench.fleet_register import register_fleet
-from bench.fleet_scrape import alias_lookups, statements, window_lateness
+from bench.fleet_scrape import alias_lookups, route_counts, route_shares, statements, window_lateness
 from bench.fleet_sim import agreement, simulate_run
 from bench.fleet_stack import (
     SERVICE_TOKEN,
@@ -96,6 +96,12 @@ async def _replay(
     return [rec for part in await asyncio.gather(*runs) for rec in part]
 
 
+async def _routes_after(client: httpx.AsyncClient, gateways: list[str], delay_s: float) -> dict[str, int]:
+    """The gateways' route counts delay_s from now (the end of the warm-up)."""
+    await asyncio.sleep(delay_s)
+    return await route_counts(client, gateways)
+
+
 async def _contents(client: httpx.AsyncClient, stack: FleetStack) -> list[tuple[str, dict[str, list[str]]]]:
     """Each stand-in's id with its GPU slots and RAM now, for the simulator to start from."""
     out = []
@@ -152,6 +158,7 @@ async def run_fleet(
             sampler = asyncio.create_task(sample_loop(lag, pool, database, pids, t0, series, stop))
             closes = asyncio.create_task(window_lateness(scraper, stack.stats_url, STATS_WINDOW_S, stop))
             replay = asyncio.create_task(_replay(stack, stack.stack.keys, trace, rate))
+            routed_at_warmup = asyncio.create_task(_routes_after(scraper, stack.gateways, warmup_s))
             events: dict[str, Any] = {}
             span = max((r.arrival_s for r in trace), default=0.0)
             if join_at > 0:
@@ -164,6 +171,7 @@ async def run_fleet(
             elapsed = time.monotonic() - t0
             statements_after = await statements(database_url, database)
             aliases = await alias_lookups(scraper, stack.gateways)
+            routes = route_shares(await routed_at_warmup, await route_counts(scraper, stack.gateways))
             run = stack.run
             stop.set()
             await sampler
@@ -207,7 +215,11 @@ async def run_fleet(
             "stand-ins' GPU and RAM contents when the replay began; it has no join or kill",
             "tier_share": simulated["tier_share"],
             "ttft": simulated["ttft"],
+            "route_reasons": simulated["route_reasons"],
         },
+        # the gateways' routing decisions after the warm-up (gateway_routes_total): the run's side of
+        # simulator.route_reasons
+        "routes": routes,
         "alias_cache": aliases,
         "stats_windows": {
             "window_s": STATS_WINDOW_S,

@@ -1,5 +1,6 @@
-"""What the fleet benchmark reads from the processes' own counters: the gateways' alias cache lookups, how
-late the stats stream closes its windows, and the statements PostgreSQL ran for the run's database."""
+"""What the fleet benchmark reads from the processes' own counters: the gateways' alias cache lookups and
+routing decisions, how late the stats stream closes its windows, and the statements PostgreSQL ran for the
+run's database."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 ALIAS_LOOKUPS = "gateway_alias_cache_lookups"
+ROUTES = "gateway_routes"
 LAST_CLOSED = "lorafleet_stats_last_closed_window_start_seconds"
 
 
@@ -28,20 +30,44 @@ def samples(text: str, family: str) -> list[tuple[dict[str, str], float]]:
     ]
 
 
-async def alias_lookups(client: httpx.AsyncClient, gateways: list[str]) -> dict[str, Any]:
-    """Lookups by outcome summed over the gateways' /metrics, and the share answered from the cache."""
+async def summed(client: httpx.AsyncClient, gateways: list[str], family: str, *keys: str) -> dict[str, float]:
+    """One counter family summed over the gateways' /metrics, by its labels' values at keys joined with /."""
     counts: dict[str, float] = {}
     for url in gateways:
         with contextlib.suppress(httpx.HTTPError):
-            for labels, value in samples(
-                (await client.get(f"{url}/metrics", timeout=5.0)).text, ALIAS_LOOKUPS
-            ):
-                counts[labels["outcome"]] = counts.get(labels["outcome"], 0.0) + value
+            for labels, value in samples((await client.get(f"{url}/metrics", timeout=5.0)).text, family):
+                key = "/".join(labels.get(k, "") for k in keys)
+                counts[key] = counts.get(key, 0.0) + value
+    return counts
+
+
+async def alias_lookups(client: httpx.AsyncClient, gateways: list[str]) -> dict[str, Any]:
+    """Lookups by outcome summed over the gateways' /metrics, and the share answered from the cache."""
+    counts = await summed(client, gateways, ALIAS_LOOKUPS, "outcome")
     total = sum(counts.values())
     return {
         "lookups": {k: int(v) for k, v in sorted(counts.items())},
         "hit_rate": round(counts.get("hit", 0.0) / total, 4) if total else None,
     }
+
+
+async def route_counts(client: httpx.AsyncClient, gateways: list[str]) -> dict[str, int]:
+    """Requests routed so far, summed over the gateways, by "reason/choice" (gateway_routes_total)."""
+    counts = await summed(client, gateways, ROUTES, "reason", "choice")
+    return {k: int(v) for k, v in sorted(counts.items())}
+
+
+def route_shares(before: dict[str, int], after: dict[str, int]) -> dict[str, Any]:
+    """The routes counted between two reads; the share whose first choice was a spill, and the share served
+    by a later replica than the first choice (it failed first)."""
+    counts = {k: n - before.get(k, 0) for k, n in after.items() if n - before.get(k, 0)}
+    total = sum(counts.values())
+
+    def share(part: str, at: int) -> float | None:
+        matching = sum(n for k, n in counts.items() if k.split("/")[at] == part)
+        return round(matching / total, 4) if total else None
+
+    return {"counts": counts, "spill_share": share("spill", 0), "fallback_share": share("fallback", 1)}
 
 
 async def window_lateness(

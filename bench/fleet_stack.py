@@ -127,6 +127,10 @@ def _env(cfg: FleetConfig, run: str, work: Path, redis_url: str, ports: dict[str
         # stretches them too
         "LORAFLEET_GATEWAY_FIRST_TOKEN_TIMEOUT_S": str(10.0 * cfg.slow),
         "LORAFLEET_GATEWAY_STALL_TIMEOUT_S": str(10.0 * cfg.slow),
+        # On loopback a connection to a port nothing listens on is refused at once (a killed stand-in is still
+        # found at once); a connect that times out means only that the gateway's loop did not get the CPU in
+        # time, with every process on two cores. The 2 s default took replicas out of routing for it.
+        "LORAFLEET_GATEWAY_REPLICA_CONNECT_TIMEOUT_S": "10.0",
         "LORAFLEET_PLACEMENT_GROUP_ID": f"placement-{run}",
         "LORAFLEET_PLACEMENT_METRICS_PORT": "0",
         "LORAFLEET_RELAY_METRICS_PORT": "0",

@@ -81,6 +81,13 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.dead_letters = dead_letter_counter(self.registry)
+        self.routes = Counter(
+            "gateway_routes",
+            "Requests routed, by why the router chose its first replica (owner, spill, random, merged) and"
+            " whether that replica served (first), a later one did (fallback) or none did (failed).",
+            ["reason", "choice"],
+            registry=self.registry,
+        )
         self.replicas_routable = Gauge(
             "gateway_replicas_routable",
             "Replicas this gateway routes to: registered, ready, reported within the staleness bound, and not"

@@ -42,6 +42,7 @@ class RequestRecord:
     adapter_id: str | None = None
     replica_id: str | None = None
     tier: Tier | None = None
+    route: str | None = None  # why the router chose its first replica (RoutePlan.reason)
     reserved_tokens: int = 0
     reserved_in: Store = "local"
     holds_concurrency: bool = False  # it counts among its tenant's open requests until finished
@@ -154,14 +155,21 @@ class Online:
     async def open_upstream(self, rec: RequestRecord, body: GenerateRequest) -> UpstreamStream:
         assert rec.adapter_id is not None
         plan = self.route(rec.adapter_id, self.view.live(), self.policy, self.rng)
-        upstream = await self.replicas.open(
-            plan.replicas,
-            body,
-            self.replica_failed,
-            first_token_s=self.settings.first_token_timeout_s,
-            stall_s=self.settings.stall_timeout_s,
-        )
+        rec.route = plan.reason
+        try:
+            upstream = await self.replicas.open(
+                plan.replicas,
+                body,
+                self.replica_failed,
+                first_token_s=self.settings.first_token_timeout_s,
+                stall_s=self.settings.stall_timeout_s,
+            )
+        except BaseException:
+            self.metrics.routes.labels(plan.reason, "failed").inc()
+            raise
         rec.replica_id = upstream.replica.replica_id
+        first = upstream.replica is plan.replicas[0]
+        self.metrics.routes.labels(plan.reason, "first" if first else "fallback").inc()
         rec.tier = upstream.adapter_tier
         self.view.add_inflight(rec.replica_id, rec.reserved_tokens)
         self.view.record_tier(rec.replica_id, rec.tier)
@@ -188,13 +196,14 @@ class Online:
         ttft = (rec.tier or "unknown", rec.ttft_s) if rec.ttft_s is not None else None
         self.metrics.request_done(rec.tenant_id, http_status, total, completion, ttft)
         log.info(
-            "request %s tenant=%s alias=%s adapter=%s replica=%s tier=%s status=%s code=%s "
+            "request %s tenant=%s alias=%s adapter=%s replica=%s route=%s tier=%s status=%s code=%s "
             "prompt=%d completion=%d ttft=%s total=%.3f",
             rec.request_id,
             rec.tenant_id,
             rec.alias,
             rec.adapter_id,
             rec.replica_id,
+            rec.route,
             rec.tier,
             status,
             error_code,

@@ -70,6 +70,9 @@ def test_small_fleet_serves_the_trace_and_a_joining_replica_moves_its_share(
     # unless it came within 5 s of the alias's creation
     assert aliases["hit_rate"] >= 0.8, aliases
     assert report["standin_ttft"]["count"] >= summary["ok"], report["standin_ttft"]  # timed at each stand-in
+    routes = report["routes"]  # every answered request was routed once, and counted by its gateway
+    assert sum(n for k, n in routes["counts"].items() if not k.endswith("/failed")) >= summary["ok"], routes
+    assert sum(report["simulator"]["route_reasons"].values()) > 0, report["simulator"]
     if asyncio.run(statement_stats_loaded()):
         assert report["postgres_statements_per_s"] > 0, report["postgres_statements_per_s"]
     out = tmp_path / "out"

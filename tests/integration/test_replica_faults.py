@@ -61,6 +61,15 @@ async def _failures(stack: GatewayStack, replica_id: str) -> float:
     )
 
 
+async def _routes(stack: GatewayStack, choice: str) -> float:
+    """Requests routed whose first choice served (first), or a later replica (fallback)."""
+    return sum(
+        n
+        for (name, labels), n in (await gateway_metrics(stack)).items()
+        if name == "gateway_routes_total" and dict(labels).get("choice") == choice
+    )
+
+
 async def _busy_replica(stack: GatewayStack) -> str:
     """The replica with a request in flight now."""
     for _ in range(100):
@@ -108,6 +117,7 @@ async def test_a_replica_stopped_before_its_first_token_is_retried_elsewhere_and
             await anext(events)
             busy = await _busy_replica(stack)
             victim = next(rid for rid in stack.replicas if rid != busy)
+            fallbacks = await _routes(stack, "fallback")
             with stopped(stack, victim):
                 started = time.monotonic()
                 first = await c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 4})
@@ -115,6 +125,7 @@ async def test_a_replica_stopped_before_its_first_token_is_retried_elsewhere_and
                 assert first.status_code == 200, first.text
                 assert waited >= FIRST_TOKEN_S, "the request did not go to the stopped replica first"
                 assert await _failures(stack, victim) == 1
+                assert await _routes(stack, "fallback") == fallbacks + 1  # counted as served by its second
                 assert not await live_is(stack, set(stack.replicas))  # marked unhealthy for routing
                 second = await c.post("/v1/chat/completions", json={**CHAT, "max_tokens": 4})
                 assert second.status_code == 200, second.text
