@@ -107,6 +107,8 @@ async def join(stack: FleetStack, pool: asyncpg.Pool, quiet_s: float, timeout_s:
                     return
                 await asyncio.sleep(0.1)
 
+        routable_s: float | None = None
+
         async def routable() -> None:
             """Poll every gateway's routing set until each lists the newcomer."""
             nonlocal routable_s
@@ -117,7 +119,6 @@ async def join(stack: FleetStack, pool: asyncpg.Pool, quiet_s: float, timeout_s:
                     return
                 await asyncio.sleep(0.1)
 
-        routable_s: float | None = None
         routing = asyncio.gather(first_served(), routable())
         after, settle_s = await _settle(pool, before, t0, quiet_s, timeout_s)
         await routing
