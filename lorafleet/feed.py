@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Collection
 
@@ -44,7 +45,8 @@ class FeedWatch:
         self.ok_at: float | None = None
         # (when the end offsets were asked, the offsets): delivered once the consumer's position passes them
         self._target: tuple[float, dict[TopicPartition, int]] | None = None
-        self._rechecked_at = 0.0
+        self._asked_at = -math.inf
+        self._probe: asyncio.Future[tuple[float, dict[TopicPartition, int]]] | None = None
         self._down_logged = False
         self._behind_logged = False
 
@@ -68,38 +70,59 @@ class FeedWatch:
         return 0.0 if self.ok_at is None else max(0.0, self.clock() - self.ok_at - self.allowance_s)
 
     async def after_batch(self, consumer: AIOKafkaConsumer, parts: Collection[TopicPartition]) -> None:
-        """Call after every poll, once its records are applied. Asks the broker for the end offsets of parts
-        at most once per allowance_s/2; the moment it asked counts as delivered once the consumer's position
-        has passed them, on this poll or a later one. Records alone prove nothing: a consumer behind its topic
-        has not seen the newest reports."""
+        """Call after every poll, once its records are applied. At most once per allowance_s/2 it asks the
+        broker for the end offsets of parts, in the background: the poll loop never waits on the answer, so a
+        slow broker cannot put its reader behind. The moment it asked counts as delivered once the
+        consumer's position has passed those offsets, on a later poll. Records alone prove nothing: a
+        consumer behind its topic has not seen the newest reports."""
+        self._collect()
+        if self._target is not None:
+            try:
+                await self._reached(consumer)
+            except KafkaError:  # a partition no longer assigned: ask again
+                self._target = None
+        now = self.clock()
+        due = (
+            self._target is None
+            and (self.ok_at is None or now - self.ok_at >= self.allowance_s / 2)
+            and now - self._asked_at >= self.allowance_s / 2  # a failed broker is asked again, not hammered
+        )
+        # A log truncated under the reader (a broker restored without its data) can end below the offsets
+        # it was told: every 10 allowances it asks again, and then waits only for what still exists.
+        recheck = self._target is not None and now - self._asked_at >= 10 * self.allowance_s
+        if (due or recheck) and self._probe is None:
+            self._asked_at = now
+            self._probe = asyncio.ensure_future(self._ask(consumer, list(parts)))
+
+    def close(self) -> None:
+        """Stop a request to the broker still under way (the reader is stopping)."""
+        if self._probe is not None:
+            self._probe.cancel()
+            self._probe = None
+
+    async def _ask(
+        self, consumer: AIOKafkaConsumer, parts: list[TopicPartition]
+    ) -> tuple[float, dict[TopicPartition, int]]:
+        asked = self.clock()
+        return asked, await asyncio.wait_for(consumer.end_offsets(parts), self.probe_timeout_s)
+
+    def _collect(self) -> None:
+        """A finished request becomes the target, or lowers the one pending to the offsets that exist."""
+        if self._probe is None or not self._probe.done():
+            return
+        probe, self._probe = self._probe, None
         try:
-            if self._target is not None and not await self._reached(consumer):
-                await self._lower_target(consumer, parts)
-                return
-            if self.ok_at is not None and self.clock() - self.ok_at < self.allowance_s / 2:
-                return
-            asked = self.clock()
-            ends = await asyncio.wait_for(consumer.end_offsets(list(parts)), self.probe_timeout_s)
-        except (KafkaError, OSError, TimeoutError) as exc:
-            self._target = None  # asked again on the next poll
+            asked, ends = probe.result()
+        except (KafkaError, OSError, TimeoutError, asyncio.CancelledError) as exc:
             if not self._down_logged and self.down_for() > 0:
                 log.warning("the replica.state feed does not answer (%r): replica ages are held", exc)
                 self._down_logged = True
             return
-        self._target, self._rechecked_at = (asked, ends), asked
-        await self._reached(consumer)
-
-    async def _lower_target(self, consumer: AIOKafkaConsumer, parts: Collection[TopicPartition]) -> None:
-        """A log truncated under the reader (a broker restored without its data) can end below the offsets it
-        was told. Every 10 allowances it asks again, and waits only for the records that still exist."""
-        if self.clock() - self._rechecked_at < 10 * self.allowance_s:
-            return
-        assert self._target is not None
-        self._rechecked_at = self.clock()
-        now = await asyncio.wait_for(consumer.end_offsets(list(parts)), self.probe_timeout_s)
-        asked, ends = self._target
-        self._target = (asked, {tp: min(end, now.get(tp, end)) for tp, end in ends.items()})
-        await self._reached(consumer)
+        if self._target is None:
+            self._target = (asked, ends)
+        else:
+            first, told = self._target
+            self._target = (first, {tp: min(end, ends.get(tp, end)) for tp, end in told.items()})
 
     async def _reached(self, consumer: AIOKafkaConsumer) -> bool:
         assert self._target is not None

@@ -92,6 +92,7 @@ async def run_worker(
                 await worker.tick()
                 next_tick = time.monotonic() + settings.tick_s
     finally:
+        worker.feed.close()
         if refreshing is not None:
             refreshing.cancel()
             await asyncio.gather(refreshing, return_exceptions=True)

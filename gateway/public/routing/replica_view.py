@@ -139,7 +139,8 @@ async def consume_states(
     registry: ReplicaRegistry | None = None,
     rejected: Callable[[ReplicaState, str], None] | None = None,
 ) -> None:
-    """Read replica.state from the newest offsets of every partition (no group: every gateway sees all).
+    """Read replica.state from the newest offsets of every partition (no group: every gateway sees all);
+    ready is set once it has read the topic to its end, so that ages count from a confirmed delivery.
 
     With a registry, a state is applied only if its (replica_id, url) is registered and it carries that
     replica's signature; others go to rejected. A record that does not decode goes to letters."""
@@ -151,7 +152,6 @@ async def consume_states(
         # States are per second: the last few seconds are enough to know the fleet at start-up.
         since_ms = int((time.time() - view.stale_s) * 1000)
         await seek_to_times(consumer, dict.fromkeys(parts, since_ms))
-        ready.set()
         while True:
             batch = await consumer.getmany(timeout_ms=POLL_MS)
             for msg in (m for records in batch.values() for m in records):
@@ -167,5 +167,8 @@ async def consume_states(
                     continue
                 view.apply(event)
             await view.feed.after_batch(consumer, parts)
+            if view.feed.ok_at is not None:  # read to its end once: every replica reporting now is known
+                ready.set()
     finally:
+        view.feed.close()
         await consumer.stop()
