@@ -4,13 +4,15 @@ consumers that believe only registered, signed states (the gateway, the placemen
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+from collections.abc import Mapping
 
 from aiokafka import AIOKafkaProducer
 
 from lorafleet.state_signature import SIGNATURE_HEADER, sign, state_key
 from replica.control.registration import register
-from schemas.events import Event, ReplicaState
+from schemas.events import Event, ReplicaState, ReplicaStatus
 
 
 class SignedReplicas:
@@ -31,3 +33,20 @@ class SignedReplicas:
         value = event.to_bytes()
         headers = self.headers(event, value) if isinstance(event, ReplicaState) else None
         await producer.send_and_wait(event.topic.name, value, key=event.key().encode(), headers=headers)
+
+    async def report(
+        self,
+        producer: AIOKafkaProducer,
+        statuses: Mapping[str, ReplicaStatus],
+        stop: asyncio.Event,
+        period_s: float = 0.3,
+    ) -> None:
+        """Each replica's signed state (its status as statuses holds it now, 4 GPU slots) every period_s,
+        as the replicas report, until stop."""
+        while not stop.is_set():
+            for replica_id, status in sorted(statuses.items()):
+                state = ReplicaState(
+                    replica_id=replica_id, url=f"http://{replica_id}", status=status, gpu_slots=4
+                )
+                await self.send(producer, state)
+            await asyncio.sleep(period_s)

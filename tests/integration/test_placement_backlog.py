@@ -19,7 +19,8 @@ from harness.seed import ReadyAdapter, insert_ready_adapters
 from lorafleet.kafka import make_producer
 from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
-from schemas.events import ReplicaState, RequestCompleted
+from schemas.events import RequestCompleted
+from schemas.topics import REQUESTS_COMPLETED
 from tests.integration.signed_states import SignedReplicas
 from tests.integration.waiting import wait_until
 
@@ -51,7 +52,7 @@ async def test_a_burst_that_keeps_the_worker_busy_for_several_ttls_drops_no_repl
     run = uuid.uuid4().hex[:6]
     prefix = f"bk{run}-"
     replicas = [f"{prefix}a", f"{prefix}b"]
-    adapters = [f"acme-{run}-{i}" for i in range(8)]
+    adapters = [f"acme-{run}-{i}" for i in range(REQUESTS_COMPLETED.partitions)]
     await pool.execute("INSERT INTO tenants (tenant_id) VALUES ('acme')")
     await insert_ready_adapters(pool, [ReadyAdapter(x, "acme", HASH) for x in adapters])
     platform = services.settings().model_copy(update={"database_url": migrated_db})
@@ -69,20 +70,14 @@ async def test_a_burst_that_keeps_the_worker_busy_for_several_ttls_drops_no_repl
     for replica_id in replicas:
         await signed.register(replica_id, f"http://{replica_id}")
 
-    async def report() -> None:  # each replica's state every 0.3 s, whatever the worker is doing
-        while not stop.is_set():
-            for replica_id in replicas:
-                state = ReplicaState(replica_id=replica_id, url=f"http://{replica_id}", gpu_slots=4)
-                await signed.send(producer, state)
-            await asyncio.sleep(0.3)
-
     worker = asyncio.create_task(
         run_worker(PlacementConfig(platform, settings), stop, ready=ready, from_end=True)
     )
     reporter = None
     try:
         await asyncio.wait_for(ready.wait(), 30)
-        reporter = asyncio.create_task(report())
+        # each replica's state every 0.3 s, whatever the worker is doing
+        reporter = asyncio.create_task(signed.report(producer, dict.fromkeys(replicas, "ready"), stop))
         want = {(x, r) for x in adapters for r in replicas}
         await wait_until(lambda: _is(pool, prefix, want), "both replicas to own every adapter")
         await asyncio.sleep(1.0)  # the commands of that plan are written
@@ -94,17 +89,29 @@ async def test_a_burst_that_keeps_the_worker_busy_for_several_ttls_drops_no_repl
                 request_id=f"{run}-{i}",
                 tenant_id="acme",
                 alias="acme/x",
-                adapter_id=adapters[i % 8],
+                adapter_id=adapters[i % len(adapters)],
                 replica_id=replicas[i % 2],
                 status="ok",
-                occurred_at=marker if i == BURST - 1 else datetime.now(UTC),
             )
             await producer.send(done.topic.name, done.to_bytes(), key=done.key().encode())
+        # then one marker at the end of each partition: the burst is worked off once all eight are applied
+        for part, adapter in enumerate(adapters):
+            done = RequestCompleted(
+                request_id=f"{run}-end-{part}",
+                tenant_id="acme",
+                alias="acme/x",
+                adapter_id=adapter,
+                replica_id=replicas[0],
+                status="ok",
+                occurred_at=marker,
+            )
+            await producer.send(done.topic.name, done.to_bytes(), partition=part)
         await producer.flush()
         sent, unread_for = time.monotonic(), 0.0
-        last_use = "SELECT last_used_at FROM placements WHERE adapter_id = $1 AND replica_id = $2"
+        ended = """SELECT count(*) FROM placements
+                   WHERE replica_id = $1 AND adapter_id = ANY($2::text[]) AND last_used_at = $3"""
         oldest = "SELECT min(last_seen) FROM replicas WHERE starts_with(replica_id, $1)"
-        while await pool.fetchval(last_use, adapters[(BURST - 1) % 8], replicas[(BURST - 1) % 2]) != marker:
+        while await pool.fetchval(ended, replicas[0], adapters, marker) < len(adapters):
             assert await _placements(pool, prefix) == want, "a placement moved while the worker was behind"
             assert time.monotonic() - sent < 240, "the burst was not worked off"
             # how long the reports sent on time have waited behind the burst (both clocks are this machine's)

@@ -16,7 +16,7 @@ from harness.seed import ReadyAdapter, insert_ready_adapters
 from lorafleet.kafka import make_producer
 from placement_worker.config import PlacementConfig, PlacementSettings
 from placement_worker.main import run_worker
-from schemas.events import ReplicaState, ReplicaStatus
+from schemas.events import ReplicaStatus
 from schemas.rendezvous import owners
 from tests.integration.signed_states import SignedReplicas
 from tests.integration.waiting import wait_until
@@ -71,20 +71,13 @@ async def test_warming_restarting_and_draining_replicas(services, migrated_db, p
     for replica_id in (a, b):
         await signed.register(replica_id, f"http://{replica_id}")
 
-    async def heartbeat() -> None:
-        while not stop.is_set():
-            for replica_id, s in sorted(status.items()):
-                state = ReplicaState(replica_id=replica_id, url=f"http://{replica_id}", status=s, gpu_slots=4)
-                await signed.send(producer, state)
-            await asyncio.sleep(0.3)
-
     worker = asyncio.create_task(
         run_worker(PlacementConfig(platform, settings), stop, ready=ready, from_end=True)
     )
     beats = None
     try:
         await asyncio.wait_for(ready.wait(), 30)
-        beats = asyncio.create_task(heartbeat())
+        beats = asyncio.create_task(signed.report(producer, status, stop))
 
         # A replica that warms is a member: it owns every adapter (one replica), and is marked planned.
         since = datetime.now(UTC)
