@@ -1,7 +1,7 @@
 """A replica joining the fleet, then killed: the owner placements each change moved, the time until the
-placements stop changing, and (for the join) the time until a gateway routed a request to the newcomer: from
-the newcomer answering its health check, probes for adapters placed on it go through the gateways, one
-every tenth of a second, until one lands there."""
+placements stop changing, and (for the join) how soon the gateways route to the newcomer: when every gateway's
+GET /ready first lists it, and when a request first lands there (from the newcomer answering its health
+check, probes for adapters placed on it go through the gateways, one every tenth of a second)."""
 
 from __future__ import annotations
 

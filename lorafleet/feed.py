@@ -55,7 +55,8 @@ class FeedWatch:
         if self._down_logged:
             log.info("the replica.state feed delivers again")
             self._down_logged = False
-        self.ok_at = self.clock() if at is None else max(at, self.ok_at or at)
+        at = self.clock() if at is None else at
+        self.ok_at = at if self.ok_at is None else max(at, self.ok_at)
 
     def now(self) -> float:
         """The clock while the feed works; frozen at its last delivery (plus the allowance) while it is down.

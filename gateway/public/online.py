@@ -164,12 +164,11 @@ class Online:
                 first_token_s=self.settings.first_token_timeout_s,
                 stall_s=self.settings.stall_timeout_s,
             )
-        except BaseException:
+        except Exception:  # no replica took it; a caller gone meanwhile (cancelled) is not counted
             self.metrics.routes.labels(plan.reason, "failed").inc()
             raise
         rec.replica_id = upstream.replica.replica_id
-        first = upstream.replica is plan.replicas[0]
-        self.metrics.routes.labels(plan.reason, "first" if first else "fallback").inc()
+        self.metrics.routes.labels(plan.reason, "fallback" if upstream.retried else "first").inc()
         rec.tier = upstream.adapter_tier
         self.view.add_inflight(rec.replica_id, rec.reserved_tokens)
         self.view.record_tier(rec.replica_id, rec.tier)
