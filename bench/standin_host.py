@@ -149,7 +149,14 @@ class HostedStandin:
         warm = len(
             self.owned.intersection(tiers.ram_adapters).union(self.owned.intersection(tiers.gpu_adapters))
         )
-        load = Load(self.model.queue_depth(), self.model.tokens_in_flight())
+        model = self.model
+        load = Load(
+            model.queue_depth(),
+            model.tokens_in_flight(),
+            running=model.running(),
+            max_running=model.max_running(),
+            prefill_tokens=model.prefill_tokens(),
+        )
         return build_state(
             self.replica_id,
             self.url,

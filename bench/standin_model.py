@@ -101,12 +101,23 @@ class ModeledReplica:
             sr.req.prompt_tokens + sr.req.output_tokens - (sr.finish_step - step + 1)
             for _, _, sr in self.sim.finishing
         )
-        waiting = sum(sr.req.prompt_tokens for sr in self.sim.ready)
-        return running + waiting + sum(sr.req.prompt_tokens for w in self.sim.loading.values() for sr in w)
+        return running + self.prefill_tokens()
 
     def queue_depth(self) -> int:
         """Requests admitted to no batch yet: ready ones and those waiting for their adapter's load."""
-        return len(self.sim.ready) + sum(len(w) for w in self.sim.loading.values())
+        return len(self.sim.waiting())
+
+    def running(self) -> int:
+        """Rows of the batch in use: the requests admitted to a step and not yet finished."""
+        return len(self.sim.finishing)
+
+    def max_running(self) -> int:
+        return self.sim.timing.max_batch
+
+    def prefill_tokens(self) -> int:
+        """Prompt tokens not yet prefilled: those of the requests admitted to no batch yet (the running
+        step prefills its own admissions whole)."""
+        return sum(sr.req.prompt_tokens for sr in self.sim.waiting())
 
     def cache_state(self, now: float) -> CacheState:
         """The tiers as a replica's cache reports them (an adapter still being written is not on the GPU),

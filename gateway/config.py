@@ -77,6 +77,12 @@ class GatewaySettings(BaseSettings):
     # Cost routing: tokens in flight a replica finishes per second, and a GPU load's price in seconds.
     drain_tokens_per_s: float = Field(default=2_560.0, gt=0)
     slot_cost_s: float = Field(default=3.0, ge=0)
+    # A replica that reports its batch is an overloaded owner when a new request would wait longer than
+    # spill_wait_s to start: the prompts ahead of it at prefill_tokens_per_s, and row_wait_s for each
+    # request short of a free row.
+    spill_wait_s: float = Field(default=1.0, ge=0)
+    prefill_tokens_per_s: float = Field(default=8_000.0, gt=0)
+    row_wait_s: float = Field(default=0.4, ge=0)
     replica_stale_s: float = Field(default=3.0, gt=0)  # a replica.state older than this is not routed to
     # Route only to replicas whose id starts with this (the placement worker's replica_id_prefix).
     replica_id_prefix: str = ""

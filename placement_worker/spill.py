@@ -1,6 +1,6 @@
 """Spill placements, pure: where the router's spills left copies of an adapter, and which have gone idle.
 
-Design (docs/routing.md gives the router's side only: when both owners are over the spill threshold
+Design (docs/routing.md gives the router's side only: when both owners are overloaded
 it sends the request to the least-loaded replica, which then loads the adapter like any miss). The placement
 worker does not place spills itself: owners already grow with the adapter's own traffic (k, from
 adapter.stats), and a spill is a per-request decision taken on load the worker does not see. It records the

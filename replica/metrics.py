@@ -65,6 +65,7 @@ class EngineLoad:
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache since start
     prefix_cache_hits: int = 0  # and found there
     preemptions: int = 0
+    prefill_tokens: int = 0  # tokens of waiting and running sequences not yet prefilled
 
 
 def engine_load(
@@ -83,6 +84,9 @@ def engine_load(
         prefix_cache_hits=counters.hits,
         preemptions=counters.preemptions,
         tokens_in_flight=sum(s.num_tokens for s in run) + sum(s.num_tokens for s in wait),
+        # a decoding row has its one new token uncomputed; a prefilling one, the rest of its prompt
+        prefill_tokens=sum(s.num_uncomputed for s in run if s.num_uncomputed > 1)
+        + sum(s.num_uncomputed for s in wait),
         running_adapters=tuple(sorted({s.adapter_id for s in run if s.adapter_id is not None})),
         waiting_adapters=tuple(sorted({s.adapter_id for s in wait if s.adapter_id is not None})),
     )

@@ -321,10 +321,18 @@ class Replica:
         }
 
     def load(self) -> Load:
-        core = self.engine.engine
-        blocks, counters = core.blocks, core.scheduler.counters
-        usage = 1.0 - blocks.num_free / blocks.num_blocks
-        return Load(core.queue_depth(), core.tokens_in_flight(), usage, counters.queries, counters.hits)
+        """The load replica.state reports, from copies of the engine's queues (engine_load)."""
+        e = self.engine_load()
+        return Load(
+            queue_depth=e.waiting,
+            tokens_in_flight=e.tokens_in_flight,
+            kv_usage=e.kv_usage,
+            prefix_cache_queries=e.prefix_cache_queries,
+            prefix_cache_hits=e.prefix_cache_hits,
+            running=e.running,
+            max_running=self.engine.engine.scheduler.max_num_seqs,
+            prefill_tokens=e.prefill_tokens,
+        )
 
     def replica_state(self) -> ReplicaState:
         """This replica's replica.state event (tiers, load); a merged replica reports its one adapter."""
@@ -351,6 +359,9 @@ class Replica:
             merged_adapter_id=self.merged_adapter_id,
             queue_depth=load.queue_depth,
             tokens_in_flight=load.tokens_in_flight,
+            running=load.running,
+            max_running=load.max_running,
+            prefill_tokens=load.prefill_tokens,
             kv_usage=load.kv_usage,
             prefix_cache_queries=load.prefix_cache_queries,
             prefix_cache_hits=load.prefix_cache_hits,

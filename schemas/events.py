@@ -121,8 +121,13 @@ class ReplicaStateBody(BaseModel):
     ram_adapters: list[AdapterId] = Field(default_factory=list)
     disk_adapters: list[AdapterId] = Field(default_factory=list)
     gpu_slots: NonNegativeInt = 0
-    queue_depth: NonNegativeInt = 0
+    queue_depth: NonNegativeInt = 0  # requests waiting for a row in the batch
     tokens_in_flight: NonNegativeInt = 0
+    # the batch: rows in use, its size (0: not reported) and the prompt tokens of waiting and running
+    # requests not yet prefilled; the router tells an owner with room from these (docs/routing.md)
+    running: NonNegativeInt = 0
+    max_running: NonNegativeInt = 0
+    prefill_tokens: NonNegativeInt = 0
     evictions_per_min: NonNegativeFloat = 0.0
     loads_per_min: NonNegativeFloat = 0.0
     # how far warming has got: adapters placed on this replica, and how many of them it holds in a tier

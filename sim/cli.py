@@ -130,7 +130,9 @@ def simulate_cmd(
     ),
     adapter_mb: Annotated[float, typer.Option(help="Adapter size, MB.")] = CacheSizes.adapter_bytes / 1e6,
     owners: Annotated[int, typer.Option(help="Default owners per adapter.")] = 2,
-    spill_threshold: Annotated[int, typer.Option(help="Router spill threshold, tokens in flight.")] = 32_000,
+    spill_wait: Annotated[
+        float, typer.Option(help="Router: an owner is overloaded when a new request would wait longer, s.")
+    ] = 1.0,
     replan_s: Annotated[
         float,
         typer.Option(
@@ -199,7 +201,7 @@ def simulate_cmd(
         replicas=replicas,
         routing=routing,
         owners_k=owners,
-        spill_threshold_tokens=spill_threshold,
+        spill_wait_s=spill_wait,
         sizes=sizes,
         warmup_s=warmup,
         seed=seed,

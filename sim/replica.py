@@ -159,6 +159,10 @@ class SimReplica:
             return "ram"
         return "disk" if adapter_id in self.disk else "remote"
 
+    def waiting(self) -> list[SimRequest]:
+        """Requests admitted to no batch yet: ready ones and those waiting for their adapter's load."""
+        return [*self.ready, *(sr for w in self.loading.values() for sr in w)]
+
     def cancel(self, sr: SimRequest) -> None:
         """Its caller went away, and a replica frees the row of a request whose connection closed: a queued
         one never runs (dropped when it would be admitted); a running one ends at the next step boundary."""

@@ -37,8 +37,8 @@ class SimConfig:
     replicas: int = 26
     routing: str = "cost"  # a key of gateway.public.routing.policy.ROUTING_MODES (the gateway's default)
     owners_k: int = 2
-    # The gateway's 4096 default suits the local stack; at the brief's scale a replica is "overloaded"
-    # when its reserved tokens pass a full batch of average requests (32 x (750 + 250)).
+    # the gateway's LORAFLEET_GATEWAY_SPILL_THRESHOLD_TOKENS: only for a replica that reports no batch,
+    # which the simulator's always do
     spill_threshold_tokens: int = 32_000
     report_interval_s: float = 1.0  # replicas publish their resident adapters this often
     sizes: CacheSizes = field(default_factory=CacheSizes)
@@ -61,6 +61,11 @@ class SimConfig:
     # the cost router's prices (the gateway's LORAFLEET_GATEWAY_DRAIN_TOKENS_PER_S and _SLOT_COST_S)
     drain_tokens_per_s: float = RouterPolicy.drain_tokens_per_s
     slot_cost_s: float = RouterPolicy.slot_cost_s
+    # when an owner is overloaded (the gateway's LORAFLEET_GATEWAY_SPILL_WAIT_S, _PREFILL_TOKENS_PER_S and
+    # _ROW_WAIT_S: what the gateway believes, which the timing model need not match)
+    spill_wait_s: float = RouterPolicy.spill_wait_s
+    prefill_tokens_per_s: float = RouterPolicy.prefill_tokens_per_s
+    row_wait_s: float = RouterPolicy.row_wait_s
 
 
 @dataclass
@@ -95,6 +100,9 @@ class Simulation:
             drain_tokens_per_s=cfg.drain_tokens_per_s,
             slot_cost_s=cfg.slot_cost_s,
             load_s=dict(timing.load_s),
+            spill_wait_s=cfg.spill_wait_s,
+            prefill_tokens_per_s=cfg.prefill_tokens_per_s,
+            row_wait_s=cfg.row_wait_s,
         )
         self.rng = random.Random(cfg.seed)
         self.events: list[tuple[float, int, int, object]] = []
@@ -111,6 +119,10 @@ class Simulation:
             for replica in self.replicas.values():
                 replica.host = host
         self.inflight: dict[str, int] = dict.fromkeys(ids, 0)  # the gateway's reserved tokens per replica
+        # each replica's batch at its last report (running, waiting, prompt tokens not yet prefilled), and
+        # the requests and prompt tokens routed to it since: what a gateway knows of it
+        self.batch: dict[str, tuple[int, int, int]] = dict.fromkeys(ids, (0, 0, 0))
+        self.since: dict[str, tuple[int, int]] = dict.fromkeys(ids, (0, 0))
         self.views: dict[str, ReplicaLoad] = {}
         self.dirty: set[str] = set(ids)
         self.resident: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
@@ -194,18 +206,36 @@ class Simulation:
         self.replans += 1
 
     def _publish(self) -> None:
-        """Every replica's state report: its resident adapters (loads come from the gateway's own count)."""
+        """Every replica's state report: its resident adapters and its batch (tokens in flight come from
+        the gateway's own count)."""
         for rid, replica in self.replicas.items():
-            if self.published.get(rid) != replica.cache_version:
+            changed = self.published.get(rid) != replica.cache_version
+            if changed:
                 self.resident[rid] = replica.state()
                 self.published[rid] = replica.cache_version
+            waiting = replica.waiting()
+            batch = (len(replica.finishing), len(waiting), sum(sr.req.prompt_tokens for sr in waiting))
+            if changed or batch != self.batch[rid] or self.since[rid] != (0, 0):
+                self.batch[rid], self.since[rid] = batch, (0, 0)
                 self.dirty.add(rid)
 
     def _live(self) -> list[ReplicaLoad]:
+        max_running = self.timing.max_batch
         for rid in sorted(self.dirty):  # views in id order: random routing draws alike in every process
             resident, gpu = self.resident[rid]
+            running, waiting, prefill = self.batch[rid]
+            sent, prompts = self.since[rid]
             self.views[rid] = ReplicaLoad(
-                rid, "", self.inflight[rid], resident, gpu, gpu_slots=self.gpu_slots[rid]
+                rid,
+                "",
+                self.inflight[rid],
+                resident,
+                gpu,
+                gpu_slots=self.gpu_slots[rid],
+                running=running,
+                waiting=waiting + sent,
+                max_running=max_running,
+                prefill_tokens=prefill + prompts,
             )
         self.dirty.clear()
         return list(self.views.values())
@@ -266,6 +296,8 @@ class Simulation:
         sr.route_reason = plan.reason
         self.probe.on_route(sr, target)
         self.inflight[target] += sr.req.prompt_tokens + sr.req.output_tokens
+        sent, prompts = self.since[target]
+        self.since[target] = (sent + 1, prompts + sr.req.prompt_tokens)
         self.dirty.add(target)
         if self.timing.admit_s > 0:
             self._schedule(now + self.timing.admit_s, REACH, (self.replicas[target], sr))

@@ -177,9 +177,8 @@ async def _serve(
     max_tokens = body.completion_limit(settings.default_max_tokens)
     n = body.choices()
     # every choice may generate max_tokens; the prompt is prefilled and billed once
-    await _admit(
-        online, caller, rec, endpoint.estimate_prompt_tokens(body) + n * max_tokens, endpoint.limit_param
-    )
+    rec.prompt_tokens_estimate = endpoint.estimate_prompt_tokens(body)
+    await _admit(online, caller, rec, rec.prompt_tokens_estimate + n * max_tokens, endpoint.limit_param)
     try:
         upstream = await online.open_upstream(
             rec, endpoint.replica_body(body, adapter_id, rec.request_id, max_tokens, caller.tenant_id)

@@ -46,7 +46,7 @@ class RequestRecord:
     reserved_tokens: int = 0
     reserved_in: Store = "local"
     holds_concurrency: bool = False  # it counts among its tenant's open requests until finished
-    max_tokens: int = 0
+    prompt_tokens_estimate: int = 0  # what the gateway counted the prompt as, before the replica says
     completion_tokens_seen: int = 0
     ttft_s: float | None = None
     usage: Usage | None = None
@@ -97,6 +97,9 @@ class Online:
             settings.gpu_preference_tokens,
             drain_tokens_per_s=settings.drain_tokens_per_s,
             slot_cost_s=settings.slot_cost_s,
+            spill_wait_s=settings.spill_wait_s,
+            prefill_tokens_per_s=settings.prefill_tokens_per_s,
+            row_wait_s=settings.row_wait_s,
         )
         self.rng = random.Random()
         self._open: dict[str, int] = {}  # tenant -> requests open on this gateway
@@ -170,7 +173,7 @@ class Online:
         rec.replica_id = upstream.replica.replica_id
         self.metrics.routes.labels(plan.reason, "fallback" if upstream.retried else "first").inc()
         rec.tier = upstream.adapter_tier
-        self.view.add_inflight(rec.replica_id, rec.reserved_tokens)
+        self.view.add_inflight(rec.replica_id, rec.reserved_tokens, rec.prompt_tokens_estimate)
         self.view.record_tier(rec.replica_id, rec.tier)
         return upstream
 

@@ -34,6 +34,9 @@ class Load:
     kv_usage: float = 0.0  # share of KV blocks held
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache since start
     prefix_cache_hits: int = 0  # and found there
+    running: int = 0  # rows of the batch in use
+    max_running: int = 0  # the batch's rows (0: not reported)
+    prefill_tokens: int = 0  # prompt tokens of waiting and running requests not yet prefilled
 
 
 def build_state(
@@ -57,6 +60,9 @@ def build_state(
         gpu_slots=gpu_slots,
         queue_depth=load.queue_depth,
         tokens_in_flight=load.tokens_in_flight,
+        running=load.running,
+        max_running=load.max_running,
+        prefill_tokens=load.prefill_tokens,
         evictions_per_min=tiers.evictions_per_min,
         loads_per_min=tiers.loads_per_min,
         owned_adapters=owned_adapters,

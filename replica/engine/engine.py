@@ -323,11 +323,5 @@ class LLMEngine:
             logprobs,
         )
 
-    def queue_depth(self) -> int:
-        return len(self.scheduler.waiting)
-
-    def tokens_in_flight(self) -> int:
-        return self.scheduler.tokens_in_flight()
-
     def is_idle(self) -> bool:
         return not self.has_work() and all(s.status is SequenceStatus.FINISHED for s in self.seqs.values())

@@ -205,7 +205,3 @@ class Scheduler:
             self.pins.release(seq.adapter_id)
         seq.slot = None
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
-
-    def tokens_in_flight(self) -> int:
-        """Tokens held or about to be held in KV: every running and waiting sequence's length so far."""
-        return sum(s.num_tokens for s in self.running) + sum(s.num_tokens for s in self.waiting)

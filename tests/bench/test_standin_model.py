@@ -8,6 +8,7 @@ import itertools
 
 import pytest
 
+from bench.standin_host import HostConfig, HostedStandin
 from bench.standin_model import ModeledReplica
 from sim.replica import CacheSizes
 from sim.timing import TimingModel
@@ -117,11 +118,14 @@ def test_in_flight_tokens_and_queue_are_reported_while_requests_run() -> None:
     d = Driver()
     d.submit("a", prompt=40, output=5)
     assert d.replica.queue_depth() == 1 and d.replica.tokens_in_flight() == 40
+    # the batch the router reads: no row yet, its prompt ahead of any new request
+    assert (d.replica.running(), d.replica.prefill_tokens(), d.replica.max_running()) == (0, 40, 32)
     while d.events and not d.replica.sim.finishing:
         t, _, kind, payload = heapq.heappop(d.events)
         d.clock[0] = t
         d.replica.dispatch(kind, payload, t)
     assert d.replica.queue_depth() == 0 and d.replica.tokens_in_flight() == 40  # its first token is to come
+    assert (d.replica.running(), d.replica.prefill_tokens()) == (1, 0)  # its step prefills it
     t, _, kind, payload = heapq.heappop(d.events)
     d.clock[0] = t
     d.replica.dispatch(kind, payload, t)
@@ -151,3 +155,14 @@ def test_a_request_whose_caller_went_away_frees_its_place_as_on_a_replica() -> N
     assert len(running.tokens) <= 4 and running.finished_at is None and queued.tokens == []
     assert d.replica.tokens_in_flight() == 0 and not d.replica.sim.rows and d.replica.served == 0
     assert all(e.ref_count == 0 for e in d.replica.sim.slots.entries())
+
+
+async def test_a_hosted_standin_reports_its_batch_in_replica_state() -> None:
+    """What the gateways' routers read: the queue, the rows in use, the batch size and the prompts ahead."""
+    sizes = CacheSizes(gpu_slots=2, adapter_bytes=ADAPTER_BYTES, ram_bytes=1_000, disk_bytes=1_000)
+    config = HostConfig(("r-0",), (1,), "token", TimingModel(), sizes, slow=1_000.0)
+    standin = HostedStandin("r-0", "http://127.0.0.1:1", config)
+    standin.model.submit("a", 500, 3, standin.now(), Recorder([0.0]))
+    standin.model.submit("b", 700, 3, standin.now(), Recorder([0.0]))
+    state = standin.replica_state()
+    assert (state.queue_depth, state.running, state.max_running, state.prefill_tokens) == (2, 0, 32, 1_200)

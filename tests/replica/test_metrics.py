@@ -110,6 +110,8 @@ def test_engine_load_lists_running_and_waiting_adapters_and_kv_usage() -> None:
     params = SamplingParams(max_tokens=4)
     run = [Sequence("a", [1, 2, 3], params, "x"), Sequence("b", [1] * 5, params, None)]
     run[0].output_token_ids = [7, 8]
+    run[0].num_cached = 4  # decoding: its newest token is the one uncomputed
+    run[1].num_cached = 2  # a chunk of its prompt prefilled, three tokens to go
     wait = [Sequence("c", [1] * 4, params, "y"), Sequence("d", [1], params, "x")]
     blocks = BlockManager(8, 4)
     assert blocks.allocate("a", 5) and blocks.allocate("b", 5)  # four of eight blocks held
@@ -118,6 +120,7 @@ def test_engine_load_lists_running_and_waiting_adapters_and_kv_usage() -> None:
     assert load.kv_usage == pytest.approx(0.5) and (load.kv_blocks, load.block_size) == (8, 4)
     assert (load.prefix_cache_queries, load.prefix_cache_hits, load.preemptions) == (40, 16, 1)
     assert load.tokens_in_flight == 10 + 5
+    assert load.prefill_tokens == 3 + 4 + 1
     assert load.running_adapters == ("x",) and load.waiting_adapters == ("x", "y")
 
 
@@ -178,3 +181,5 @@ async def test_prefix_cache_hits_reach_the_usage_the_metrics_and_the_state(
     assert config.labels["block_size"] == "16" and int(config.labels["num_gpu_blocks"]) > 0
     state = replica.replica_state()
     assert state.prefix_cache_hits >= 32 and state.prefix_cache_queries >= 120 and state.kv_usage == 0.0
+    # the batch it reports, idle now: the router's test for room (docs/routing.md)
+    assert (state.running, state.queue_depth, state.max_running, state.prefill_tokens) == (0, 0, 4, 0)

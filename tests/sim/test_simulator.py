@@ -206,3 +206,22 @@ def test_step_jitter_draws_each_steps_time_from_the_measured_spread(trace) -> No
     assert [r.finish_s for r in same.requests] == [r.finish_s for r in steady.requests]
     assert [r.finish_s for r in a.requests] == [r.finish_s for r in b.requests]  # seeded
     assert report.build(a)["ttft"]["p95_s"] > report.build(steady)["ttft"]["p95_s"]
+
+
+def test_an_owner_with_free_rows_keeps_its_requests_past_the_token_threshold() -> None:
+    """The router reads each replica's reported batch as the gateway does: long-running requests hold tens
+    of thousands of tokens, yet a new one starts at the next step, so nothing spills. A burst of prompts
+    that would wait over spill_wait_s for prefill does spill."""
+    cfg = replace(ONE, replicas=3, check_every=0)
+    steady = [_at(i * 0.5, 0, i, prompt=2_000, out=200) for i in range(40)]
+    result = simulate(cfg, TimingModel(), steady)
+    home = owners(adapter_id(0), [r.replica_id for r in result.replicas], 1)[0]
+    peak = max(
+        sum(2_200 for o in result.requests if o.req.arrival_s <= sr.req.arrival_s < o.finish_s)
+        for sr in result.requests
+    )
+    assert peak > cfg.spill_threshold_tokens
+    assert {sr.route_reason for sr in result.requests} == {"owner"}
+    assert {sr.replica_id for sr in result.requests} == {home}
+    burst = [_at(0.01 * i, 0, i, prompt=2_000, out=400) for i in range(12)]
+    assert "spill" in {sr.route_reason for sr in simulate(cfg, TimingModel(), burst).requests}

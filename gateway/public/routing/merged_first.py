@@ -2,10 +2,10 @@
 
 A merged replica serves only the adapter folded into its weights, so it is never a candidate for another
 adapter, and the wrapped mode sees only unmerged replicas. When the adapter has a ready merged replica
-whose load is at most the spill threshold, its merged replicas go first (least loaded first) and the
-wrapped mode's plan follows as overflow; when every merged one is busier than that, the wrapped plan goes
-first and the merged ones follow. Routing is by adapter id (a version), so a request resolved to a new
-version never reaches the old version's merged replica.
+with room (policy.has_room: an owner's test for a spill), its merged replicas go first (least loaded
+first) and the wrapped mode's plan follows as overflow; when the least loaded merged one has none, the
+wrapped plan goes first and the merged ones follow. Routing is by adapter id (a version), so a request
+resolved to a new version never reaches the old version's merged replica.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from gateway.public.routing.policy import ReplicaLoad, RoutePlan, RouterPolicy
+from gateway.public.routing.policy import ReplicaLoad, RoutePlan, RouterPolicy, has_room
 
 Route = Callable[[str, Sequence[ReplicaLoad], RouterPolicy, random.Random], RoutePlan]
 
@@ -30,7 +30,7 @@ def merged_first(route: Route) -> Route:
         inner = route(adapter_id, [r for r in live if r.merged is None], policy, rng)
         if not merged:
             return inner
-        if merged[0].tokens_in_flight <= policy.spill_threshold_tokens or not inner.replicas:
+        if has_room(merged[0], policy) or not inner.replicas:
             return RoutePlan((*merged, *inner.replicas), "merged")
         return RoutePlan((*inner.replicas, *merged), "merged_overflow")
 

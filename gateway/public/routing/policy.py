@@ -23,6 +23,12 @@ class ReplicaLoad:
         None  # a merged replica serves only this adapter (gateway/public/routing/merged_first.py)
     )
     gpu_slots: int = 0  # the GPU slots its state reports (0: unknown)
+    # its batch as reported, plus what this gateway sent since: rows in use, requests waiting for one, the
+    # batch's size (0: not reported), prompt tokens not yet prefilled
+    running: int = 0
+    waiting: int = 0
+    max_running: int = 0
+    prefill_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -44,15 +50,44 @@ class RouterPolicy:
     # the price of the slot a GPU load takes, in seconds of queue (3 s: about 7,700 tokens in flight)
     slot_cost_s: float = 3.0
     load_s: Mapping[str, float] = field(default_factory=lambda: dict(LOAD_S))  # tier -> seconds
+    # An owner that reports its batch is overloaded when a new request would wait longer than spill_wait_s
+    # to start: the prompts ahead of it at prefill_tokens_per_s, and a row_wait_s per request short of a
+    # free row (the brief's batch of 32 answers of 250 tokens at 50 ms a step frees a row every 0.4 s).
+    spill_wait_s: float = 1.0
+    prefill_tokens_per_s: float = 8_000.0
+    row_wait_s: float = 0.4
 
 
 def _load_order(replicas: Sequence[ReplicaLoad]) -> list[ReplicaLoad]:
     return sorted(replicas, key=lambda r: (r.tokens_in_flight, r.replica_id))
 
 
-def _has_room(replica: ReplicaLoad, policy: RouterPolicy) -> bool:
-    """At most the spill threshold in flight: an owner that can take the request without a spill."""
-    return replica.tokens_in_flight <= policy.spill_threshold_tokens
+def wait_s(replica: ReplicaLoad, policy: RouterPolicy) -> float | None:
+    """Seconds a new request would wait on the replica before the step that prefills it: the prompts ahead
+    of it, and the rows that must free first when every row is taken. None when it reports no batch."""
+    if replica.max_running <= 0:
+        return None
+    short = max(replica.running + replica.waiting + 1 - replica.max_running, 0)
+    return replica.prefill_tokens / policy.prefill_tokens_per_s + short * policy.row_wait_s
+
+
+def has_room(replica: ReplicaLoad, policy: RouterPolicy) -> bool:
+    """An owner that can take the request without a spill: one whose new request would start within
+    spill_wait_s, or, where the replica reports no batch, one with at most the spill threshold in flight.
+    Tokens in flight count the prompts and answers of requests already running, which a new request does
+    not wait for while the batch has a free row."""
+    wait = wait_s(replica, policy)
+    if wait is None:
+        return replica.tokens_in_flight <= policy.spill_threshold_tokens
+    return wait <= policy.spill_wait_s
+
+
+def _busier(a: ReplicaLoad, b: ReplicaLoad, policy: RouterPolicy) -> bool:
+    """a would make a new request wait longer than b (tokens in flight where either reports no batch)."""
+    wa, wb = wait_s(a, policy), wait_s(b, policy)
+    if wa is None or wb is None:
+        return a.tokens_in_flight > b.tokens_in_flight
+    return wa > wb
 
 
 def _gpu_first(adapter_id: str, ranked: list[ReplicaLoad], policy: RouterPolicy) -> list[ReplicaLoad]:
@@ -75,13 +110,13 @@ def route_affinity(
     owner_ids = set(owners(adapter_id, by_id, policy.owners_k))
     owner_ids |= {r.replica_id for r in live if adapter_id in r.resident}
     ranked = _load_order([by_id[i] for i in owner_ids])
-    room = [r for r in ranked if _has_room(r, policy)]
-    full = [r for r in ranked if not _has_room(r, policy)]
+    room = [r for r in ranked if has_room(r, policy)]
+    full = [r for r in ranked if not has_room(r, policy)]
     rest = _load_order([r for r in live if r.replica_id not in owner_ids])
     if room:
         return RoutePlan((*_gpu_first(adapter_id, room, policy), *full, *rest), "owner")
     candidates = _gpu_first(adapter_id, full, policy)
-    if rest and rest[0].tokens_in_flight < candidates[0].tokens_in_flight:
+    if rest and _busier(candidates[0], rest[0], policy):
         return RoutePlan((rest[0], *candidates, *rest[1:]), "spill")
     return RoutePlan((*candidates, *rest), "owner")
 
@@ -125,10 +160,10 @@ def route_cost(
         return cost, order.get(r.replica_id, len(order)), r.replica_id
 
     # owners with room first, each group cheapest first; a spill only when every owner is over the threshold
-    candidates = sorted((by_id[i] for i in order), key=lambda r: (not _has_room(r, policy), price(r)))
+    candidates = sorted((by_id[i] for i in order), key=lambda r: (not has_room(r, policy), price(r)))
     rest = sorted((r for r in live if r.replica_id not in order), key=price)
     best = candidates[0]
-    if not _has_room(best, policy) and rest and price(rest[0]) < price(best):
+    if not has_room(best, policy) and rest and price(rest[0]) < price(best):
         return RoutePlan((rest[0], *candidates, *rest[1:]), "spill")
     return RoutePlan((*candidates, *rest), "owner")
 

@@ -4,7 +4,8 @@ A replica is live while its last state arrived within stale_s (on this gateway's
 and says ready, and it has not failed a connection since that state. Ages count only while the feed itself
 works (lorafleet/feed.py): a Kafka outage holds every replica as it was, rather than taking them all out of
 routing. Load is the larger of what it reported and the tokens this gateway has in flight on it now, so the
-router sees its own requests between two reports.
+router sees its own requests between two reports; its batch is what it reported, with the requests this
+gateway sent since counted as waiting for prefill.
 """
 
 from __future__ import annotations
@@ -33,6 +34,16 @@ POLL_MS = 250  # an empty poll this long, and the feed is asked whether it still
 
 
 @dataclass
+class _Sent:
+    tokens: int = 0
+    requests: int = 0
+    prompt_tokens: int = 0
+
+
+_NOTHING = _Sent()
+
+
+@dataclass
 class _Entry:
     state: ReplicaState
     received: float
@@ -53,7 +64,8 @@ class ReplicaView:
         self.replica_id_prefix = replica_id_prefix
         self._entries: dict[str, _Entry] = {}
         self._inflight: dict[str, int] = {}
-        self._since_state: dict[str, int] = {}  # tokens this gateway sent each replica since its last state
+        # what this gateway sent each replica since its last state: tokens, requests, prompt tokens
+        self._since_state: dict[str, _Sent] = {}
         self._hits = HitWindow()
 
     def apply(self, state: ReplicaState) -> None:
@@ -73,7 +85,7 @@ class ReplicaView:
         ):
             return
         self._entries[state.replica_id] = _Entry(state, now)
-        self._since_state[state.replica_id] = 0
+        self._since_state.pop(state.replica_id, None)
 
     def mark_failed(self, replica_id: str) -> None:
         """A connection to it failed: not live until it reports again."""
@@ -81,17 +93,22 @@ class ReplicaView:
         if entry is not None:
             entry.failed_at = self.clock()
 
-    def add_inflight(self, replica_id: str, tokens: int) -> None:
+    def add_inflight(self, replica_id: str, tokens: int, prompt_tokens: int = 0) -> None:
+        """A request of tokens (its prompt_tokens among them) sent to the replica, or, negative, ended."""
         self._inflight[replica_id] = max(0, self._inflight.get(replica_id, 0) + tokens)
         if tokens > 0:
-            self._since_state[replica_id] = self._since_state.get(replica_id, 0) + tokens
+            sent = self._since_state.setdefault(replica_id, _Sent())
+            sent.tokens += tokens
+            sent.requests += 1
+            sent.prompt_tokens += prompt_tokens
 
     def load_of(self, replica_id: str, reported: int) -> int:
         """A replica's tokens in flight as this gateway best knows them: its last report (every gateway's
         requests) plus what this gateway sent it since, or this gateway's own reservations if more. Its own
         alone would show each of several gateways only its share, and each would fill an owner past the
         spill threshold before spilling."""
-        return max(reported + self._since_state.get(replica_id, 0), self.inflight(replica_id))
+        sent = self._since_state.get(replica_id)
+        return max(reported + (sent.tokens if sent else 0), self.inflight(replica_id))
 
     def inflight(self, replica_id: str) -> int:
         return self._inflight.get(replica_id, 0)
@@ -117,6 +134,7 @@ class ReplicaView:
                 continue
             if e.failed_at is not None and e.failed_at >= e.received:
                 continue
+            sent = self._since_state.get(rid, _NOTHING)
             out.append(
                 ReplicaLoad(
                     replica_id=rid,
@@ -126,6 +144,11 @@ class ReplicaView:
                     gpu=frozenset(e.state.gpu_adapters),
                     merged=e.state.merged_adapter_id,
                     gpu_slots=e.state.gpu_slots,
+                    # what it reported of its batch, and the requests sent since as if still waiting
+                    running=e.state.running,
+                    waiting=e.state.queue_depth + sent.requests,
+                    max_running=e.state.max_running,
+                    prefill_tokens=e.state.prefill_tokens + sent.prompt_tokens,
                 )
             )
         return out

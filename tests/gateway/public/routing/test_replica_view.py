@@ -28,6 +28,26 @@ def state(replica_id: str, tokens: int = 0, age_s: float = 0.0) -> ReplicaState:
     )
 
 
+def test_a_replicas_batch_is_its_report_plus_the_requests_sent_since_as_waiting() -> None:
+    """Between two reports the requests this gateway sent wait for prefill, as far as it knows: each counts
+    as a waiting request with its prompt, until the next report says where they are."""
+    view = ReplicaView(stale_s=3.0, clock=Clock())
+    report = state("replica-0", tokens=30_000).model_copy(
+        update={"running": 15, "queue_depth": 1, "max_running": 32, "prefill_tokens": 1_900}
+    )
+    view.apply(report)
+    view.add_inflight("replica-0", 2_500, prompt_tokens=2_000)
+    view.add_inflight("replica-0", 1_300, prompt_tokens=1_000)
+    [r] = view.live()
+    assert (r.running, r.waiting, r.max_running, r.prefill_tokens) == (15, 3, 32, 4_900)
+    assert r.tokens_in_flight == 33_800
+    view.add_inflight("replica-0", -2_500)  # an end changes nothing the report holds
+    assert view.live()[0].waiting == 3
+    view.apply(report.model_copy(update={"running": 17, "queue_depth": 0, "prefill_tokens": 0}))
+    [r] = view.live()
+    assert (r.running, r.waiting, r.prefill_tokens) == (17, 0, 0)
+
+
 def test_stale_replicas_drop_out_and_an_older_state_never_replaces_a_newer_one() -> None:
     clock = Clock()
     view = ReplicaView(stale_s=3.0, clock=clock)
