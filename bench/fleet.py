@@ -31,7 +31,7 @@ from bench.fleet_join import join, kill
 from bench.fleet_probe import LagProbe, Series, owners, rates, sample_loop
 from bench.fleet_register import register_fleet
 from bench.fleet_scrape import alias_lookups, route_counts, route_shares, statements, window_lateness
-from bench.fleet_sim import agreement, simulate_run
+from bench.fleet_sim import agreement, hit_slices, simulate_run
 from bench.fleet_stack import (
     SERVICE_TOKEN,
     FleetConfig,
@@ -216,7 +216,10 @@ async def run_fleet(
             "tier_share": simulated["tier_share"],
             "ttft": simulated["ttft"],
             "route_reasons": simulated["route_reasons"],
+            "gpu_hit_over_time": simulated["gpu_hit_over_time"],
         },
+        # by slices of the replay after the warm-up, wall seconds of arrival
+        "gpu_hit_over_time": hit_slices([(r.arrival_s, r.tier) for r in counted], warmup_s, span),
         # the gateways' routing decisions after the warm-up (gateway_routes_total): the run's side of
         # simulator.route_reasons
         "routes": routes,

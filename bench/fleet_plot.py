@@ -1,5 +1,5 @@
 """The fleet benchmark's plots and HTML report, drawn from its JSON alone: consumer lag per group over time,
-TTFT p50/p95 by tier, and CPU cores per process."""
+TTFT p50/p95 by tier, the GPU hit rate over the replay (run and simulator), and CPU cores per process."""
 
 from __future__ import annotations
 
@@ -45,6 +45,22 @@ def _ttft(result: dict[str, Any]) -> Figure:
     return fig
 
 
+def _hits(result: dict[str, Any]) -> Figure:
+    fig = Figure(figsize=(8, 4), dpi=100)
+    ax = fig.add_subplot()
+    for label, rows in (
+        ("run", result.get("gpu_hit_over_time", [])),
+        ("simulator", result.get("simulator", {}).get("gpu_hit_over_time", [])),
+    ):
+        shown = [r for r in rows if r["gpu_hit_rate"] is not None]
+        ax.plot([r["from_s"] for r in shown], [r["gpu_hit_rate"] for r in shown], marker="o", label=label)
+    ax.set_xlabel("seconds from the start of the replay (slice start)")
+    ax.set_ylabel("GPU hit rate")
+    ax.set_title("GPU hit rate over the replay")
+    ax.legend()
+    return fig
+
+
 def _cpu(result: dict[str, Any]) -> Figure:
     fig = Figure(figsize=(8, 4), dpi=100)
     ax = fig.add_subplot()
@@ -56,7 +72,7 @@ def _cpu(result: dict[str, Any]) -> Figure:
     return fig
 
 
-FIGURES = {"fleet_lag.png": _lag, "fleet_ttft.png": _ttft, "fleet_cpu.png": _cpu}
+FIGURES = {"fleet_lag.png": _lag, "fleet_ttft.png": _ttft, "fleet_hits.png": _hits, "fleet_cpu.png": _cpu}
 
 
 def write_report(result: dict[str, Any], out: Path) -> list[str]:

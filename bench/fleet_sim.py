@@ -6,6 +6,9 @@ Everything is put in the stand-ins' model seconds. The run replays arrivals on t
 stand-ins' clock runs `slow` times slower, so the simulator sees the arrivals `slow` times closer together;
 the control plane's periods (replica states, the stats windows that feed placement, the demand's time to
 live) are wall periods, so in model seconds they are `slow` times shorter.
+
+Both sides' GPU hit rate is also given over slices of the replay: the caches start from what registration
+left, so the rate climbs through a run, and its last slices are the nearest to a steady state.
 """
 
 from __future__ import annotations
@@ -23,6 +26,29 @@ from sim.workload import Request
 HIT_POINTS = 2.0
 P95_REL = 0.20
 DEMAND_TTL_S = 300.0  # the placement worker's default LORAFLEET_PLACEMENT_DEMAND_TTL_S
+
+
+SLICES = 8
+
+
+def hit_slices(found: list[tuple[float, str]], start_s: float, end_s: float, n: int = SLICES) -> list[dict]:
+    """The GPU hit rate over n equal slices of [start_s, end_s] by arrival: (arrival, tier) pairs in, those
+    with no tier (never answered) left out."""
+    width = max(end_s - start_s, 1e-9) / n
+    counts = [[0, 0] for _ in range(n)]
+    for arrival, tier in found:
+        if start_s <= arrival <= end_s and tier:
+            row = counts[min(int((arrival - start_s) / width), n - 1)]
+            row[0] += 1
+            row[1] += tier == "gpu"
+    return [
+        {
+            "from_s": round(start_s + i * width, 1),
+            "requests": total,
+            "gpu_hit_rate": round(hits / total, 4) if total else None,
+        }
+        for i, (total, hits) in enumerate(counts)
+    ]
 
 
 def simulate_run(
@@ -48,7 +74,11 @@ def simulate_run(
         replan_s=window_s / cfg.slow,
         demand_ttl_s=DEMAND_TTL_S / cfg.slow,
     )
-    return report.build(simulate(sim_cfg, load_timing(list(cfg.calibration)), model_trace))
+    result = simulate(sim_cfg, load_timing(list(cfg.calibration)), model_trace)
+    span = max((r.arrival_s for r in trace), default=0.0)
+    # by slices of the run's own (wall) arrival times
+    found = [(sr.req.arrival_s * cfg.slow, sr.found_in) for sr in result.requests]
+    return report.build(result) | {"gpu_hit_over_time": hit_slices(found, warmup_s, span)}
 
 
 def agreement(run: dict[str, Any], simulated: dict[str, Any]) -> dict[str, Any]:

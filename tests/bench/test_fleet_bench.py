@@ -53,6 +53,9 @@ def test_small_fleet_serves_the_trace_and_a_joining_replica_moves_its_share(
     share = summary["tier_share"]
     assert share["gpu"] + share["ram"] >= 0.95, share  # placed ahead of the traffic: no fetch on the path
     assert summary["gpu_hit_rate"] > 0.0
+    # the hit rate over the replay's slices, both sides: every answered request in one slice
+    assert sum(s["requests"] for s in report["gpu_hit_over_time"]) == summary["ok"]
+    assert sum(s["requests"] for s in report["simulator"]["gpu_hit_over_time"]) == len(trace)
     join = report["events"]["join"]
     assert join["within_bound"] and join["placed_on_new"] > 0, join
     assert join["placements_settled_s"] is not None, join
@@ -77,4 +80,4 @@ def test_small_fleet_serves_the_trace_and_a_joining_replica_moves_its_share(
         assert report["postgres_statements_per_s"] > 0, report["postgres_statements_per_s"]
     out = tmp_path / "out"
     out.mkdir()
-    assert len(write_report(report, out)) == 3 and (out / "fleet.html").is_file()
+    assert len(write_report(report, out)) == 4 and (out / "fleet.html").is_file()
