@@ -1,9 +1,9 @@
 """`lorafleet bench simgrid`: the fleet simulator over a grid of adapter counts, Zipf exponents and rates.
 
-Each cell generates one trace, sizes the fleet with the simulator's --find-replicas search (today's
-affinity routing, p95 TTFT within the SLO), and runs every routing mode on that trace and fleet: cost
-(the new one), table (a fixed score table, GIE's LoRA-affinity manner), affinity (today's) and random (the
-baseline). Cells run in parallel processes.
+Each cell generates one trace, sizes the fleet with the simulator's --find-replicas search (cost routing,
+the gateway's default: the fewest replicas whose p95 TTFT is within the SLO), and runs every routing mode
+on that trace and fleet: cost, table (a fixed score table, GIE's LoRA-affinity manner), affinity and random
+(the baseline). Cells run in parallel processes.
 
 With --trace, every cell replays one trace file (sim.trace: its arrivals rescaled to the cell's rate, so its
 bursts keep their shape, and its prompt and answer lengths) with the cell's adapters drawn from its Zipf
@@ -38,7 +38,8 @@ from sim.simulator import SimConfig, simulate
 from sim.timing import TimingModel
 from sim.workload import Request, WorkloadConfig, generate, zipf_weights
 
-MODES = ("cost", "table", "affinity", "random")  # new; a fixed table; today's (sizes the fleet); baseline
+MODES = ("cost", "table", "affinity", "random")  # the default (sizes the fleet); a fixed table; owners; baseline
+SIZED_BY = "cost"
 
 
 @dataclass(frozen=True)
@@ -102,14 +103,14 @@ def run_cell(cell: Cell, grid: GridConfig) -> dict[str, Any]:
     lo, hi = first_guess(timing, cell.rate, trace)
     cfg = SimConfig(
         replicas=hi,
-        routing="affinity",
+        routing=SIZED_BY,
         sizes=CacheSizes(gpu_slots=grid.gpu_slots),
         warmup_s=grid.warmup_s,
         seed=grid.seed,
     )
     found = find_replicas(cfg, timing, trace, grid.slo_p95_ttft_s, 0.0, lo=lo)
     replicas = found["replicas"]
-    runs = {"affinity": found["report"]}
+    runs = {SIZED_BY: found["report"]}
     for mode in MODES:
         if mode not in runs:
             runs[mode] = report.build(simulate(replace(cfg, replicas=replicas, routing=mode), timing, trace))
@@ -120,7 +121,8 @@ def run_cell(cell: Cell, grid: GridConfig) -> dict[str, Any]:
         modes[mode]["goal_met"] = _goal_met(modes[mode], grid)
     return {
         **asdict(cell),
-        "requests": runs["affinity"]["requests"],
+        "requests": runs[SIZED_BY]["requests"],
+        "sized_by": SIZED_BY,
         "span_s": round(max((r.arrival_s for r in trace), default=0.0), 1),
         "replicas": replicas,
         "sizing": found["tried"],

@@ -50,7 +50,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.suptitle(
         f"lorafleet simulate grid{' on ' + Path(cfg['trace']).name if cfg.get('trace') else ''}: "
         f"{cfg['duration_s']:g} s per cell, fleets sized for p95 TTFT "
-        f"<= {cfg['slo_p95_ttft_s']:g} s with affinity routing"
+        f"<= {cfg['slo_p95_ttft_s']:g} s with cost routing"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)

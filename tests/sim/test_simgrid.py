@@ -33,12 +33,12 @@ def test_a_two_cell_grid_sizes_each_fleet_and_runs_every_mode(tmp_path: Path) ->
         (200, 1.0, 4.0),
     ]
     for cell in grid["cells"]:
-        assert set(cell["modes"]) == set(MODES)
+        assert set(cell["modes"]) == set(MODES) and cell["sized_by"] == "cost"  # the gateway's default
         sizing = {int(n): t for n, t in cell["sizing"].items()}
         n = cell["replicas"]
         assert (
             sizing[n]["p95_ttft_s"] <= 1.0
-            and cell["modes"]["affinity"]["p95_ttft_s"] == sizing[n]["p95_ttft_s"]
+            and cell["modes"][cell["sized_by"]]["p95_ttft_s"] == sizing[n]["p95_ttft_s"]
         )
         assert n - 1 not in sizing or sizing[n - 1]["p95_ttft_s"] > 1.0
         for mode in MODES:
