@@ -38,7 +38,8 @@ from sim.simulator import SimConfig, simulate
 from sim.timing import TimingModel
 from sim.workload import Request, WorkloadConfig, generate, zipf_weights
 
-MODES = ("cost", "table", "affinity", "random")  # the default (sizes the fleet); a fixed table; owners; baseline
+# the default (it sizes each fleet), a fixed score table, owners by load, the baseline
+MODES = ("cost", "table", "affinity", "random")
 SIZED_BY = "cost"
 
 
