@@ -186,12 +186,14 @@ async def run_fleet(
     simulated = simulate_run(cfg, trace, STATS_WINDOW_S, start, warmup_s)
     found: dict[str, int] = {}  # the stand-ins' own count of the tiers they found, written as they stop
     ttfts: list[float] = []  # and their own times to first token
+    model_ttfts: list[float] = []  # the same on the model's schedule, however late each loop ran
     for path in (work / "standin-host.json", work / "standin-joiner.json"):
         with contextlib.suppress(OSError, ValueError):
             for row in json.loads(path.read_text()):
                 for tier, n in row["found"].items():
                     found[tier] = found.get(tier, 0) + n
                 ttfts.extend(row.get("ttft_s", ()))
+                model_ttfts.extend(row.get("model_ttft_s", ()))
     return {
         "benchmark": "fleet",
         "run": run,
@@ -207,8 +209,9 @@ async def run_fleet(
         "owner_placements_at_start": placed,
         "summary": summary,
         "standin_tiers": found,
-        # arrival at a stand-in to its first token, model seconds: the model's queue and loads alone
-        "standin_ttft": {"count": len(ttfts), **pcts(ttfts)},
+        # arrival at a stand-in to its first token, model seconds: the model's queue and loads, and how late
+        # its host's loop wrote the token; model_schedule: the first without the second
+        "standin_ttft": {"count": len(ttfts), **pcts(ttfts), "model_schedule": pcts(model_ttfts)},
         "simulator": {
             "agreement": agreement(summary, simulated),
             "note": "the simulator on the same trace, sizes, routing and timing, in model seconds, from the "

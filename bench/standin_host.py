@@ -174,6 +174,7 @@ class HostedStandin:
             "served": self.model.served,
             "found": dict(self.model.found),
             "ttft_s": [round(t, 4) for t in self.ttfts],
+            "model_ttft_s": [round(t, 4) for t in self.model.model_ttfts],
         }
 
 

@@ -43,6 +43,9 @@ class ModeledReplica:
         self.found: dict[str, int] = {}  # tier -> requests that found their adapter there
         self.served = 0
         self.load_marks: deque[tuple[float, int]] = deque()  # (model time, GPU loads so far) at each report
+        # each request's arrival to the step end that gives its first token, on the model's own schedule: the
+        # host's time to first token less however late its loop ran that step's callback
+        self.model_ttfts: list[float] = []
 
     # requests
 
@@ -68,18 +71,20 @@ class ModeledReplica:
     def dispatch(self, kind: int, payload: object, now: float) -> None:
         """One event the schedule fired, at model time now."""
         if kind == STEP:
-            self._tokens()
+            self._tokens(now)
             cast(SimReplica, payload).step(now)
         elif kind == LOAD_DONE:
             self.sim.load_done(cast(tuple[SimReplica, str], payload)[1], now)
         elif kind == FETCHED:
             self.sim.fetched(cast(tuple[SimReplica, str], payload)[1], now)
 
-    def _tokens(self) -> None:
-        """A step ended: every request running in it gets its next token."""
+    def _tokens(self, now: float) -> None:
+        """A step ended at model time now: every request running in it gets its next token."""
         for _, _, sr in self.sim.finishing:
             key = sr.req.request_id
             sink, sent = self.sinks[key]
+            if sent == 0 and sink is not _DROPPED:
+                self.model_ttfts.append(now - sr.req.arrival_s)
             sink.token(sent)
             self.sinks[key] = (sink, sent + 1)
 

@@ -126,10 +126,12 @@ def test_in_flight_tokens_and_queue_are_reported_while_requests_run() -> None:
         d.replica.dispatch(kind, payload, t)
     assert d.replica.queue_depth() == 0 and d.replica.tokens_in_flight() == 40  # its first token is to come
     assert (d.replica.running(), d.replica.prefill_tokens()) == (1, 0)  # its step prefills it
+    assert d.replica.model_ttfts == []
     t, _, kind, payload = heapq.heappop(d.events)
     d.clock[0] = t
     d.replica.dispatch(kind, payload, t)
     assert d.replica.tokens_in_flight() == 41
+    assert d.replica.model_ttfts == [t]  # arrived at 0, its first token at the end of its step
 
 
 def test_a_request_whose_caller_went_away_frees_its_place_as_on_a_replica() -> None:
