@@ -144,6 +144,7 @@ async def run_fleet(
         await lag.start()
         series, stop = Series(), asyncio.Event()
         scraper = httpx.AsyncClient()
+        tasks: list[asyncio.Task[Any]] = []  # what runs beside the replay, ended whatever happens
         try:
             registration = await _register(stack)
             placed = await _placed(pool, cfg.replicas, 600.0)
@@ -159,6 +160,7 @@ async def run_fleet(
             closes = asyncio.create_task(window_lateness(scraper, stack.stats_url, STATS_WINDOW_S, stop))
             replay = asyncio.create_task(_replay(stack, stack.stack.keys, trace, rate))
             routed_at_warmup = asyncio.create_task(_routes_after(scraper, stack.gateways, warmup_s))
+            tasks += [sampler, closes, replay, routed_at_warmup]
             events: dict[str, Any] = {}
             span = max((r.arrival_s for r in trace), default=0.0)
             if join_at > 0:
@@ -178,6 +180,9 @@ async def run_fleet(
             windows = await closes
         finally:
             stop.set()
+            for task in tasks:  # a join, a kill or the replay that raised leaves the others running
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await lag.stop()
             await pool.close()
             await scraper.aclose()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from contextlib import AsyncExitStack
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,25 @@ class AdapterUse:
     header_adapter_id: str | None
     tier: str | None
     lease: Lease | None = field(default=None, repr=False)
+
+
+@dataclass
+class Admitting:
+    """Requests past their prompt's tokenizing and not yet in the engine (their adapter being found or
+    loaded), and their prompt tokens."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+
+    @contextmanager
+    def holding(self, prompt_tokens: int) -> Iterator[None]:
+        self.requests += 1
+        self.prompt_tokens += prompt_tokens
+        try:
+            yield
+        finally:
+            self.requests -= 1
+            self.prompt_tokens -= prompt_tokens
 
 
 class Replica:
@@ -130,6 +150,7 @@ class Replica:
         self.lifecycle = Lifecycle()
         self.state_changed = asyncio.Event()  # set on a new status: replica.state goes out at once
         self.running: set[str] = set()  # request ids accepted and not yet answered in full
+        self.admitting = Admitting()  # the batch this replica reports counts them as waiting
 
     @property
     def gpu_slots(self) -> int:
@@ -323,15 +344,16 @@ class Replica:
     def load(self) -> Load:
         """The load replica.state reports, from copies of the engine's queues (engine_load)."""
         e = self.engine_load()
+        admitting = self.admitting
         return Load(
-            queue_depth=e.waiting,
-            tokens_in_flight=e.tokens_in_flight,
+            queue_depth=e.waiting + admitting.requests,
+            tokens_in_flight=e.tokens_in_flight + admitting.prompt_tokens,
             kv_usage=e.kv_usage,
             prefix_cache_queries=e.prefix_cache_queries,
             prefix_cache_hits=e.prefix_cache_hits,
             running=e.running,
             max_running=self.engine.engine.scheduler.max_num_seqs,
-            prefill_tokens=e.prefill_tokens,
+            prefill_tokens=e.prefill_tokens + admitting.prompt_tokens,
         )
 
     def replica_state(self) -> ReplicaState:

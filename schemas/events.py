@@ -121,7 +121,7 @@ class ReplicaStateBody(BaseModel):
     ram_adapters: list[AdapterId] = Field(default_factory=list)
     disk_adapters: list[AdapterId] = Field(default_factory=list)
     gpu_slots: NonNegativeInt = 0
-    queue_depth: NonNegativeInt = 0  # requests waiting for a row in the batch
+    queue_depth: NonNegativeInt = 0  # requests not in the batch yet: waiting for a row or for their adapter
     tokens_in_flight: NonNegativeInt = 0
     # the batch: rows in use, its size (0: not reported) and the prompt tokens of waiting and running
     # requests not yet prefilled; the router tells an owner with room from these (docs/routing.md)

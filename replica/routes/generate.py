@@ -47,7 +47,8 @@ async def generate(
     replica.engine.engine.check_request(prompt, params, "prompt" if body.prompt is not None else "messages")
     grammar = await _grammar(replica, body)
     timer = replica.metrics.request()
-    use = await replica.acquire(body.adapter_id, body.tenant_id)
+    with replica.admitting.holding(len(prompt)):  # waiting for the batch, as the router should see it
+        use = await replica.acquire(body.adapter_id, body.tenant_id)
     if use.header_adapter_id is not None:
         replica.metrics.hit(use.tier or "gpu")
     request_id = body.request_id or replica.engine.next_request_id()

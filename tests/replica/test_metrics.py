@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from replica.engine.scheduler import CacheCounters
 from replica.engine.sequence import Sequence
 from replica.kv.blocks import BlockManager
 from replica.metrics import ReplicaMetrics, engine_load
-from replica.runtime import Replica, build_replica
+from replica.runtime import AdapterUse, Replica, build_replica
 from replica.server import create_app
 from tests.replica.peft_util import AdapterRecipe, make_peft_adapters
 
@@ -183,3 +184,27 @@ async def test_prefix_cache_hits_reach_the_usage_the_metrics_and_the_state(
     assert state.prefix_cache_hits >= 32 and state.prefix_cache_queries >= 120 and state.kv_usage == 0.0
     # the batch it reports, idle now: the router's test for room (docs/routing.md)
     assert (state.running, state.queue_depth, state.max_running, state.prefill_tokens) == (0, 0, 4, 0)
+
+
+async def test_a_request_waiting_for_its_adapter_counts_in_the_reported_batch(
+    client: httpx.AsyncClient, replica: Replica, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request whose adapter is still loading is in no engine queue yet, but it waits all the same: the
+    state counts it, so a gateway does not take its replica for one with room."""
+    entered, go = asyncio.Event(), asyncio.Event()
+    acquire = replica.acquire
+
+    async def slow_acquire(adapter_id: str | None, tenant_id: str | None = None) -> AdapterUse:
+        entered.set()
+        await go.wait()
+        return await acquire(adapter_id, tenant_id)
+
+    monkeypatch.setattr(replica, "acquire", slow_acquire)
+    request = asyncio.create_task(_generate(client, [9] * 20))
+    await asyncio.wait_for(entered.wait(), 10)
+    state = replica.replica_state()
+    assert (state.queue_depth, state.prefill_tokens, state.tokens_in_flight) == (1, 20, 20)
+    go.set()
+    await request
+    state = replica.replica_state()
+    assert (state.queue_depth, state.prefill_tokens, state.running) == (0, 0, 0)
