@@ -118,7 +118,9 @@ async def test_a_burst_that_keeps_the_worker_busy_for_several_ttls_drops_no_repl
             unread_for = max(unread_for, time.time() - (await pool.fetchval(oldest, prefix)).timestamp())
             await asyncio.sleep(0.2)
         print(f"\nBACKLOG: reports waited up to {unread_for:.1f}s unread (TTL {TTL_S}s)")
-        assert unread_for > 1.5 * TTL_S, "the burst did not put the worker behind: the test proves nothing"
+        # past the TTL, a report aged by its arrival alone would have dropped its replica (the burst is read
+        # as it is sent, so how far behind the worker falls varies: 2.7-9.1 s here)
+        assert unread_for > TTL_S, "the burst did not put the worker behind: the test proves nothing"
         await asyncio.sleep(2 * TTL_S)  # caught up: ages count again, and both still report
         assert await _placements(pool, prefix) == want
         assert await _commands(pool, prefix) == commands
