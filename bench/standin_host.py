@@ -149,13 +149,13 @@ class HostedStandin:
         warm = len(
             self.owned.intersection(tiers.ram_adapters).union(self.owned.intersection(tiers.gpu_adapters))
         )
-        model = self.model
+        batch = self.model.sim.batch()
         load = Load(
-            model.queue_depth(),
-            model.tokens_in_flight(),
-            running=model.running(),
-            max_running=model.max_running(),
-            prefill_tokens=model.prefill_tokens(),
+            batch.waiting,
+            self.model.tokens_in_flight(),
+            running=batch.running,
+            max_running=self.model.max_running(),
+            prefill_tokens=batch.prefill_tokens,
         )
         return build_state(
             self.replica_id,

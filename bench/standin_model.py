@@ -110,11 +110,11 @@ class ModeledReplica:
 
     def queue_depth(self) -> int:
         """Requests admitted to no batch yet: ready ones and those waiting for their adapter's load."""
-        return len(self.sim.waiting())
+        return self.sim.batch().waiting
 
     def running(self) -> int:
         """Rows of the batch in use: the requests admitted to a step and not yet finished."""
-        return len(self.sim.finishing)
+        return self.sim.batch().running
 
     def max_running(self) -> int:
         return self.sim.timing.max_batch
@@ -122,7 +122,7 @@ class ModeledReplica:
     def prefill_tokens(self) -> int:
         """Prompt tokens not yet prefilled: those of the requests admitted to no batch yet (the running
         step prefills its own admissions whole)."""
-        return sum(sr.req.prompt_tokens for sr in self.sim.waiting())
+        return self.sim.batch().prefill_tokens
 
     def cache_state(self, now: float) -> CacheState:
         """The tiers as a replica's cache reports them (an adapter still being written is not on the GPU),

@@ -18,6 +18,7 @@ import random
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from lorafleet.sizing import BRIEF, PRODUCTION
 from replica.adapter_cache.lru import ByteLru
@@ -57,6 +58,12 @@ Schedule = Callable[[float, int, object], None]  # (time, event kind, payload)
 STEP = 1
 LOAD_DONE = 2  # a slot write finished
 FETCHED = 3  # a disk or object-store read reached host RAM
+
+
+class Batch(NamedTuple):
+    running: int
+    waiting: int
+    prefill_tokens: int
 
 
 class SimReplica:
@@ -159,9 +166,12 @@ class SimReplica:
             return "ram"
         return "disk" if adapter_id in self.disk else "remote"
 
-    def waiting(self) -> list[SimRequest]:
-        """Requests admitted to no batch yet: ready ones and those waiting for their adapter's load."""
-        return [*self.ready, *(sr for w in self.loading.values() for sr in w)]
+    def batch(self) -> Batch:
+        """What a replica reports of its batch (schemas.events.ReplicaStateBody): the rows in use, the
+        requests admitted to none yet (ready, or waiting for their adapter's load) and their prompt
+        tokens, the only ones not prefilled (a step prefills its own admissions whole)."""
+        waiting = [*self.ready, *(sr for w in self.loading.values() for sr in w)]
+        return Batch(len(self.finishing), len(waiting), sum(sr.req.prompt_tokens for sr in waiting))
 
     def cancel(self, sr: SimRequest) -> None:
         """Its caller went away, and a replica frees the row of a request whose connection closed: a queued

@@ -23,7 +23,7 @@ from gateway.public.routing.policy import ROUTING_MODES, ReplicaLoad, RouterPoli
 from placement_worker.planner import Placements, Policy, desired, diff
 from sim.host import SharedHost
 from sim.probe import FleetProbe
-from sim.replica import FETCHED, LOAD_DONE, STEP, CacheSizes, SimReplica, SimRequest
+from sim.replica import FETCHED, LOAD_DONE, STEP, Batch, CacheSizes, SimReplica, SimRequest
 from sim.timing import TimingModel
 from sim.workload import Request
 
@@ -121,7 +121,7 @@ class Simulation:
         self.inflight: dict[str, int] = dict.fromkeys(ids, 0)  # the gateway's reserved tokens per replica
         # each replica's batch at its last report (running, waiting, prompt tokens not yet prefilled), and
         # the requests and prompt tokens routed to it since: what a gateway knows of it
-        self.batch: dict[str, tuple[int, int, int]] = dict.fromkeys(ids, (0, 0, 0))
+        self.batch: dict[str, Batch] = dict.fromkeys(ids, Batch(0, 0, 0))
         self.since: dict[str, tuple[int, int]] = dict.fromkeys(ids, (0, 0))
         self.views: dict[str, ReplicaLoad] = {}
         self.dirty: set[str] = set(ids)
@@ -213,8 +213,7 @@ class Simulation:
             if changed:
                 self.resident[rid] = replica.state()
                 self.published[rid] = replica.cache_version
-            waiting = replica.waiting()
-            batch = (len(replica.finishing), len(waiting), sum(sr.req.prompt_tokens for sr in waiting))
+            batch = replica.batch()
             if changed or batch != self.batch[rid] or self.since[rid] != (0, 0):
                 self.batch[rid], self.since[rid] = batch, (0, 0)
                 self.dirty.add(rid)
