@@ -68,7 +68,8 @@ class GatewaySettings(BaseSettings):
     alias_cache_refresh_s: float = Field(default=5.0, ge=0)
     alias_cache_bulk_max: int = Field(default=200_000, ge=1)
     # Router (gateway/public/routing/policy.py): cost (the default) | affinity | random (the A/B
-    # baseline); owners per adapter; spill past this many tokens.
+    # baseline); owners per adapter; an owner that reports no batch is overloaded past this many tokens
+    # (one that does: spill_wait_s below).
     routing_mode: Literal["cost", "affinity", "random"] = "cost"
     owners_k: int = Field(default=2, ge=1)
     spill_threshold_tokens: int = Field(default=32_000, ge=0)

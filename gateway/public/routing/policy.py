@@ -42,7 +42,8 @@ class RoutePlan:
 @dataclass(frozen=True)
 class RouterPolicy:
     owners_k: int = 2
-    # About one full batch of the brief's requests (32 x (750 + 250) tokens); below it an owner has room.
+    # For a replica that reports no batch: about one full batch of the brief's requests (32 x (750 + 250)
+    # tokens); at most this in flight, an owner has room (has_room).
     spill_threshold_tokens: int = 32_000
     gpu_preference_tokens: int = 8_000
     # cost routing: a full batch of the brief's requests (32 x 1,000 tokens) drains in about 12.5 s
@@ -103,7 +104,7 @@ def route_affinity(
     adapter_id: str, live: Sequence[ReplicaLoad], policy: RouterPolicy, rng: random.Random
 ) -> RoutePlan:
     """Owners with room first (GPU preference among them), then the overloaded owners, then the rest;
-    spill only when every owner is over the threshold."""
+    spill only when every owner is overloaded."""
     if not live:
         return RoutePlan((), "none")
     by_id = {r.replica_id: r for r in live}
@@ -159,7 +160,7 @@ def route_cost(
         cost = expected_cost_s(adapter_id, r, r.replica_id == home, owner, policy)
         return cost, order.get(r.replica_id, len(order)), r.replica_id
 
-    # owners with room first, each group cheapest first; a spill only when every owner is over the threshold
+    # owners with room first, each group cheapest first; a spill only when every owner is overloaded
     candidates = sorted((by_id[i] for i in order), key=lambda r: (not has_room(r, policy), price(r)))
     rest = sorted((r for r in live if r.replica_id not in order), key=price)
     best = candidates[0]

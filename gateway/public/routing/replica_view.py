@@ -105,8 +105,8 @@ class ReplicaView:
     def load_of(self, replica_id: str, reported: int) -> int:
         """A replica's tokens in flight as this gateway best knows them: its last report (every gateway's
         requests) plus what this gateway sent it since, or this gateway's own reservations if more. Its own
-        alone would show each of several gateways only its share, and each would fill an owner past the
-        spill threshold before spilling."""
+        alone would show each of several gateways only its share, and each would fill an owner past its
+        room before spilling."""
         sent = self._since_state.get(replica_id)
         return max(reported + (sent.tokens if sent else 0), self.inflight(replica_id))
 
