@@ -245,7 +245,6 @@ def compare(a: argparse.Namespace, run: Path, replicas: list[str], start: Start)
             replicas=len(replicas),
             routing=gs.routing_mode,
             owners_k=gs.owners_k,
-            spill_threshold_tokens=gs.spill_threshold_tokens,
             spill_wait_s=gs.spill_wait_s,
             prefill_tokens_per_s=gs.prefill_tokens_per_s,
             row_wait_s=gs.row_wait_s,

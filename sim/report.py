@@ -115,7 +115,6 @@ def build(result: SimResult, gpu_hour_usd: float = 2.5, headroom: float = 0.3) -
             "replicas": cfg.replicas,
             "routing": cfg.routing,
             "owners_k": cfg.owners_k,
-            "spill_threshold_tokens": cfg.spill_threshold_tokens,
             "spill_wait_s": cfg.spill_wait_s,
             "gpu_slots": cfg.sizes.gpu_slots,
             "ram_bytes": cfg.sizes.ram_bytes,

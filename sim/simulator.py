@@ -37,9 +37,6 @@ class SimConfig:
     replicas: int = 26
     routing: str = "cost"  # a key of gateway.public.routing.policy.ROUTING_MODES (the gateway's default)
     owners_k: int = 2
-    # the gateway's LORAFLEET_GATEWAY_SPILL_THRESHOLD_TOKENS: only for a replica that reports no batch,
-    # which the simulator's always do
-    spill_threshold_tokens: int = 32_000
     report_interval_s: float = 1.0  # replicas publish their resident adapters this often
     sizes: CacheSizes = field(default_factory=CacheSizes)
     warmup_s: float = 60.0  # requests arriving earlier are simulated but not reported
@@ -94,9 +91,10 @@ class Simulation:
         self.cfg, self.timing, self.trace = cfg, timing, trace
         # the gateway's own wrapper: a fleet without merged replicas leaves the mode's plan as it is
         self.route = merged_first(ROUTING_MODES[cfg.routing])
+        # the gateway's token threshold is not set: it judges only a replica that reports no batch, and every
+        # simulated replica reports one
         self.policy = RouterPolicy(
             cfg.owners_k,
-            cfg.spill_threshold_tokens,
             drain_tokens_per_s=cfg.drain_tokens_per_s,
             slot_cost_s=cfg.slot_cost_s,
             load_s=dict(timing.load_s),
