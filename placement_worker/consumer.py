@@ -16,7 +16,15 @@ from placement_worker import producer, store
 from placement_worker.config import PlacementSettings
 from placement_worker.membership import joining, members
 from placement_worker.merging import Merging
-from placement_worker.planner import Change, Policy, desired, diff, resend_owned, touches_gpu_share
+from placement_worker.planner import (
+    Change,
+    Policy,
+    desired,
+    diff,
+    prewarm_targets,
+    resend_owned,
+    touches_gpu_share,
+)
 from placement_worker.spill import idle, resident_tiers
 from schemas.events import AdapterStats, AdapterValidated, AliasChanged, Event, ReplicaState, RequestCompleted
 
@@ -126,7 +134,8 @@ class PlacementWorker:
             await self._merging.on_alias_changed(conn, event)
             for adapter_id in served:
                 owners = await store.owners_of(conn, adapter_id, self._s.replica_id_prefix)
-                await producer.emit_prewarm(conn, adapter_id, owners)
+                takes_over = adapter_id == event.adapter_id and event.previous_adapter_id is not None
+                await producer.emit_prewarm(conn, adapter_id, prewarm_targets(adapter_id, owners, takes_over))
 
         async with self._pool.acquire() as conn:
             await apply_once(conn, CONSUMER, event.event_id, effect)

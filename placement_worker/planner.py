@@ -157,3 +157,14 @@ def resend_owned(target: Placements, joiners: list[str], changes: list[Change]) 
         for replica_id, tier in sorted(want.items())
         if replica_id in wanted and (adapter_id, replica_id) not in sent
     ]
+
+
+def prewarm_targets(adapter_id: str, owner_ids: list[str], takes_over: bool) -> list[str]:
+    """The owners that bring an adapter into GPU slots when an alias moves to it.
+
+    Every owner when it takes over a previous version's traffic (a deploy or a rollback: requests arrive at
+    once). Otherwise only its home, the first owner by rendezvous: the router sends its requests to the
+    owner that holds it in GPU, so one copy serves a new alias, and a bulk registration leaves each
+    replica's slots holding its own homes instead of the last adapters registered."""
+    order = ranked(adapter_id, owner_ids)
+    return order if takes_over else order[:1]

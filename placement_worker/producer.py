@@ -23,7 +23,7 @@ async def emit_changes(conn: Connection, changes: list[Change]) -> None:
 
 
 async def emit_prewarm(conn: Connection, adapter_id: str, replica_ids: list[str]) -> None:
-    """Ask the owners to bring an adapter into GPU slots ahead of traffic (an alias just moved to it)."""
+    """Ask these replicas to bring an adapter into GPU slots ahead of traffic (an alias just moved to it)."""
     for replica_id in replica_ids:
         await emit(
             conn,

@@ -186,21 +186,12 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
         await asyncio.sleep(0.8)
         assert await _commands(pool) == n_commands
 
-        # An alias change prewarms the new target on its owners.
+        # A new alias prewarms its target on its home only: the first of its owners by rendezvous.
         target = adapters[1]
         await send(AliasChanged(alias="acme/support:prod", tenant_id="acme", adapter_id=target, revision=1))
-
-        async def prewarmed() -> bool:
-            return bool(
-                await pool.fetchval(
-                    """SELECT count(*) FROM outbox WHERE aggregate_type = 'replica.commands'
-                       AND payload->>'command' = 'prewarm' AND payload->>'adapter_id' = $1""",
-                    target,
-                )
-                == 2
-            )
-
-        await wait_until(prewarmed, what="prewarm commands")
+        await wait_until(lambda: _command_count(pool, "prewarm", target, 1), what="prewarm command")
+        home = owners(target, sorted((await _placements(pool))[target]), 1)
+        assert await _prewarmed_on(pool, target) == home
 
         # An alias flip v1 -> v2 unloads v1 from its owners; a duplicate changes nothing; rollback reloads v1.
         v1, v2, alias = adapters[2], adapters[3], "acme/app:prod"
@@ -210,13 +201,15 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
             v1,
         )
         await send(AliasChanged(alias=alias, tenant_id="acme", adapter_id=v1, revision=1))
-        await wait_until(lambda: _command_count(pool, "prewarm", v1, 2), what="v1 prewarmed")
+        await wait_until(lambda: _command_count(pool, "prewarm", v1, 1), what="v1 prewarmed")
         v1_owners = (await _placements(pool))[v1]
         unloads_before = await _command_count(pool, "unload", v1)
         await _set_alias(pool, alias, v2, v1, 2)
         flip = AliasChanged(alias=alias, tenant_id="acme", adapter_id=v2, previous_adapter_id=v1, revision=2)
         await send(flip)
+        # a deploy: v2 takes over v1's traffic, so every owner of v2 prewarms it
         await wait_until(lambda: _command_count(pool, "prewarm", v2, 2), what="v2 prewarmed")
+        assert await _prewarmed_on(pool, v2) == sorted((await _placements(pool))[v2])
         assert v1 not in await _placements(pool)
         unloaded = await pool.fetch(
             """SELECT payload->>'replica_id' AS r FROM outbox WHERE aggregate_type = 'replica.commands'
@@ -233,7 +226,7 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
         await send(
             AliasChanged(alias=alias, tenant_id="acme", adapter_id=v1, previous_adapter_id=v2, revision=3)
         )
-        await wait_until(lambda: _command_count(pool, "prewarm", v1, 4), what="v1 prewarmed after rollback")
+        await wait_until(lambda: _command_count(pool, "prewarm", v1, 3), what="v1 prewarmed after rollback")
         rolled = await _placements(pool)
         assert set(rolled[v1]) == set(owners(v1, shrunk, 2)) and v2 not in rolled
         reloads = await pool.fetchval(
@@ -292,6 +285,15 @@ async def _command_count(pool: asyncpg.Pool, command: str, adapter_id: str, at_l
         adapter_id,
     )
     return n if at_least is None else n >= at_least
+
+
+async def _prewarmed_on(pool: asyncpg.Pool, adapter_id: str) -> list[str]:
+    rows = await pool.fetch(
+        """SELECT payload->>'replica_id' AS r FROM outbox WHERE aggregate_type = 'replica.commands'
+           AND payload->>'command' = 'prewarm' AND payload->>'adapter_id' = $1 ORDER BY r""",
+        adapter_id,
+    )
+    return [r["r"] for r in rows]
 
 
 async def _member_count(pool: asyncpg.Pool, prefix: str, n: int) -> bool:

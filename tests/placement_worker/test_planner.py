@@ -13,6 +13,7 @@ from placement_worker.planner import (
     diff,
     gpu_budget,
     owner_count,
+    prewarm_targets,
     resend_owned,
     touches_gpu_share,
 )
@@ -185,3 +186,22 @@ def test_rolling_back_to_a_retired_version_loads_it_again_on_the_same_owners() -
 def test_replanning_a_retired_version_again_changes_nothing() -> None:
     target = desired({"v1": 0.0}, FLEET, POLICY, retired=frozenset({"v1"}))
     assert diff(target, target) == [] and diff({}, target) == []
+
+
+def test_a_new_alias_prewarms_its_home_and_a_deploy_every_owner() -> None:
+    three = owners("a-1", FLEET, 3)
+    assert prewarm_targets("a-1", sorted(three), takes_over=False) == three[:1]
+    assert prewarm_targets("a-1", sorted(three), takes_over=True) == three
+    assert prewarm_targets("a-1", [], takes_over=False) == []
+
+
+def test_a_bulk_registration_prewarms_each_adapter_once_within_the_slots() -> None:
+    """The brief's fleet: 5,000 new aliases over 26 replicas of 250 slots. One copy each fits (every adapter
+    stays in a slot); a copy on both owners would need 10,000 slots of 6,500, and each replica would evict
+    its earlier prewarms for the last aliases registered."""
+    fleet = [f"replica-{i}" for i in range(26)]
+    ids = [f"adapter-{i:05d}" for i in range(5000)]
+    homes = Counter(r for a in ids for r in prewarm_targets(a, owners(a, fleet, 2), takes_over=False))
+    assert sum(homes.values()) == len(ids) and max(homes.values()) <= 250
+    both = Counter(r for a in ids for r in prewarm_targets(a, owners(a, fleet, 2), takes_over=True))
+    assert max(both.values()) > 250
