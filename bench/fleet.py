@@ -42,6 +42,7 @@ from bench.fleet_stack import (
     groups,
 )
 from loadtest.client import RequestRecord
+from loadtest.prompts import PromptSource, default_tokenizer
 from loadtest.runner import LoadTestConfig, replay_trace, run_trace
 from loadtest.summary import pcts, summarise
 from lorafleet.config import PlatformSettings
@@ -90,7 +91,8 @@ async def _replay(
 ) -> list[RequestRecord]:
     """Each gateway sends every other request of the trace, both on one clock."""
     models = tuple(alias_name(r, stack.cfg.tenants) for r in range(stack.cfg.adapters))
-    cfg = LoadTestConfig(stack.gateways[0], models, keys, WorkloadConfig(), timeout_s=300.0)
+    prompts = PromptSource(0, stack.cfg.tokenizer)
+    cfg = LoadTestConfig(stack.gateways[0], models, keys, WorkloadConfig(), timeout_s=300.0, prompts=prompts)
     halves = [trace[i :: len(stack.gateways)] for i in range(len(stack.gateways))]
     runs = [run_trace(replace(cfg, gateway=g), h, rate) for g, h in zip(stack.gateways, halves, strict=True)]
     return [rec for part in await asyncio.gather(*runs) for rec in part]
@@ -205,6 +207,7 @@ async def run_fleet(
         "config": {
             **asdict(cfg),
             "calibration": [str(p) for p in cfg.calibration],
+            "tokenizer": None if cfg.tokenizer is None else cfg.tokenizer.parent.name,  # the model's folder
             "rate": rate,
             "warmup_s": warmup_s,
         },
@@ -286,6 +289,7 @@ def fleet(
         state_interval_s=state_interval_s,
         gpu_slots=gpu_slots,
         calibration=tuple(calibration or ()),
+        tokenizer=default_tokenizer(),
     )
     models = tuple(alias_name(r, tenants) for r in range(adapters))
     replay = traces.ReplayConfig(rate, duration, offset, adapters, zipf, 0, seed)

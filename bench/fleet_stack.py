@@ -43,6 +43,9 @@ class FleetConfig:
     gpu_slots: int = 250
     calibration: tuple[Path, ...] = ()
     run: str = ""
+    # the served model's tokenizer.json: the replay cuts real text to each request's prompt length under it,
+    # and the stand-ins count prompts with it, so they prefill the trace's lengths; None: words and bytes
+    tokenizer: Path | None = None
 
 
 def adapter_name(rank: int) -> str:
@@ -79,6 +82,7 @@ def host_spec(name: str, ids: list[str], first_port: int, cfg: FleetConfig, work
     args += ["--gpu-slots", str(cfg.gpu_slots), "--state-interval-s", str(cfg.state_interval_s)]
     args += ["--report", str(work / f"{name}.json")]
     args += [a for path in cfg.calibration for a in ("--calibration", str(path))]
+    args += ["--tokenizer", str(cfg.tokenizer)] if cfg.tokenizer is not None else []
     args += [a for rid in ids for a in ("--replica-id", rid)]
     ready = tuple(HttpReady(f"http://127.0.0.1:{first_port + i}/health", 90) for i in range(len(ids)))
     return ProcessSpec(name, tuple(args), first_port, ready=ready, stop_grace_s=STOP_GRACE_S)

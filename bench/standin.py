@@ -18,7 +18,7 @@ import json
 import logging
 import signal
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import ValidationError
@@ -35,6 +35,9 @@ from schemas.api import ErrorBody, ErrorDetail
 from schemas.events import ReplicaState
 from schemas.openai import Usage
 from schemas.replica_api import DoneEvent, GenerateRequest, TokenEvent, encode_event
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +70,15 @@ def _error(
     conn.respond(status, _JSON, body.encode())
 
 
-def _prompt_tokens(body: GenerateRequest) -> int:
-    """About four bytes a token plus a few for each message's template (no tokenizer here)."""
+def _prompt_tokens(body: GenerateRequest, tokenizer: Tokenizer | None = None) -> int:
+    """The messages' tokens under the served model's tokenizer, or about four bytes a token without one,
+    plus a few for each message's template."""
     if body.prompt_token_ids is not None:
         return len(body.prompt_token_ids)
-    return sum(len(m.content.encode()) // 4 + 4 for m in body.messages or ())
+    if tokenizer is None:
+        return sum(len(m.content.encode()) // 4 + 4 for m in body.messages or ())
+    messages = body.messages or ()
+    return sum(len(tokenizer.encode(m.content, add_special_tokens=False).ids) + 4 for m in messages)
 
 
 def accept(req: Request, conn: Connection, expected: bytes, replica_id: str) -> GenerateRequest | None:

@@ -49,6 +49,7 @@ from sim.timing import TimingModel, load_timing
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaProducer
+    from tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ class HostConfig:
     slow: float = 1.0  # wall seconds per model second
     state_interval_s: float = 1.0
     host: str = "127.0.0.1"
+    # counts each request's prompt as the replica would, so the model prefills the client's lengths; None:
+    # about four bytes a token
+    tokenizer: Tokenizer | None = None
 
 
 class StreamSink:
@@ -115,7 +119,7 @@ class HostedStandin:
             self._generate(conn, body)
 
     def _generate(self, conn: Connection, body: GenerateRequest) -> None:
-        n, prompt = body.max_tokens, _prompt_tokens(body)
+        n, prompt = body.max_tokens, _prompt_tokens(body, self.config.tokenizer)
         usage = Usage(prompt_tokens=prompt, completion_tokens=n, total_tokens=prompt + n)
         done = encode_event(DoneEvent(finish_reason="length", text="", usage=usage))
         # a base-model request has no adapter to find: it is modeled as one always on the GPU
@@ -239,8 +243,13 @@ def standin_host(
         str, typer.Option(envvar="LORAFLEET_REPLICA_SERVICE_TOKEN", help="callers' bearer token")
     ] = DEV_TOKEN,
     report: Annotated[Path | None, typer.Option(help="writes each stand-in's counts here on exit")] = None,
+    tokenizer: Annotated[
+        Path | None, typer.Option(help="tokenizer.json that counts prompts (default: about 4 bytes a token)")
+    ] = None,
 ) -> None:
     """Host many calibrated stand-in replicas in one process until SIGTERM (see bench/standin_host.py)."""
+    from tokenizers import Tokenizer
+
     logging.basicConfig(level=logging.WARNING)
     config = HostConfig(
         replica_ids=tuple(replica_id),
@@ -250,6 +259,7 @@ def standin_host(
         sizes=CacheSizes(gpu_slots=gpu_slots),
         slow=slow,
         state_interval_s=state_interval_s,
+        tokenizer=Tokenizer.from_file(str(tokenizer)) if tokenizer is not None else None,
     )
 
     async def main() -> list[HostedStandin]:

@@ -38,12 +38,20 @@ async def statement_stats_loaded() -> bool:
 
 @pytest.mark.skipif(not DEFAULT_TRACE.is_file(), reason="the shared trace is not on this machine")
 def test_small_fleet_serves_the_trace_and_a_joining_replica_moves_its_share(
-    service_env: ServiceAddresses, tmp_path: Path
+    service_env: ServiceAddresses, tmp_path: Path, smollm2_dir: Path
 ) -> None:
     # fewer GPU slots than each replica owns adapters (200 here), as at the brief's scale (385 against 250);
     # with room for all of them, routing reached the joiner only 14 s after its first placement (docs/
     # benchmarks.md, "Fleet on real processes")
-    cfg = FleetConfig(adapters=300, tenants=10, replicas=3, slow=1.0, state_interval_s=STATE_S, gpu_slots=40)
+    cfg = FleetConfig(
+        adapters=300,
+        tenants=10,
+        replicas=3,
+        slow=1.0,
+        state_interval_s=STATE_S,
+        gpu_slots=40,
+        tokenizer=smollm2_dir / "tokenizer.json",
+    )
     models = tuple(alias_name(r, cfg.tenants) for r in range(cfg.adapters))
     trace, _ = replay_trace(DEFAULT_TRACE, traces.ReplayConfig(4.0, 60.0, 0.0, 300, 0.9, 0, 0), models)
     report = asyncio.run(run_fleet(PlatformSettings(), tmp_path / "work", cfg, trace, 4.0, 0.3, 0.0))
@@ -53,6 +61,10 @@ def test_small_fleet_serves_the_trace_and_a_joining_replica_moves_its_share(
     share = summary["tier_share"]
     assert share["gpu"] + share["ram"] >= 0.95, share  # placed ahead of the traffic: no fetch on the path
     assert summary["gpu_hit_rate"] > 0.0
+    # the client's prompts are cut to the trace's lengths and the stand-ins count them with the same tokenizer
+    # (a few template tokens each): the modeled prefill is the trace's
+    wanted = sum(r.prompt_tokens for r in trace) / len(trace)
+    assert wanted - 2 <= summary["prompt_tokens_mean"] <= wanted + 8, (summary["prompt_tokens_mean"], wanted)
     # the hit rate over the replay's slices, both sides: every answered request in one slice
     assert sum(s["requests"] for s in report["gpu_hit_over_time"]) == summary["ok"]
     assert sum(s["requests"] for s in report["simulator"]["gpu_hit_over_time"]) == len(trace)

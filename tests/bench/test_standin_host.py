@@ -93,3 +93,23 @@ def test_the_gateway_routes_to_two_standins_hosted_in_one_process(
     assert {tier for _, tier, _ in second} == {"gpu"}  # the first request left each in a slot
     served = {r["replica_id"]: r["served"] for r in report}
     assert len(served) == 2 and all(n > 0 for n in served.values()), served
+
+
+def test_a_standin_counts_prompts_with_the_served_tokenizer_when_given() -> None:
+    """The modeled prefill is the prompt's length: under the tokenizer when the host has one (plus a few
+    template tokens a message), else about four bytes a token."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    from bench.standin import _prompt_tokens
+    from schemas.replica_api import ChatMessage, GenerateRequest
+
+    words = Tokenizer(WordLevel({"[UNK]": 0, "lorem": 1}, unk_token="[UNK]"))
+    words.pre_tokenizer = Whitespace()
+    body = GenerateRequest(
+        messages=[ChatMessage(role="user", content="lorem ipsum dolor sit amet")], max_tokens=4
+    )
+    assert _prompt_tokens(body, words) == 5 + 4
+    assert _prompt_tokens(body) == len(b"lorem ipsum dolor sit amet") // 4 + 4
+    assert _prompt_tokens(GenerateRequest(prompt_token_ids=[1, 2, 3], max_tokens=4), words) == 3
