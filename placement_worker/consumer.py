@@ -14,7 +14,7 @@ from lorafleet.feed import FeedWatch
 from lorafleet.outbox.idempotency import apply_once
 from placement_worker import producer, store
 from placement_worker.config import PlacementSettings
-from placement_worker.membership import joining, members
+from placement_worker.membership import Heartbeat, SilenceGuard, joining
 from placement_worker.merging import Merging
 from placement_worker.planner import (
     Change,
@@ -47,6 +47,9 @@ class PlacementWorker:
             settings.shrink_utilization,
         )
         self._members: dict[str, int] | None = None  # replica -> GPU slots, at the last full replan
+        # many replicas silent at once stay members a while: a stall, not deaths, until shown otherwise
+        self._membership = SilenceGuard(settings.silence_share, settings.silence_hold_s)
+        self._held: set[str] = set()  # the silent members held at the last look (logged when it changes)
         # heartbeats and usage arrive through Kafka: while it is down, membership and idleness stand still
         self.feed = FeedWatch(allowance_s=min(1.0, settings.tick_s), clock=time.time)
         self._dirty: set[str] = set()  # adapters with a new stats window, replanned at most once per tick_s
@@ -74,7 +77,7 @@ class PlacementWorker:
         await store.take_plan_lock(conn, self._s.plan_lock_wait_s)
         prefix, ttl = self._s.replica_id_prefix, self._s.demand_ttl_s
         beats = await store.heartbeats(conn, prefix)
-        fleet = members(beats, self.feed.now(), self._s.membership_ttl_s)
+        fleet = self._fleet(beats)
         slots = {b.replica_id: b.gpu_slots for b in beats}
         demand = await store.demand(conn, adapter_ids, ttl)
         current = await store.placements(conn, adapter_ids, prefix)
@@ -179,7 +182,7 @@ class PlacementWorker:
         if self.feed.ok_at is None:  # replica.state not yet read to its end: the fleet is not known yet
             return changes
         beats = await store.heartbeats(self._pool, self._s.replica_id_prefix)
-        now_members = members(beats, self.feed.now(), self._s.membership_ttl_s)
+        now_members = self._fleet(beats)
         slots = {b.replica_id: b.gpu_slots for b in beats if b.replica_id in now_members}
         if slots == self._members and time.monotonic() >= self._next_decay:
             self._next_decay = time.monotonic() + self._s.decay_check_s
@@ -206,6 +209,25 @@ class PlacementWorker:
         )
         self._members = slots
         return changes
+
+    def _fleet(self, beats: list[Heartbeat]) -> list[str]:
+        """The members now, as the silence guard judges them; logs when it starts or stops holding some."""
+        now = self.feed.now()
+        fleet = self._membership.members(beats, now, self._s.membership_ttl_s)
+        guard = self._membership
+        held = guard.silent(beats, now, self._s.membership_ttl_s) if guard.held_since is not None else set()
+        if held and not self._held:
+            log.warning(
+                "%d of %d replicas went silent together: kept as members for up to %.0f s (a stall, not "
+                "deaths, until shown otherwise)",
+                len(held),
+                len(guard.accepted),
+                guard.hold_s,
+            )
+        elif self._held and not held:
+            log.info("no longer holding %d silent replicas", len(self._held))
+        self._held = held
+        return fleet
 
     async def _expire_spills(self) -> list[Change]:
         if time.monotonic() < self._next_expiry:

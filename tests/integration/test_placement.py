@@ -1,12 +1,13 @@
 """The placement worker on the real Kafka and PostgreSQL: owners by rendezvous, a joining or leaving replica
-moves only its own placements, traffic raises the owner count, alias changes prewarm, and duplicates or
-replays change nothing. Commands reach replica.commands keyed by replica id."""
+moves only its own placements, traffic raises the owner count, alias changes prewarm, duplicates or
+replays change nothing, and many replicas silent together are held before their placements move. Commands reach replica.commands keyed by replica id."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import time
 import uuid
 from datetime import UTC, datetime
 
@@ -32,7 +33,7 @@ HASH = "sha256:" + "a" * 64  # the adapters' base model hash: nothing here compa
 N_ADAPTERS = 60
 # Membership is judged on heartbeat times against the worker's clock, so a worker that falls behind (a
 # loaded machine) sees them late: heartbeats come far more often than they expire.
-HEARTBEAT_EVERY_S, MEMBERSHIP_TTL_S = 0.4, 5.0
+HEARTBEAT_EVERY_S, MEMBERSHIP_TTL_S, SILENCE_HOLD_S = 0.4, 5.0, 3.0
 
 
 async def _placements(pool: asyncpg.Pool) -> dict[str, dict[str, str]]:
@@ -58,6 +59,7 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
         group_id=f"test-placement-{run}",
         replica_id_prefix=prefix,
         membership_ttl_s=MEMBERSHIP_TTL_S,
+        silence_hold_s=SILENCE_HOLD_S,
         tick_s=0.2,
     )
     stop, ready = asyncio.Event(), asyncio.Event()
@@ -256,6 +258,21 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
             "prewarm",
         }
         assert {json.loads(r.value)["command"] for r in records} >= {"load", "unload", "prewarm"}
+
+        # Two of the five go silent together (40%): more likely a stall than two deaths, so they keep their
+        # placements past the TTL, through the hold, and then lose them.
+        quiet = shrunk[:2]
+        placed = await _placements(pool)
+        assert all(any(q in v for v in placed.values()) for q in quiet)
+        alive.difference_update(quiet)
+        silent_at = time.monotonic()
+        await asyncio.sleep(MEMBERSHIP_TTL_S + 1.0)
+        assert await _placements(pool) == placed  # past the TTL: held
+        for q in quiet:
+            await wait_until(lambda q=q: _no_placements_on(pool, q), timeout=30, what="the hold to end")
+        assert time.monotonic() - silent_at >= MEMBERSHIP_TTL_S + SILENCE_HOLD_S
+        left = [r for r in shrunk if r not in quiet]
+        assert all(set(v) == set(owners(a, left, len(v))) for a, v in (await _placements(pool)).items())
     finally:
         stop.set()
         if beats is not None:
