@@ -114,6 +114,12 @@ async def _contents(client: httpx.AsyncClient, stack: FleetStack) -> list[tuple[
     return out
 
 
+def _arrived_after(row: dict[str, Any], key: str, wall_s: float) -> list[float]:
+    """A stand-in report's times to first token (row[key]: [arrival, time] pairs in model seconds) of the
+    requests that arrived after wall_s on the wall clock."""
+    return [t for a, t in row[key] if row["t0_unix"] + a * row["slow"] >= wall_s]
+
+
 def _model_time(records: list[RequestRecord], slow: float) -> list[RequestRecord]:
     """Times in the stand-ins' model seconds."""
     return [
@@ -157,7 +163,7 @@ async def run_fleet(
             database = database_url.rsplit("/", 1)[-1].split("?")[0]
             statements_before = await statements(database_url, database)
             start = await _contents(scraper, stack)
-            t0 = time.monotonic()
+            t0, t0_unix = time.monotonic(), time.time()
             sampler = asyncio.create_task(sample_loop(lag, pool, database, pids, t0, series, stop))
             closes = asyncio.create_task(window_lateness(scraper, stack.stats_url, STATS_WINDOW_S, stop))
             replay = asyncio.create_task(_replay(stack, stack.stack.keys, trace, rate))
@@ -192,15 +198,16 @@ async def run_fleet(
     summary = summarise(_model_time(counted, cfg.slow), rate, max(span - warmup_s, 1.0))
     simulated = simulate_run(cfg, trace, STATS_WINDOW_S, start, warmup_s)
     found: dict[str, int] = {}  # the stand-ins' own count of the tiers they found, written as they stop
-    ttfts: list[float] = []  # and their own times to first token
+    ttfts: list[float] = []  # and their own times to first token, of the requests after the warm-up
     model_ttfts: list[float] = []  # the same on the model's schedule, however late each loop ran
+    counted_from = t0_unix + warmup_s
     for path in (work / "standin-host.json", work / "standin-joiner.json"):
         with contextlib.suppress(OSError, ValueError):
             for row in json.loads(path.read_text()):
                 for tier, n in row["found"].items():
                     found[tier] = found.get(tier, 0) + n
-                ttfts.extend(row.get("ttft_s", ()))
-                model_ttfts.extend(row.get("model_ttft_s", ()))
+                ttfts.extend(_arrived_after(row, "ttft_s", counted_from))
+                model_ttfts.extend(_arrived_after(row, "model_ttft_s", counted_from))
     return {
         "benchmark": "fleet",
         "run": run,
@@ -217,11 +224,12 @@ async def run_fleet(
         "owner_placements_at_start": placed,
         "summary": summary,
         "standin_tiers": found,
-        # arrival at a stand-in to its first token, model seconds: the model's queue and loads, and how late
-        # its host's loop wrote the token; model_schedule: the first without the second
+        # arrival at a stand-in to its first token, model seconds, for the requests that reached one after the
+        # warm-up: the model's queue and loads, and how late its host's loop wrote the token; model_schedule:
+        # the first without the second
         "standin_ttft": {"count": len(ttfts), **pcts(ttfts), "model_schedule": pcts(model_ttfts)},
         "simulator": {
-            "agreement": agreement(summary, simulated),
+            "agreement": agreement(summary, simulated, pcts(ttfts).get("p95_s")),
             "note": "the simulator on the same trace, sizes, routing and timing, in model seconds, from the "
             "stand-ins' GPU and RAM contents when the replay began; it has no join or kill",
             "tier_share": simulated["tier_share"],

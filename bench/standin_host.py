@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import signal
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,9 +99,11 @@ class HostedStandin:
         self.expected = f"Bearer {config.service_token}".encode()
         self.loop = asyncio.get_running_loop()
         self.t0 = self.loop.time()
+        self.t0_unix = time.time()  # model time 0 on the wall clock, for readers that keep a warm-up apart
         self.model = ModeledReplica(replica_id, config.timing, config.sizes, self._schedule)
         self.owned: set[str] = set()
-        self.ttfts: list[float] = []  # model seconds from each request's arrival here to its first token
+        # (arrival, seconds from it to the first token), model seconds, for each request that got one
+        self.ttfts: list[tuple[float, float]] = []
 
     def now(self) -> float:
         """Model seconds since the start."""
@@ -127,7 +130,7 @@ class HostedStandin:
         if not adapter_id:
             self.model.own("", "gpu", self.now())
         arrived = self.now()
-        sink = StreamSink(done, lambda: self.ttfts.append(self.now() - arrived))
+        sink = StreamSink(done, lambda: self.ttfts.append((arrived, self.now() - arrived)))
         tier = self.model.submit(adapter_id, prompt, n, arrived, sink)
         headers = {"content-type": "application/x-ndjson", "x-request-id": body.request_id or "standin"}
         if body.adapter_id is not None:
@@ -177,8 +180,11 @@ class HostedStandin:
             "replica_id": self.replica_id,
             "served": self.model.served,
             "found": dict(self.model.found),
-            "ttft_s": [round(t, 4) for t in self.ttfts],
-            "model_ttft_s": [round(t, 4) for t in self.model.model_ttfts],
+            # [arrival, time to first token] pairs, model seconds; arrival a was at t0_unix + a * slow (wall)
+            "t0_unix": self.t0_unix,
+            "slow": self.config.slow,
+            "ttft_s": [[round(a, 4), round(t, 4)] for a, t in self.ttfts],
+            "model_ttft_s": [[round(a, 4), round(t, 4)] for a, t in self.model.model_ttfts],
         }
 
 

@@ -43,9 +43,9 @@ class ModeledReplica:
         self.found: dict[str, int] = {}  # tier -> requests that found their adapter there
         self.served = 0
         self.load_marks: deque[tuple[float, int]] = deque()  # (model time, GPU loads so far) at each report
-        # each request's arrival to the step end that gives its first token, on the model's own schedule: the
-        # host's time to first token less however late its loop ran that step's callback
-        self.model_ttfts: list[float] = []
+        # (arrival, time from it to the step end that gives its first token) of each request, on the model's
+        # own schedule: the host's time to first token less however late its loop ran that step's callback
+        self.model_ttfts: list[tuple[float, float]] = []
 
     # requests
 
@@ -84,7 +84,7 @@ class ModeledReplica:
             key = sr.req.request_id
             sink, sent = self.sinks[key]
             if sent == 0 and sink is not _DROPPED:
-                self.model_ttfts.append(now - sr.req.arrival_s)
+                self.model_ttfts.append((sr.req.arrival_s, now - sr.req.arrival_s))
             sink.token(sent)
             self.sinks[key] = (sink, sent + 1)
 

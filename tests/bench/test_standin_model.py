@@ -131,7 +131,7 @@ def test_in_flight_tokens_and_queue_are_reported_while_requests_run() -> None:
     d.clock[0] = t
     d.replica.dispatch(kind, payload, t)
     assert d.replica.tokens_in_flight() == 41
-    assert d.replica.model_ttfts == [t]  # arrived at 0, its first token at the end of its step
+    assert d.replica.model_ttfts == [(0.0, t)]  # arrived at 0, its first token at the end of its step
 
 
 def test_a_request_whose_caller_went_away_frees_its_place_as_on_a_replica() -> None:
