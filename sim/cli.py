@@ -136,7 +136,8 @@ def simulate_cmd(
     replan_s: Annotated[
         float,
         typer.Option(
-            help="Re-plan placement this often from observed traffic (0: fixed from the whole trace)."
+            help="Re-plan placement this often from observed traffic, starting as a just-registered fleet "
+            "(each adapter in its home's GPU slot); 0: fixed from the whole trace's demand."
         ),
     ] = 0.0,
     gpu_tokens_per_s: Annotated[

@@ -20,7 +20,7 @@ from typing import cast
 
 from gateway.public.routing.merged_first import merged_first
 from gateway.public.routing.policy import ROUTING_MODES, ReplicaLoad, RouterPolicy
-from placement_worker.planner import Placements, Policy, desired, diff
+from placement_worker.planner import Placements, Policy, desired, diff, prewarm_targets
 from sim.host import SharedHost
 from sim.probe import FleetProbe
 from sim.replica import FETCHED, LOAD_DONE, STEP, Batch, CacheSizes, SimReplica, SimRequest
@@ -150,8 +150,10 @@ class Simulation:
     def place(self, duration_s: float) -> None:
         """Owners from the real planner (counts raised with traffic) hold it in RAM; gpu placements in GPU.
 
-        With re-planning the run starts from no traffic knowledge (every adapter at its default owners, in
-        RAM, GPU slots empty). Otherwise it starts from the whole trace's demand, as a fleet that has served
+        With re-planning the run starts from no traffic knowledge, as a fleet that has just registered its
+        adapters: every adapter at its default owners, in RAM, and in its home's GPU slot where the alias's
+        prewarm put it (placement_worker.planner.prewarm_targets), unless the config gives the caches to
+        start from. Otherwise it starts from the whole trace's demand, as a fleet that has served
         this traffic for a while: after the planner's gpu placements, LRU has filled the other free slots
         with the owners' adapters, the hottest the most recently used, each adapter's home (its first
         owner) before its other owners."""
@@ -171,6 +173,10 @@ class Simulation:
                 if tier == "gpu":
                     replica.prewarm(adapter_id, -i * 1e-6)
         if self.cfg.replan_s > 0:
+            if not self.cfg.initial:
+                for adapter_id in sorted(plan):
+                    for replica_id in prewarm_targets(adapter_id, list(plan[adapter_id]), takes_over=False):
+                        self.replicas[replica_id].prewarm(adapter_id, -1.0)
             return
         for first in (True, False):  # the homes (first owners) first, then the other owners' free slots
             for i, adapter_id in enumerate(hottest):

@@ -145,7 +145,8 @@ ONE = SimConfig(replicas=1, owners_k=1, sizes=SIZES, warmup_s=0.0, check_every=1
 
 def test_slot_writes_run_one_at_a_time() -> None:
     timing = replace(TimingModel(), load_s={"gpu": 0.0, "ram": 0.1, "disk": 0.2, "remote": 0.5})
-    result = simulate(ONE, timing, [_at(0.0, 0, 0), _at(0.001, 1, 1)])  # both in RAM, GPU empty
+    cold = replace(ONE, initial=(((), (adapter_id(0), adapter_id(1))),))  # both in RAM, GPU empty
+    result = simulate(cold, timing, [_at(0.0, 0, 0), _at(0.001, 1, 1)])
     first, second = sorted(result.requests, key=lambda sr: sr.req.request_id)
     assert first.found_in == second.found_in == "ram"
     assert 0.1 < first.first_token_s < 0.2  # its write: 0 -> 0.1, then one step
@@ -170,13 +171,25 @@ def test_replanning_follows_observed_traffic_like_the_placement_worker() -> None
     first = min(
         (sr for sr in result.requests if sr.req.adapter_id == adapter_id(0)), key=lambda s: s.req.arrival_s
     )
-    assert first.found_in == "ram"  # nothing known before the first window: no GPU pre-warm
     first_owner, second_owner = owners(adapter_id(0), list(sim.replicas), 2)
+    # nothing known before the first window: only the alias's prewarm, on its home, where it is routed
+    assert (first.found_in, first.replica_id) == ("gpu", first_owner)
     # 16 tok/s: one GPU copy's worth, on its first owner
     assert sim.placements[adapter_id(0)] == {first_owner: "gpu", second_owner: "ram"}
     assert set(sim.placements[adapter_id(1)].values()) == {"ram"}  # its window passed the TTL
     assert sim.replans == 5  # at 10, 20, ..., 50 s: the last arrival is at 59.5 s
     assert sim.replicas[first_owner].slots.lookup(adapter_id(0)) is not None
+
+
+def test_a_fresh_fleet_holds_each_adapter_in_its_homes_slot_only(trace) -> None:
+    """Re-planning starts as a fleet that just registered: the aliases' prewarms, one slot at each home."""
+    sim = Simulation(replace(CFG, replan_s=30.0), TimingModel(), trace)
+    sim.place(60.0)
+    ids = list(sim.replicas)
+    for rid, replica in sim.replicas.items():
+        held = [e.adapter_id for e in replica.slots.entries()]
+        assert len(held) == SIZES.gpu_slots  # 300 homes over 4 replicas: more than 24 each
+        assert all(owners(a, ids, 1) == [rid] for a in held)
 
 
 def test_replanned_gpu_placements_stay_within_each_replicas_share_of_slots(trace) -> None:
