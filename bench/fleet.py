@@ -229,7 +229,7 @@ async def run_fleet(
         # the first without the second
         "standin_ttft": {"count": len(ttfts), **pcts(ttfts), "model_schedule": pcts(model_ttfts)},
         "simulator": {
-            "agreement": agreement(summary, simulated, pcts(ttfts).get("p95_s")),
+            "agreement": agreement(summary, simulated, pcts(model_ttfts).get("p95_s")),
             "note": "the simulator on the same trace, sizes, routing and timing, in model seconds, from the "
             "stand-ins' GPU and RAM contents when the replay began; it has no join or kill",
             "tier_share": simulated["tier_share"],

@@ -86,8 +86,8 @@ def agreement(
 ) -> dict[str, Any]:
     """Both sides' GPU hit rate and p95 TTFT, their differences and whether each is within bounds. The run's
     p95 is the client's (ttft_p95_s: the way through the gateways included, which the simulator does not
-    model) and, where given, the stand-ins' own (ttft_p95_s_at_replicas: arrival to first token, what the
-    simulator times)."""
+    model) and, where given, the stand-ins' own (ttft_p95_s_at_replicas: arrival to first token on the
+    model's schedule, what the simulator times)."""
     hit_run, hit_sim = run.get("gpu_hit_rate"), simulated.get("gpu_hit_rate")
     p95_sim = simulated["ttft"].get("p95_s")
     out: dict[str, Any] = {
