@@ -31,9 +31,9 @@ class PlacementSettings(BaseSettings):
     shrink_utilization: float = Field(default=Policy.shrink_utilization, gt=0, le=1)
     # A replica whose last replica.state is older than this has left the fleet.
     membership_ttl_s: float = Field(default=10.0, gt=0)
-    # Unless more than this share of the members (and at least two) went silent together: that looks like a
-    # stall on the way to the worker, so they stay members for up to silence_hold_s before the fleet is
-    # replanned without them (placement_worker/membership.py).
+    # Unless more than this share of the members (and at least two) went silent together (quiet for over half
+    # the TTL when one passes it): that looks like a stall on the way to the worker, so they stay members for
+    # up to silence_hold_s before the fleet is replanned without them (placement_worker/membership.py).
     silence_share: float = Field(default=0.34, gt=0, le=1)
     silence_hold_s: float = Field(default=30.0, ge=0)
     # Traffic windows older than this no longer raise the owner count: an adapter whose traffic stopped

@@ -72,12 +72,15 @@ class PlacementWorker:
             case RequestCompleted():
                 await self.on_request_completed(event)
 
-    async def replan(self, conn: Connection, adapter_ids: list[str] | None) -> list[Change]:
-        """Bring the placements of the given adapters (None: all) to the plan for the current members."""
+    async def replan(
+        self, conn: Connection, adapter_ids: list[str] | None, fleet: list[str] | None = None
+    ) -> list[Change]:
+        """Bring the placements of the given adapters (None: all) to the plan for the members (fleet, or the
+        members now)."""
         await store.take_plan_lock(conn, self._s.plan_lock_wait_s)
         prefix, ttl = self._s.replica_id_prefix, self._s.demand_ttl_s
         beats = await store.heartbeats(conn, prefix)
-        fleet = self._fleet(beats)
+        fleet = self._fleet(beats) if fleet is None else fleet
         slots = {b.replica_id: b.gpu_slots for b in beats}
         demand = await store.demand(conn, adapter_ids, ttl)
         current = await store.placements(conn, adapter_ids, prefix)
@@ -135,9 +138,16 @@ class PlacementWorker:
             if changes:
                 log.info("alias %s moved to %s: %d changes", event.alias, served, len(changes))
             await self._merging.on_alias_changed(conn, event)
+            serving = await store.demand(conn, served, self._s.demand_ttl_s)
             for adapter_id in served:
                 owners = await store.owners_of(conn, adapter_id, self._s.replica_id_prefix)
-                takes_over = adapter_id == event.adapter_id and event.previous_adapter_id is not None
+                # the alias's target takes over a previous version's traffic, unless it is serving already
+                # (a canary's start, weight or end leaves its target as it was)
+                takes_over = (
+                    adapter_id == event.adapter_id
+                    and event.previous_adapter_id is not None
+                    and not serving.get(adapter_id)
+                )
                 await producer.emit_prewarm(conn, adapter_id, prewarm_targets(adapter_id, owners, takes_over))
 
         async with self._pool.acquire() as conn:
@@ -197,7 +207,7 @@ class PlacementWorker:
                 self._next_dirty = time.monotonic() + self._s.tick_s
             return changes
         async with self._pool.acquire() as conn, conn.transaction():
-            changes += await self.replan(conn, None)
+            changes += await self.replan(conn, None, now_members)
             dropped = await store.drop_spills(conn, self._s.replica_id_prefix, now_members)
         self._dirty.difference_update(dirty)
         log.info(
@@ -211,21 +221,24 @@ class PlacementWorker:
         return changes
 
     def _fleet(self, beats: list[Heartbeat]) -> list[str]:
-        """The members now, as the silence guard judges them; logs when it starts or stops holding some."""
-        now = self.feed.now()
-        fleet = self._membership.members(beats, now, self._s.membership_ttl_s)
-        guard = self._membership
-        held = guard.silent(beats, now, self._s.membership_ttl_s) if guard.held_since is not None else set()
+        """The members now, as the silence guard judges them; logs when a hold starts and how it ends."""
+        now, ttl, guard = self.feed.now(), self._s.membership_ttl_s, self._membership
+        fleet = guard.members(beats, now, ttl)
+        held = guard.holding(beats, now, ttl)
         if held and not self._held:
             log.warning(
                 "%d of %d replicas went silent together: kept as members for up to %.0f s (a stall, not "
                 "deaths, until shown otherwise)",
-                len(held),
+                len(guard.held),
                 len(guard.accepted),
                 guard.hold_s,
             )
         elif self._held and not held:
-            log.info("no longer holding %d silent replicas", len(self._held))
+            gone = self._held.difference(fleet)
+            if gone:
+                log.warning("%d held replicas leave the fleet: silent past the hold, or draining", len(gone))
+            else:
+                log.info("the %d held replicas reported again", len(self._held))
         self._held = held
         return fleet
 

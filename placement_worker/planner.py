@@ -162,9 +162,10 @@ def resend_owned(target: Placements, joiners: list[str], changes: list[Change]) 
 def prewarm_targets(adapter_id: str, owner_ids: list[str], takes_over: bool) -> list[str]:
     """The owners that bring an adapter into GPU slots when an alias moves to it.
 
-    Every owner when it takes over a previous version's traffic (a deploy or a rollback: requests arrive at
-    once). Otherwise only its home, the first owner by rendezvous: the router sends its requests to the
-    owner that holds it in GPU, so one copy serves a new alias, and a bulk registration leaves each
-    replica's slots holding its own homes instead of the last adapters registered."""
+    Every owner when it takes over a previous version's traffic (a deploy or a rollback to a version not
+    serving already: requests arrive at once). Otherwise only its home, the first owner by rendezvous: the
+    router sends its requests to the owner that holds it in GPU, so one copy serves a new alias, and a bulk
+    registration leaves each replica's slots holding its own homes instead of the last adapters
+    registered. A version already serving keeps the copies its traffic gave it."""
     order = ranked(adapter_id, owner_ids)
     return order if takes_over else order[:1]

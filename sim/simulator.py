@@ -174,9 +174,7 @@ class Simulation:
                     replica.prewarm(adapter_id, -i * 1e-6)
         if self.cfg.replan_s > 0:
             if not self.cfg.initial:
-                for adapter_id in sorted(plan):
-                    for replica_id in prewarm_targets(adapter_id, list(plan[adapter_id]), takes_over=False):
-                        self.replicas[replica_id].prewarm(adapter_id, -1.0)
+                self._prewarm_homes(plan)
             return
         for first in (True, False):  # the homes (first owners) first, then the other owners' free slots
             for i, adapter_id in enumerate(hottest):
@@ -184,6 +182,18 @@ class Simulation:
                     for n, replica_id in enumerate(plan[adapter_id]):
                         if (n == 0) == first:
                             self.replicas[replica_id].prewarm(adapter_id, -i * 1e-6)
+
+    def _prewarm_homes(self, plan: Placements) -> None:
+        """Registration's prewarms, in adapter id order: each adapter into its home's slot, a replica with
+        more homes than slots keeping the last ones, as its LRU does."""
+        homes: dict[str, list[str]] = defaultdict(list)
+        for adapter_id in sorted(plan):
+            for replica_id in prewarm_targets(adapter_id, list(plan[adapter_id]), takes_over=False):
+                homes[replica_id].append(adapter_id)
+        for replica_id, adapter_ids in homes.items():
+            replica = self.replicas[replica_id]
+            for i, adapter_id in enumerate(adapter_ids[-replica.sizes.gpu_slots :]):
+                replica.prewarm(adapter_id, -1.0 + i * 1e-6)
 
     def replan(self, now: float) -> None:
         """Close the traffic window and re-plan with the real planner, as the worker does: every adapter

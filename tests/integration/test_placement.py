@@ -239,6 +239,43 @@ async def test_placement_follows_membership_traffic_and_aliases(services, migrat
         )
         assert reloads == 2
 
+        # A canary on v1 once it serves traffic: a canary-only change leaves v1 the target, so v1 is prewarmed
+        # on its home only, not again on every owner, and so is the canary.
+        stats = AdapterStats(
+            adapter_id=v1,
+            window_start=datetime.now(UTC),
+            window_seconds=10,
+            requests=3,
+            tokens_per_s=5.0,
+            gpu_hit_rate=1.0,
+        )
+        await send(stats)
+        recorded = "SELECT count(*) > 0 FROM adapter_stats WHERE adapter_id = $1"
+        await wait_until(lambda: pool.fetchval(recorded, v1), what="v1's traffic recorded")
+        canary = adapters[5]
+        await pool.execute(
+            "UPDATE aliases SET canary_adapter_id = $2, canary_weight = 0.1, revision = 4 WHERE alias = $1",
+            alias,
+            canary,
+        )
+        v1_prewarms = await _command_count(pool, "prewarm", v1)
+        await send(
+            AliasChanged(
+                alias=alias,
+                tenant_id="acme",
+                adapter_id=v1,
+                previous_adapter_id=v2,
+                canary_adapter_id=canary,
+                canary_weight=0.1,
+                revision=4,
+            )
+        )
+        await wait_until(lambda: _command_count(pool, "prewarm", canary, 1), what="the canary prewarmed")
+        assert await _prewarmed_on(pool, canary) == owners(
+            canary, sorted((await _placements(pool))[canary]), 1
+        )
+        assert await _command_count(pool, "prewarm", v1) == v1_prewarms + 1
+
         # The commands reached Kafka keyed by replica id.
         sent = "SELECT id FROM outbox WHERE aggregate_type = 'replica.commands' AND sent_at IS NOT NULL"
         await wait_until(lambda: _all_sent(pool), what="the relay to publish every command")
