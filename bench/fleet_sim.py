@@ -7,8 +7,8 @@ stand-ins' clock runs `slow` times slower, so the simulator sees the arrivals `s
 the control plane's periods (replica states, the stats windows that feed placement, the demand's time to
 live) are wall periods, so in model seconds they are `slow` times shorter.
 
-Both sides' GPU hit rate is also given over slices of the replay: the caches start from what registration
-left, so the rate climbs through a run, and its last slices are the nearest to a steady state.
+Both sides' GPU hit rate is also given over slices of the replay, which shows where a join, a kill or a
+stall moved the run away from the simulator (it models none of them).
 """
 
 from __future__ import annotations
