@@ -1,15 +1,15 @@
-"""The torch (CPU) adapter path for batches of mostly distinct adapters: each row gathers its own slot.
+"""The torch (CPU) adapter path for one-token rows on mostly distinct adapters: each row reads its own slot.
 
 Where rows rarely share an adapter (a decode batch of 32 rows on 32 adapters), grouping rows by slot buys
 nothing, since every adapter is read once either way, and costs a dozen operators per adapted linear.
-Gathering each row's A and B and running one batched multiply is the reference's own form
-(replica.kernels.reference) in a handful of operators, with the row indices built once per forward pass:
+Instead each row's A, B and scale are gathered (replica.lora.layer_gather gathers a whole layer of them at
+once) and one batched multiply a side computes the reference's own form (replica.kernels.reference):
 
-    shrink: t[i]    = keep[i] * (A[safe[i]] @ x[i])
-    expand: out[i] += keep[i] * scale[safe[i]] * (B[safe[i]] @ t[i])
+    t[i]    = (A[safe[i]] @ x[i]) * scale[safe[i]] * keep[i]
+    out[i] += B[safe[i]] @ t[i]
 
-safe[i] is the row's slot (0 for a row without an adapter in this pool, whose keep[i] is 0). The gathers
-are index_select, about twice as fast as advanced indexing on the arena's strided slot views.
+safe[i] is the row's slot (0 for a row without an adapter in this pool, whose keep[i] is 0), built once per
+forward pass.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from replica.kernels.grouped import compute_dtype
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity: a layer gather knows the rows it holds by this object
 class GatheredRows:
     """Per-row slot indices of one batch for one rank bucket."""
 
@@ -32,8 +32,7 @@ class GatheredRows:
 def build_gathered(slot_of_row: torch.Tensor) -> GatheredRows:
     """Row indices for the gathered path."""
     # slot_of_row [num_tokens] int32/int64, values in [-1, num_slots)
-    valid = slot_of_row >= 0
-    return GatheredRows(slot_of_row.long().clamp(min=0), valid.float().unsqueeze(1))
+    return GatheredRows(slot_of_row.clamp(min=0).long(), (slot_of_row >= 0).float().unsqueeze(1))
 
 
 def mostly_distinct(slot_of_row: torch.Tensor) -> bool:
@@ -43,20 +42,29 @@ def mostly_distinct(slot_of_row: torch.Tensor) -> bool:
     return 2 * int(slots.unique().numel()) > int(slot_of_row.numel())
 
 
-def gathered_shrink(x: torch.Tensor, a_stack: torch.Tensor, g: GatheredRows) -> torch.Tensor:
-    """t [num_tokens, rank] = A[slot] @ x per row; zeros for rows without an adapter in this pool."""
-    # x [num_tokens, hidden_in]; a_stack [num_slots, rank, hidden_in]
-    a = compute_dtype(a_stack.index_select(0, g.safe))  # [num_tokens, rank, hidden_in]
-    t = torch.bmm(compute_dtype(x).unsqueeze(1), a.transpose(1, 2)).squeeze(1)  # [num_tokens, rank]
-    return (t * g.keep).to(x.dtype)
-
-
-def gathered_expand(
-    out: torch.Tensor, t: torch.Tensor, b_stack: torch.Tensor, scale: torch.Tensor, g: GatheredRows
+def gathered_term(
+    x: torch.Tensor, out: torch.Tensor, a_t: torch.Tensor, b_t: torch.Tensor, scale: torch.Tensor
 ) -> None:
-    """out[i] += scale[slot] * B[slot] @ t[i] in place; rows without an adapter in this pool untouched."""
-    # out [num_tokens, hidden_out]; t [num_tokens, rank]; b_stack [num_slots, hidden_out, rank]
-    b = compute_dtype(b_stack.index_select(0, g.safe))  # [num_tokens, hidden_out, rank]
-    delta = torch.bmm(compute_dtype(t).unsqueeze(1), b.transpose(1, 2)).squeeze(1)  # [num_tokens, hidden_out]
-    delta.mul_(scale.index_select(0, g.safe).float().unsqueeze(1) * g.keep)
+    """out[i] += B_i @ (A_i @ x[i]) * scale[i] in place, for each row's own gathered A_i, B_i and scale."""
+    # x [n, in]; out [n, out_features] (may be a slice of a wider output); a_t [n, in, rank] (A_i^T);
+    # b_t [n, rank, out_features] (B_i^T); scale [n, 1, 1] fp32, 0 for rows to leave untouched
+    t = torch.bmm(compute_dtype(x).unsqueeze(1), a_t).mul_(scale)  # [n, 1, rank]
+    delta = torch.bmm(t, b_t)  # [n, 1, out_features]
+    out.unsqueeze(1).add_(delta if delta.dtype == out.dtype else delta.to(out.dtype))
+
+
+def indexed_term(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    a_stack: torch.Tensor,
+    b_stack: torch.Tensor,
+    scale: torch.Tensor,
+    rows: GatheredRows,
+) -> None:
+    """The same term as products and sums over each row's slot read in place: the form a compiled step
+    fuses into one loop a side, with no gathered copy of the adapters (eager torch would copy them)."""
+    # x [n, in]; out [n, out_features]; a_stack [S, rank, in]; b_stack [S, out_features, rank]; scale [S]
+    s = (scale[rows.safe].unsqueeze(1) * rows.keep).unsqueeze(2)  # [n, 1, 1]
+    t = (compute_dtype(a_stack[rows.safe]) * compute_dtype(x).unsqueeze(1) * s).sum(-1)  # [n, rank]
+    delta = (compute_dtype(b_stack[rows.safe]) * t.unsqueeze(1)).sum(-1)  # [n, out_features]
     out.add_(delta.to(out.dtype))

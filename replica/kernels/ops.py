@@ -9,7 +9,9 @@ layout, and every adapted layer passes it back to lora_shrink / lora_expand:
 - on CUDA, with replica.kernels.triton_ops importable, the Triton kernels run; their layout is the prefill
   Segments (None for the per-row decode launch);
 - elsewhere the torch path runs: rows grouped by slot, one bmm per layer (replica.kernels.grouped), or,
-  for a decode batch where few rows share an adapter, each row gathering its own (replica.kernels.gathered).
+  for a decode batch where few rows share an adapter, each row gathering its own (replica.kernels.gathered);
+  the adapted layer serves that layout, gathering a layer's slots at once (replica.lora.layer_gather), and
+  lora_shrink / lora_expand given it group the rows instead.
 A layout of None is always accepted: the implementation then derives what it needs from slot_of_row.
 """
 
@@ -22,13 +24,7 @@ from typing import Any
 
 import torch
 
-from replica.kernels.gathered import (
-    GatheredRows,
-    build_gathered,
-    gathered_expand,
-    gathered_shrink,
-    mostly_distinct,
-)
+from replica.kernels.gathered import GatheredRows, build_gathered, mostly_distinct
 from replica.kernels.grouped import GroupedRows, build_grouped, grouped_expand, grouped_shrink
 from replica.kernels.segments import Segments, build_segments
 
@@ -38,7 +34,8 @@ Layout = Segments | GroupedRows | GatheredRows | None
 
 
 def _grouped_for(slot_of_row: torch.Tensor, layout: Layout) -> GroupedRows | None:
-    """The torch path's row grouping: the one prepared for this step, or built now (tests, one-off calls)."""
+    """The torch path's row grouping: the one prepared for this step, or built now (tests, one-off calls, and
+    a gathered layout, which only an adapted layer's arena can serve: replica.lora.layer_gather)."""
     return layout if isinstance(layout, GroupedRows) else build_grouped(slot_of_row)
 
 
@@ -46,8 +43,6 @@ def _torch_shrink(
     x: torch.Tensor, a_stack: torch.Tensor, slot_of_row: torch.Tensor, layout: Layout = None
 ) -> torch.Tensor:
     # x [num_tokens, hidden_in]; a_stack [num_slots, rank, hidden_in] -> t [num_tokens, rank]
-    if isinstance(layout, GatheredRows):
-        return gathered_shrink(x, a_stack, layout)
     return grouped_shrink(x, a_stack, _grouped_for(slot_of_row, layout))
 
 
@@ -60,21 +55,18 @@ def _torch_expand(
     layout: Layout = None,
 ) -> None:
     # out [num_tokens, hidden_out] (in place); t [num_tokens, rank]; b_stack [num_slots, hidden_out, rank]
-    if isinstance(layout, GatheredRows):
-        gathered_expand(out, t, b_stack, scale, layout)
-        return
     grouped_expand(out, t, b_stack, scale, _grouped_for(slot_of_row, layout))
 
 
-def _torch_prepare(slot_of_row: torch.Tensor, segmented: bool) -> Layout:
+def _torch_prepare(slot_of_row: torch.Tensor, segmented: bool, distinct: bool | None) -> Layout:
     """Rows gather their own slot where few share one (each adapter is read once either way), else rows are
     grouped by slot so a shared adapter is read once."""
-    if not segmented and mostly_distinct(slot_of_row):
+    if not segmented and (mostly_distinct(slot_of_row) if distinct is None else distinct):
         return build_gathered(slot_of_row)
     return build_grouped(slot_of_row)
 
 
-def _triton_prepare(slot_of_row: torch.Tensor, segmented: bool) -> Layout:
+def _triton_prepare(slot_of_row: torch.Tensor, segmented: bool, distinct: bool | None) -> Layout:
     return build_segments(slot_of_row) if segmented else None
 
 
@@ -128,9 +120,10 @@ def one_launch_for(device: torch.device) -> OneLaunch | None:
     return ONE_LAUNCH.get(implementation_for(device))
 
 
-def prepare(slot_of_row: torch.Tensor, segmented: bool = False) -> Layout:
-    """Build the per-step row layout for one rank bucket (segmented: a prefill-shaped batch)."""
-    return IMPLEMENTATIONS[implementation_for(slot_of_row.device)][2](slot_of_row, segmented)
+def prepare(slot_of_row: torch.Tensor, segmented: bool = False, distinct: bool | None = None) -> Layout:
+    """Build the per-step row layout for one rank bucket (segmented: a prefill-shaped batch; distinct:
+    whether its rows mostly read distinct slots, where the caller has counted it on the host)."""
+    return IMPLEMENTATIONS[implementation_for(slot_of_row.device)][2](slot_of_row, segmented, distinct)
 
 
 def lora_shrink(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from replica.lora.layer_gather import LayerGather
 from replica.lora.pools import BucketPool
 from replica.lora.row_layout import ModuleKey, RowLayout
 
@@ -22,6 +23,13 @@ class SlotArena:
         self.layout = layout
         self.data = torch.zeros(num_slots, layout.row_numel, dtype=dtype, device=device)
         self.scales = torch.zeros(num_slots, len(layout.modules), dtype=torch.float32, device=device)
+        self._gather: LayerGather | None = None
+
+    def layer_gather(self) -> LayerGather:
+        """The gathered adapter path's buffers for this arena, built at first use."""
+        if self._gather is None:
+            self._gather = LayerGather(self.layout, self.data, self.scales)
+        return self._gather
 
     @property
     def num_slots(self) -> int:
@@ -34,7 +42,7 @@ class SlotArena:
         r, s, start = self.layout.rank, self.num_slots, self.layout.offsets[j]
         a = self.data[:, start : start + r * fan_in].view(s, r, fan_in)
         b = self.data[:, start + r * fan_in : start + r * (fan_in + fan_out)].view(s, fan_out, r)
-        return BucketPool(r, a, b, self.scales[:, j], self)
+        return BucketPool(r, a, b, self.scales[:, j], self, key)
 
 
 def build_arenas(

@@ -23,6 +23,7 @@ class BucketPool:
     b: torch.Tensor
     scale: torch.Tensor
     arena: Any  # the SlotArena these are views of
+    key: tuple[int, str]  # the module's (layer index, name) in the arena's row
 
     @property
     def num_slots(self) -> int:
