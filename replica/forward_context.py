@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 if TYPE_CHECKING:
+    from replica.kernels.paged_ops import DecodeIndex
     from replica.lora.batch_meta import LoraBatchMeta
 
 
@@ -35,6 +36,7 @@ class Context:
     max_decode_blocks: int  # blocks the longest decoding row spans (bounds the torch path's reads)
     lora: LoraBatchMeta | None = None
     all_decode: bool = False  # every token is a decoding row's, in row order: attention skips the row gather
+    decode_index: DecodeIndex | None = None  # the torch decode path's gather and mask, set by the first layer
 
 
 _CONTEXT: Context | None = None

@@ -221,8 +221,12 @@ class LlamaAttention(nn.Module):
         """Attention of the decoding rows' queries q [num_decodes, heads, head_dim] over their own blocks."""
         kc, vc = self.k_cache, self.v_cache
         assert kc is not None and vc is not None
+        if ctx.decode_index is None and not paged_ops.uses_kernel(q.device):  # the first layer builds it
+            ctx.decode_index = paged_ops.decode_index(
+                ctx.block_tables, ctx.context_lens, ctx.max_decode_blocks, kc.shape[1]
+            )
         return paged_ops.paged_decode(
-            q, kc, vc, ctx.block_tables, ctx.context_lens, ctx.max_decode_blocks, self.scale
+            q, kc, vc, ctx.block_tables, ctx.context_lens, ctx.max_decode_blocks, self.scale, ctx.decode_index
         )  # [num_decodes, heads, head_dim]
 
 
