@@ -54,7 +54,9 @@ class DecodeGraphs:
             self.graphs[key] = self._capture(batch)
         graph = self.graphs[key]
         if graph is None:
-            return self.step.forward(batch.padded, batch.buckets, batch.max_blocks)[: batch.rows]
+            return self.step.forward(batch.padded, batch.buckets, batch.max_blocks, batch.distinct)[
+                : batch.rows
+            ]
         graph.replay()
         return self.logits[: batch.rows]
 

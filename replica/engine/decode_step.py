@@ -22,6 +22,7 @@ import torch
 
 from replica.forward_context import Context, set_context
 from replica.kernels import ops
+from replica.kernels.gathered import build_gathered
 from replica.lora.batch_meta import LoraBatchMeta
 from replica.lora.slots import SlotRef
 from replica.model.llama import LlamaForCausalLM
@@ -55,6 +56,9 @@ class PreparedBatch:
     buckets: tuple[int, ...]
     max_blocks: int  # blocks the longest row spans (bounds the CPU attention path's reads)
     graph_buckets: tuple[int, ...]  # the part of the rank buckets present that a captured step depends on
+    # the buckets whose rows mostly read distinct slots (kernels.gathered.mostly_distinct), counted here on
+    # the host so the forward neither syncs nor breaks a compiled graph to count them
+    distinct: tuple[int, ...] = ()
 
 
 class DecodeStep:
@@ -136,17 +140,17 @@ class DecodeStep:
         ]
         tables[:b] = torch.tensor(flat + [sink] * (pad * width), dtype=torch.int32).view(b, width)
         present = tuple(sorted({r.slot.bucket for r in rows if r.slot is not None}))
+        distinct = []
         for bucket in present:
-            slots[self._column(bucket), :b] = torch.tensor(
-                [r.slot.index if r.slot is not None and r.slot.bucket == bucket else -1 for r in rows]
-                + [-1] * pad,
-                dtype=torch.int32,
-            )
+            column = [r.slot.index if r.slot is not None and r.slot.bucket == bucket else -1 for r in rows]
+            slots[self._column(bucket), :b] = torch.tensor(column + [-1] * pad, dtype=torch.int32)
+            if 2 * len(set(column) - {-1}) > b:
+                distinct.append(bucket)
         if self.dev is not self.host:
             self.dev.copy_(self.host, non_blocking=True)
             self.copied = torch.cuda.Event()
             self.copied.record()
-        return PreparedBatch(n, b, present, max(used), self.graph_buckets(present))
+        return PreparedBatch(n, b, present, max(used), self.graph_buckets(present), tuple(distinct))
 
     def graph_buckets(self, present: tuple[int, ...]) -> tuple[int, ...]:
         """What a captured step depends on: the buckets present, or only whether any is where one launch
@@ -155,13 +159,19 @@ class DecodeStep:
             return (0,) if present else ()
         return present
 
-    def context(self, padded: int, buckets: tuple[int, ...], max_blocks: int) -> Context:
-        """The forward's metadata: views of the device buffers for the first padded rows."""
+    def context(
+        self, padded: int, buckets: tuple[int, ...], max_blocks: int, distinct: tuple[int, ...] = ()
+    ) -> Context:
+        """The forward's metadata: views of the device buffers for the first padded rows (distinct: as
+        PreparedBatch has it)."""
         scalars, slots, tables = self._dev_views
         lora = None
         if buckets:
             slot_of_row = {bk: slots[self.bucket_column[bk], :padded] for bk in buckets}  # [padded] each
-            layouts = {bk: ops.prepare(s) for bk, s in slot_of_row.items()}  # None on the CUDA kernels
+            if torch.compiler.is_compiling():  # a compiled step reads each row's slot in place, shared or not
+                layouts: dict[int, ops.Layout] = {bk: build_gathered(s) for bk, s in slot_of_row.items()}
+            else:  # None on the CUDA kernels
+                layouts = {bk: ops.prepare(s, distinct=bk in distinct) for bk, s in slot_of_row.items()}
             rows = (scalars[4, :padded], scalars[5, :padded]) if ops.one_launch_for(self.device) else None
             lora = LoraBatchMeta(slot_of_row, layouts, rows)
         return Context(
@@ -175,10 +185,12 @@ class DecodeStep:
             all_decode=True,
         )
 
-    def forward(self, padded: int, buckets: tuple[int, ...], max_blocks: int) -> torch.Tensor:
+    def forward(
+        self, padded: int, buckets: tuple[int, ...], max_blocks: int, distinct: tuple[int, ...] = ()
+    ) -> torch.Tensor:
         """Logits [padded, vocab] (fp32) of the staged rows; the caller keeps the real rows'."""
         scalars = self._dev_views[0]
-        set_context(self.context(padded, buckets, max_blocks))
+        set_context(self.context(padded, buckets, max_blocks, distinct))
         try:
             hidden = self.model(scalars[0, :padded].long(), scalars[1, :padded].long())  # [padded, hidden]
         finally:
