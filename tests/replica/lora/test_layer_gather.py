@@ -1,6 +1,6 @@
 """The gathered adapter path (a layer of slots copied at once) equals the per-row loop: into a slice of a
-fused output, across layers and back, for a new pass's rows and scales, in fp32 and bf16; and its compiled
-form (each slot read in place) equals it too."""
+fused output, across layers and back, for a new pass's rows and scales, a layer or a module copied at a
+time, in fp32 and bf16; and its compiled form (each slot read in place) equals it too."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from torch import nn
 from replica.forward_context import Context, set_context
 from replica.kernels.gathered import build_gathered, indexed_term
 from replica.kernels.reference import lora_loop_ref
+from replica.lora import layer_gather
 from replica.lora.batch_meta import LoraBatchMeta
 from replica.lora.layers import LoraLinear
 from replica.lora.replace import lora_layers
@@ -49,8 +50,13 @@ def _context(meta: LoraBatchMeta) -> Context:
     return Context(empty, [], torch.arange(n), torch.zeros(n, 0, dtype=torch.int32), empty, 0, lora=meta)
 
 
+@pytest.mark.parametrize("whole_layer", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_each_row_gets_its_own_slot_in_every_layer_and_pass(dtype: torch.dtype) -> None:
+def test_each_row_gets_its_own_slot_in_every_layer_and_pass(
+    dtype: torch.dtype, whole_layer: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not whole_layer:  # every layer too large to copy whole: each module is copied as it comes
+        monkeypatch.setattr(layer_gather, "WHOLE_LAYER_BYTES", 0)
     gen = torch.Generator().manual_seed(3)
     layers = _layers(dtype, gen)
     tol = 1e-4 if dtype == torch.float32 else 5e-2
