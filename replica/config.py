@@ -50,9 +50,6 @@ class ReplicaSettings(BaseSettings):
     gpu_memory_utilization: float = Field(default=PRODUCTION.gpu_memory_utilization, gt=0, le=1)
     # decode steps replayed from CUDA graphs, one per padded batch size (CUDA with Triton; else eager)
     cuda_graphs: bool = True
-    # without CUDA graphs (the CPU), decode steps run compiled by torch.compile, at start; it needs a C++
-    # compiler there, and falls back to eager steps when compiling fails
-    compile_decode: bool = False
     # full blocks are reused by requests with the same tokens before them, adapter version and cache salt
     enable_prefix_caching: bool = True
     # a prompt longer than the step's token budget is prefilled over several steps

@@ -114,7 +114,6 @@ class Replica:
             kv_blocks(settings, model),
             settings.kv_block_size,
             cuda_graphs=settings.cuda_graphs,
-            compile_decode=settings.compile_decode,
         )
         runner.capture_graphs(tuple(sorted(settings.lora_slots)) if self.gpu is not None else ())
         namespace = self.base_model_hash

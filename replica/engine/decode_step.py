@@ -22,7 +22,6 @@ import torch
 
 from replica.forward_context import Context, set_context
 from replica.kernels import ops
-from replica.kernels.gathered import build_gathered
 from replica.lora.batch_meta import LoraBatchMeta
 from replica.lora.slots import SlotRef
 from replica.model.llama import LlamaForCausalLM
@@ -57,7 +56,7 @@ class PreparedBatch:
     max_blocks: int  # blocks the longest row spans (bounds the CPU attention path's reads)
     graph_buckets: tuple[int, ...]  # the part of the rank buckets present that a captured step depends on
     # the buckets whose rows mostly read distinct slots (kernels.gathered.mostly_distinct), counted here on
-    # the host so the forward neither syncs nor breaks a compiled graph to count them
+    # the host so the forward does not sync to count them
     distinct: tuple[int, ...] = ()
 
 
@@ -168,10 +167,8 @@ class DecodeStep:
         lora = None
         if buckets:
             slot_of_row = {bk: slots[self.bucket_column[bk], :padded] for bk in buckets}  # [padded] each
-            if torch.compiler.is_compiling():  # a compiled step reads each row's slot in place, shared or not
-                layouts: dict[int, ops.Layout] = {bk: build_gathered(s) for bk, s in slot_of_row.items()}
-            else:  # None on the CUDA kernels
-                layouts = {bk: ops.prepare(s, distinct=bk in distinct) for bk, s in slot_of_row.items()}
+            # None on the CUDA kernels
+            layouts = {bk: ops.prepare(s, distinct=bk in distinct) for bk, s in slot_of_row.items()}
             rows = (scalars[4, :padded], scalars[5, :padded]) if ops.one_launch_for(self.device) else None
             lora = LoraBatchMeta(slot_of_row, layouts, rows)
         return Context(

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import torch
 
-from replica.engine.compiled_step import CompiledDecode
 from replica.engine.cuda_graphs import DecodeGraphs, can_capture
 from replica.engine.decode_step import DecodeRow, DecodeStep
 from replica.forward_context import Context, PrefillSpan, set_context
@@ -43,10 +42,8 @@ class ModelRunner:
         num_blocks: int | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
         cuda_graphs: bool = False,
-        compile_decode: bool = False,
     ) -> None:
-        """cuda_graphs: replay pure-decode steps from captured CUDA graphs where the kernels allow it;
-        compile_decode: where they do not, run them compiled (replica.engine.compiled_step)."""
+        """cuda_graphs: replay pure-decode steps from captured CUDA graphs where the kernels allow it."""
         self.model = model
         w = model.lm_head.weight
         self.device, self.dtype = w.device, w.dtype
@@ -68,7 +65,6 @@ class ModelRunner:
         elif cuda_graphs:  # a GPU without the Triton kernels is worth a warning; the CPU is expected
             level = logging.WARNING if self.device.type == "cuda" else logging.INFO
             log.log(level, "CUDA graphs need CUDA and the Triton kernels; %s steps run eagerly", self.device)
-        self.compiled = CompiledDecode(self.decode) if compile_decode and self.graphs is None else None
 
     def row_table(self, row: int) -> list[int]:
         """A fixed block table for callers that drive the runner without a block manager (tests,
@@ -152,12 +148,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def capture_graphs(self, buckets: tuple[int, ...]) -> int:
-        """Capture the decode graphs ahead of the first request (buckets: the replica's rank buckets, sorted),
-        or compile the decode step; returns how many graphs were captured (0 where the runner has none)."""
+        """Capture the decode graphs ahead of the first request (buckets: the replica's rank buckets, sorted);
+        returns how many were captured (0 where the runner is eager)."""
         self.decode.check_buckets(buckets)
-        if self.compiled is not None:
-            compiled = self.compiled.warm(buckets)
-            log.info("decode steps %s", "compiled" if compiled else "eager: compiling them failed")
         if self.graphs is None:
             return 0
         count = self.graphs.capture_all(buckets)
@@ -172,8 +165,6 @@ class ModelRunner:
         batch = self.decode.prepare(rows)
         if self.graphs is not None:
             return self.graphs.run(batch)
-        if self.compiled is not None:
-            return self.compiled.run(batch)
         logits = self.decode.forward(batch.padded, batch.buckets, batch.max_blocks, batch.distinct)
         return logits[: batch.rows]
 

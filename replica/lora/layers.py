@@ -9,7 +9,7 @@ from torch import nn
 
 from replica.forward_context import get_context
 from replica.kernels import ops
-from replica.kernels.gathered import GatheredRows, indexed_term
+from replica.kernels.gathered import GatheredRows
 from replica.lora.pools import BucketPool
 
 
@@ -48,11 +48,8 @@ class LoraLinear(nn.Module):
         for bucket, slot_of_row in meta.slot_of_row.items():  # a loop over the few rank buckets, not adapters
             pool = self.pools[bucket]
             layout = meta.layouts.get(bucket)
-            if isinstance(layout, GatheredRows):  # rows read their own slots
-                if torch.compiler.is_compiling():  # fused loops reading each row's slot where it lies
-                    indexed_term(x, y, pool.a, pool.b, pool.scale, layout)
-                else:  # eager: a layer's slots are gathered at once
-                    pool.arena.layer_gather().add_term(layout, pool.key, x, y)
+            if isinstance(layout, GatheredRows):  # rows read their own slots: a layer's are gathered at once
+                pool.arena.layer_gather().add_term(layout, pool.key, x, y)
                 continue
             t = ops.lora_shrink(x, pool.a, slot_of_row, layout)  # [num_tokens, bucket]
             ops.lora_expand(y, t, pool.b, pool.scale, slot_of_row, layout)
