@@ -8,8 +8,8 @@ once) and one batched multiply a side computes the reference's own form (replica
     t[i]    = (A[safe[i]] @ x[i]) * scale[safe[i]] * keep[i]
     out[i] += B[safe[i]] @ t[i]
 
-safe[i] is the row's slot (0 for a row without an adapter in this pool, whose keep[i] is 0), built once per
-forward pass.
+safe[i] is the row's slot; a row without an adapter in this pool reads a slot another row of the batch holds,
+and its keep[i] is 0 and its t[i] zeroed. Built once per forward pass.
 """
 
 from __future__ import annotations
@@ -25,14 +25,18 @@ from replica.kernels.grouped import compute_dtype
 class GatheredRows:
     """Per-row slot indices of one batch for one rank bucket."""
 
-    safe: torch.Tensor  # [num_tokens] long: the row's slot, 0 where it has none in this pool
+    safe: torch.Tensor  # [num_tokens] long: the row's slot; where it has none, a slot another row holds
     keep: torch.Tensor  # [num_tokens, 1] fp32: 1 where the row has an adapter in this pool, else 0
+    empty: torch.Tensor  # [num_tokens, 1, 1] bool: the row has no adapter in this pool
 
 
 def build_gathered(slot_of_row: torch.Tensor) -> GatheredRows:
-    """Row indices for the gathered path."""
+    """Row indices for the gathered path. A row without a slot here reads the batch's largest slot, which a
+    row of the batch holds (so it is pinned, and no loader is writing it), and its term is zeroed."""
     # slot_of_row [num_tokens] int32/int64, values in [-1, num_slots)
-    return GatheredRows(slot_of_row.clamp(min=0).long(), (slot_of_row >= 0).float().unsqueeze(1))
+    valid = slot_of_row >= 0
+    safe = torch.where(valid, slot_of_row, slot_of_row.max().clamp(min=0)).long()
+    return GatheredRows(safe, valid.float().unsqueeze(1), (~valid).view(-1, 1, 1))
 
 
 def mostly_distinct(slot_of_row: torch.Tensor) -> bool:
@@ -43,28 +47,17 @@ def mostly_distinct(slot_of_row: torch.Tensor) -> bool:
 
 
 def gathered_term(
-    x: torch.Tensor, out: torch.Tensor, a_t: torch.Tensor, b_t: torch.Tensor, scale: torch.Tensor
+    x: torch.Tensor,
+    out: torch.Tensor,
+    a_t: torch.Tensor,
+    b_t: torch.Tensor,
+    scale: torch.Tensor,
+    empty: torch.Tensor,
 ) -> None:
     """out[i] += B_i @ (A_i @ x[i]) * scale[i] in place, for each row's own gathered A_i, B_i and scale."""
     # x [n, in]; out [n, out_features] (may be a slice of a wider output); a_t [n, in, rank] (A_i^T);
-    # b_t [n, rank, out_features] (B_i^T); scale [n, 1, 1] fp32, 0 for rows to leave untouched
-    t = torch.bmm(compute_dtype(x).unsqueeze(1), a_t).mul_(scale)  # [n, 1, rank]
+    # b_t [n, rank, out_features] (B_i^T); scale [n, 1, 1] fp32, 0 for rows to leave untouched;
+    # empty [n, 1, 1] bool: rows whose t is zeroed outright, so another row's A cannot overflow into them
+    t = torch.bmm(compute_dtype(x).unsqueeze(1), a_t).mul_(scale).masked_fill_(empty, 0.0)  # [n, 1, rank]
     delta = torch.bmm(t, b_t)  # [n, 1, out_features]
     out.unsqueeze(1).add_(delta if delta.dtype == out.dtype else delta.to(out.dtype))
-
-
-def indexed_term(
-    x: torch.Tensor,
-    out: torch.Tensor,
-    a_stack: torch.Tensor,
-    b_stack: torch.Tensor,
-    scale: torch.Tensor,
-    rows: GatheredRows,
-) -> None:
-    """The same term as products and sums over each row's slot read in place: the form a compiled step
-    fuses into one loop a side, with no gathered copy of the adapters (eager torch would copy them)."""
-    # x [n, in]; out [n, out_features]; a_stack [S, rank, in]; b_stack [S, out_features, rank]; scale [S]
-    s = (scale[rows.safe].unsqueeze(1) * rows.keep).unsqueeze(2)  # [n, 1, 1]
-    t = (compute_dtype(a_stack[rows.safe]) * compute_dtype(x).unsqueeze(1) * s).sum(-1)  # [n, rank]
-    delta = (compute_dtype(b_stack[rows.safe]) * t.unsqueeze(1)).sum(-1)  # [n, out_features]
-    out.add_(delta.to(out.dtype))

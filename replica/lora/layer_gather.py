@@ -9,7 +9,7 @@ three operators of kernels.gathered.gathered_term, in place of an index_select f
 
 The buffers grow to the largest copy seen and are shared by the layers: a copy overwrites the last, which
 the forward pass has finished with. In half precision they hold fp32 copies, as the reference accumulates
-in fp32.
+in fp32. Not thread-safe: one forward pass at a time uses an arena (the engine thread runs every one).
 """
 
 from __future__ import annotations
@@ -56,12 +56,12 @@ class LayerGather:
     def add_term(self, rows: GatheredRows, key: ModuleKey, x: torch.Tensor, out: torch.Tensor) -> None:
         """out[i] += scale * B @ (A @ x[i]) of row i's slot, for the module key (out may be a slice)."""
         a_t, b_t, scale = self._views(rows, key, x.shape[0])
-        gathered_term(x, out, a_t, b_t, scale)
+        gathered_term(x, out, a_t, b_t, scale, rows.empty)
 
     def _span(self, key: ModuleKey, n: int) -> tuple[int, int]:
         """The row span copied for key: its layer's, or its own where the layer's would be too large."""
         lo, hi = self.spans[key[0]]
-        if n * (hi - lo) * self.data.element_size() <= WHOLE_LAYER_BYTES:
+        if n * (hi - lo) * self.buf.element_size() <= WHOLE_LAYER_BYTES:
             return lo, hi
         return self.where[key][0]
 

@@ -1,6 +1,6 @@
 """The gathered adapter path (a layer of slots copied at once) equals the per-row loop: into a slice of a
 fused output, across layers and back, for a new pass's rows and scales, a layer or a module copied at a
-time, in fp32 and bf16; and its compiled form (each slot read in place) equals it too."""
+time, in fp32 and bf16; and a row without an adapter gets nothing from the slot it stands in on."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from replica.forward_context import Context, set_context
-from replica.kernels.gathered import build_gathered, indexed_term
+from replica.kernels.gathered import build_gathered
 from replica.kernels.reference import lora_loop_ref
 from replica.lora import layer_gather
 from replica.lora.batch_meta import LoraBatchMeta
@@ -86,13 +86,22 @@ def test_each_row_gets_its_own_slot_in_every_layer_and_pass(
             set_context(None)
 
 
-def test_the_in_place_form_equals_the_loop() -> None:
+def test_a_row_without_an_adapter_reads_only_its_batch_slots_and_gets_nothing() -> None:
+    """Its stand-in slot is one a row of the batch holds (pinned, never mid-write), and another tenant's
+    A overflowing on its input cannot reach it."""
     gen = torch.Generator().manual_seed(4)
     layer = _layers(torch.float32, gen)[(1, "down_proj")]
-    pool = layer.pools[RANK]
-    slots = torch.tensor([3, -1, 3, 0, 5], dtype=torch.int32)
-    x = torch.randn(5, layer.in_features, generator=gen)
-    out = torch.randn(5, layer.out_features, generator=gen)
-    want = out + lora_loop_ref(x, pool.a, pool.b, pool.scale, slots)
-    indexed_term(x, out, pool.a, pool.b, pool.scale, build_gathered(slots))
-    torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
+    rows = build_gathered(torch.tensor([-1, 4, -1, 2], dtype=torch.int32))
+    assert rows.safe.tolist() == [4, 4, 4, 2] and rows.empty.view(-1).tolist() == [True, False, True, False]
+    with torch.no_grad():
+        layer.pools[RANK].a[4].fill_(3e38)  # finite weights whose products overflow
+    meta = _pass([-1, 4, -1, 2])
+    x = torch.full((4, layer.in_features), 2.0)
+    out = torch.zeros(4, layer.out_features)
+    set_context(_context(meta))
+    try:
+        layer.add_delta(x, out)
+    finally:
+        set_context(None)
+    assert torch.equal(out[0], torch.zeros(layer.out_features)) and torch.equal(out[2], out[0])
+    assert torch.isfinite(out[3]).all() and (out[3] != 0).any()
