@@ -115,6 +115,19 @@ def alternate(
     return samples
 
 
+def side_label(after: str | None) -> str:
+    """What an after side ran: the commit given, or the working tree's commit (and whether it had changes)."""
+    if after:
+        return after
+    git = ["git", "-C", str(REPO)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    changed = subprocess.run(
+        [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=False
+    )
+    dirty = " with uncommitted changes" if changed.stdout.strip() else ""
+    return f"working tree at {head.stdout.strip() or 'unknown'}{dirty}"
+
+
 def engine_ab(
     before: str, after: str | None, rounds: int = 3, reps: int = 2, new_tokens: int = 16
 ) -> dict[str, Any]:
@@ -125,7 +138,7 @@ def engine_ab(
     return {
         "benchmark": "engine-ab",
         "before": before,
-        "after": after or "working tree",
+        "after": side_label(after),
         "rounds": rounds,
         "samples_per_side": rounds * reps,
         "decode_tokens_per_s_median": medians,

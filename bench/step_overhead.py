@@ -4,9 +4,8 @@ On a tiny base (the canary's: 2 layers, hidden 64) the arithmetic of a step is n
 what the host spends around it: Python, tensor building and one CPU dispatch per operator, the same work
 that launches kernels on a GPU. Each side runs in its own process from its own worktree (as engine-ab
 does), the sides alternating over rounds, and times ModelRunner.run on a batch of decoding rows with 0 and
-with as many distinct rank-16 adapters as rows; a side whose ModelRunner can compile its decode step
-(compile_decode) is timed that way too, after compiling. The result is each side's median step, its operators
-per step, and after / before.
+with as many distinct rank-16 adapters as rows. The result is each side's median step, its operators per
+step, and after / before.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from typing import Any
 import torch
 
 from bench._util import environment
-from bench.engine_ab import OWN_TREE, alternate
+from bench.engine_ab import OWN_TREE, alternate, side_label
 
 log = logging.getLogger(__name__)
 
@@ -49,34 +48,24 @@ with torch.no_grad():
     for w in wrappers.values():
         pool = w.pools[16]
         pool.a.normal_(0.0, 0.1); pool.b.normal_(0.0, 0.1); pool.scale.fill_(2.0)
-import inspect
-variants = [("", {})]  # the eager step, and the compiled one where this side has it
-if "compile_decode" in inspect.signature(ModelRunner.__init__).parameters:
-    variants.append((":compiled", {"compile_decode": True}))
+runner = ModelRunner(model, max_num_seqs=batch, max_model_len=64)
 prompt = 8
+runner.run([StepInput([5] * prompt, 0, runner.row_table(i)) for i in range(batch)])
 out = {}
-for suffix, options in variants:
-    runner = ModelRunner(model, max_num_seqs=batch, max_model_len=64, **options)
-    if hasattr(runner, "capture_graphs"):  # compiles the step where it is compiled
-        runner.capture_graphs((16,))
-    runner.run([StepInput([5] * prompt, 0, runner.row_table(i)) for i in range(batch)])
-    for distinct in (0, batch):
-        steps = [StepInput([7], prompt, runner.row_table(i), SlotRef(16, i % distinct) if distinct else None)
-                 for i in range(batch)]
-        for _ in range(5):
-            runner.run(steps)
-        times = []
-        for _ in range(iters):
-            start = time.perf_counter()
-            runner.run(steps)
-            times.append(time.perf_counter() - start)
-        out[f"{distinct}{suffix}"] = statistics.median(times)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            runner.run(steps)
-        out[f"operators:{distinct}{suffix}"] = sum(
-            e.count for e in prof.key_averages() if e.key.startswith("aten::"))
-    if suffix:
-        out[f"failures{suffix}"] = runner.compiled.failures
+for distinct in (0, batch):
+    steps = [StepInput([7], prompt, runner.row_table(i), SlotRef(16, i % distinct) if distinct else None)
+             for i in range(batch)]
+    for _ in range(5):
+        runner.run(steps)
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        runner.run(steps)
+        times.append(time.perf_counter() - start)
+    out[str(distinct)] = statistics.median(times)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        runner.run(steps)
+    out[f"operators:{distinct}"] = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
 print("RESULT " + json.dumps(out))
 """
 )
@@ -97,9 +86,7 @@ def run_side(tree: Path, batch: int, iters: int) -> dict[str, float]:
 def step_overhead(
     before: str, after: str | None = None, rounds: int = 3, batch: int = 32, iters: int = 200
 ) -> dict[str, Any]:
-    """Median decode-step seconds on the tiny base at before and at after (None: this working tree); a side
-    that can compile its step is also timed compiled ("<distinct>:compiled"), paired with the other's
-    eager step."""
+    """Median decode-step seconds on the tiny base at before and at after (None: this working tree)."""
     samples = alternate(
         before, after, rounds, lambda tree: {d: [t] for d, t in run_side(tree, batch, iters).items()}
     )
@@ -107,20 +94,12 @@ def step_overhead(
         side: {d.removeprefix("operators:"): int(v[0]) for d, v in s.items() if d.startswith("operators:")}
         for side, s in samples.items()
     }  # the same every round: torch's profiler counts one step's aten calls
-    failures = {d: int(sum(v)) for d, v in samples["after"].items() if d.startswith("failures")}
-    samples = {
-        side: {d: v for d, v in s.items() if not d.startswith(("operators:", "failures"))}
-        for side, s in samples.items()
-    }
+    samples = {side: {d: v for d, v in s.items() if ":" not in d} for side, s in samples.items()}
     medians = {side: {d: statistics.median(v) for d, v in s.items()} for side, s in samples.items()}
-
-    def eager(d: str) -> str:  # the before side's sample an after sample is paired with
-        return d.split(":")[0]
-
     return {
         "benchmark": "step-overhead",
         "before": before,
-        "after": after or "working tree",
+        "after": side_label(after),
         "batch": batch,
         "rounds": rounds,
         "step_us_median": {side: {d: round(v * 1e6, 1) for d, v in m.items()} for side, m in medians.items()},
@@ -128,20 +107,16 @@ def step_overhead(
         "paired_ratio_median": {
             d: round(
                 statistics.median(
-                    a / b for a, b in zip(samples["after"][d], samples["before"][eager(d)], strict=True)
+                    a / b for a, b in zip(samples["after"][d], samples["before"][d], strict=True)
                 ),
                 3,
             )
             for d in samples["after"]
-            if eager(d) in samples["before"]
         },
         "after_over_before": {
-            d: round(medians["after"][d] / medians["before"][eager(d)], 3)
-            for d in medians["after"]
-            if eager(d) in medians["before"]
+            d: round(medians["after"][d] / medians["before"][d], 3) for d in medians["after"]
         },
         "operators_per_step": operators,
-        "compile_failures": failures,  # steps the compiled runner fell back to eager (0: it stayed compiled)
         "samples_s": samples,
         "environment": environment(torch.device("cpu"), "float32"),
     }

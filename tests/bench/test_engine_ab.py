@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.engine_ab import OWN_TREE, REPO, worktree
+from bench.engine_ab import OWN_TREE, REPO, side_label, worktree
 
 
 def test_a_side_imports_its_own_trees_engine_not_the_installed_one(tmp_path: Path) -> None:
@@ -20,3 +20,11 @@ def test_a_side_imports_its_own_trees_engine_not_the_installed_one(tmp_path: Pat
         assert len(files) == 2 and all(f.startswith(str(tree)) for f in files), done.stdout
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
+
+
+def test_an_after_side_is_labelled_with_its_commit() -> None:
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert side_label("abc1234") == "abc1234"
+    assert side_label(None).startswith(f"working tree at {head}")
