@@ -124,3 +124,17 @@ def test_rows_for_capturing_ahead_touch_only_the_sink(runner: ModelRunner) -> No
 def test_more_rank_buckets_than_a_step_serves_are_refused_at_start(runner: ModelRunner) -> None:
     with pytest.raises(ValueError, match="at most"):
         runner.capture_graphs(tuple(2 ** (i + 1) for i in range(MAX_RANK_BUCKETS + 1)))
+
+
+def test_every_column_past_a_rows_blocks_names_the_sink(runner: ModelRunner) -> None:
+    """The block table is a security boundary: after a step of long rows, a step of short ones leaves no
+    block of theirs (or of anyone) past each row's own, padding rows included."""
+    step, sink = runner.decode, runner.kv.sink_block
+    long_rows = [DecodeRow(1, 60, runner.row_table(i), None) for i in range(6)]  # 4 blocks each
+    step.prepare(long_rows)
+    short = [DecodeRow(1, 8, runner.row_table(i), None) for i in (2, 4, 5)]  # 1 block each, padded to 4
+    batch = step.prepare(short)
+    tables = step._host_views[2][: batch.padded]  # [padded, width]
+    assert batch.padded == 4 and batch.max_blocks == 1
+    assert tables[:3, 0].tolist() == [runner.row_table(i)[0] for i in (2, 4, 5)]
+    assert torch.all(tables[:3, 1:] == sink) and torch.all(tables[3] == sink)
