@@ -112,12 +112,16 @@ def step_overhead_cmd(
     rounds: int = typer.Option(3, help="rounds of one process per side, the sides alternating"),
     batch: int = typer.Option(32, help="decoding rows per step (and distinct adapters)"),
     iters: int = typer.Option(200, help="timed steps per process and adapter count"),
+    context: int = typer.Option(8, help="tokens each row has cached before the timed steps"),
+    max_model_len: int = typer.Option(
+        64, help="the runner's longest sequence (sets the block table's width)"
+    ),
     out: Path | None = typer.Option(None, help="also write the JSON here"),
 ) -> None:
     """The host's cost of a decode step on a tiny base, at two commits side by side (CPU, fp32)."""
     from bench.step_overhead import step_overhead
 
-    emit(step_overhead(before, after, rounds, batch, iters), out)
+    emit(step_overhead(before, after, rounds, batch, iters, context, max_model_len), out)
 
 
 @app.command("load")

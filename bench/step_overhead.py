@@ -32,7 +32,7 @@ CHILD = (
 import json, statistics, tempfile, time
 from pathlib import Path
 import torch
-batch, iters = int(sys.argv[2]), int(sys.argv[3])
+batch, iters, prompt, max_len = (int(a) for a in sys.argv[2:6])
 from canary.tiny_base import write_tiny_base
 from replica.engine.model_runner import ModelRunner, StepInput
 from replica.lora.replace import apply_lora
@@ -48,8 +48,7 @@ with torch.no_grad():
     for w in wrappers.values():
         pool = w.pools[16]
         pool.a.normal_(0.0, 0.1); pool.b.normal_(0.0, 0.1); pool.scale.fill_(2.0)
-runner = ModelRunner(model, max_num_seqs=batch, max_model_len=64)
-prompt = 8
+runner = ModelRunner(model, max_num_seqs=batch, max_model_len=max_len)
 runner.run([StepInput([5] * prompt, 0, runner.row_table(i)) for i in range(batch)])
 out = {}
 for distinct in (0, batch):
@@ -71,10 +70,12 @@ print("RESULT " + json.dumps(out))
 )
 
 
-def run_side(tree: Path, batch: int, iters: int) -> dict[str, float]:
+def run_side(
+    tree: Path, batch: int, iters: int, context: int = 8, max_model_len: int = 64
+) -> dict[str, float]:
     """One process timing tree's decode step: median seconds per step, by distinct adapters, and
     ("operators:<distinct>") the aten calls of one step."""
-    argv = [sys.executable, "-c", CHILD, str(tree), str(batch), str(iters)]
+    argv = [sys.executable, "-c", CHILD, str(tree), str(batch), str(iters), str(context), str(max_model_len)]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
@@ -84,11 +85,20 @@ def run_side(tree: Path, batch: int, iters: int) -> dict[str, float]:
 
 
 def step_overhead(
-    before: str, after: str | None = None, rounds: int = 3, batch: int = 32, iters: int = 200
+    before: str,
+    after: str | None = None,
+    rounds: int = 3,
+    batch: int = 32,
+    iters: int = 200,
+    context: int = 8,
+    max_model_len: int = 64,
 ) -> dict[str, Any]:
     """Median decode-step seconds on the tiny base at before and at after (None: this working tree)."""
     samples = alternate(
-        before, after, rounds, lambda tree: {d: [t] for d, t in run_side(tree, batch, iters).items()}
+        before,
+        after,
+        rounds,
+        lambda tree: {d: [t] for d, t in run_side(tree, batch, iters, context, max_model_len).items()},
     )
     operators = {
         side: {d.removeprefix("operators:"): int(v[0]) for d, v in s.items() if d.startswith("operators:")}
@@ -101,6 +111,8 @@ def step_overhead(
         "before": before,
         "after": side_label(after),
         "batch": batch,
+        "context": context,  # tokens each row has cached before its timed steps
+        "max_model_len": max_model_len,  # sets the block table's width
         "rounds": rounds,
         "step_us_median": {side: {d: round(v * 1e6, 1) for d, v in m.items()} for side, m in medians.items()},
         # each round's after / before, its two sides run back to back: steadier on a noisy host
