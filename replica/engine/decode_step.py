@@ -22,6 +22,7 @@ import torch
 
 from replica.forward_context import Context, set_context
 from replica.kernels import ops
+from replica.kernels.gathered import is_mostly_distinct
 from replica.lora.batch_meta import LoraBatchMeta
 from replica.lora.slots import SlotRef
 from replica.model.llama import LlamaForCausalLM
@@ -146,7 +147,7 @@ class DecodeStep:
         for bucket in present:
             column = [r.slot.index if r.slot is not None and r.slot.bucket == bucket else -1 for r in rows]
             slots[self._column(bucket), :b] = torch.tensor(column + [-1] * pad, dtype=torch.int32)
-            if 2 * len(set(column) - {-1}) > b:
+            if is_mostly_distinct(len(set(column) - {-1}), b):
                 distinct.append(bucket)
         if self.dev is not self.host:
             self.dev.copy_(self.host, non_blocking=True)

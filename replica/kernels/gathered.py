@@ -39,11 +39,16 @@ def build_gathered(slot_of_row: torch.Tensor) -> GatheredRows:
     return GatheredRows(safe, valid.float().unsqueeze(1), (~valid).view(-1, 1, 1))
 
 
+def is_mostly_distinct(distinct: int, rows: int) -> bool:
+    """True when a batch of rows (padding and rows without an adapter here included: the gathered path
+    copies a slot for each) holds more than half as many distinct adapters: the gathered path's case."""
+    return 2 * distinct > rows
+
+
 def mostly_distinct(slot_of_row: torch.Tensor) -> bool:
-    """True when the batch has more than half as many distinct adapters as rows: the gathered path's case
-    (it also gathers a slot for each row without one, so those rows count against it)."""
+    """is_mostly_distinct, counted on the device from the rows' slots (-1: none in this pool)."""
     slots = slot_of_row[slot_of_row >= 0]
-    return 2 * int(slots.unique().numel()) > int(slot_of_row.numel())
+    return is_mostly_distinct(int(slots.unique().numel()), int(slot_of_row.numel()))
 
 
 def gathered_term(

@@ -5,7 +5,7 @@ layer is one span of its arena row, and each module's A and B are one span withi
 gather copies the rows' scales once, then each layer's span once (or, where the layer's copy for every row
 would pass WHOLE_LAYER_BYTES, each module's span as the module comes), into buffers that never move; each
 projection's A and B are views of them, built once per row count and kept. A projection then costs the
-three operators of kernels.gathered.gathered_term, in place of an index_select for each of A, B and scale.
+few operators of kernels.gathered.gathered_term, in place of an index_select for each of A, B and scale.
 
 The buffers grow to the largest copy seen and are shared by the layers: a copy overwrites the last, which
 the forward pass has finished with. In half precision they hold fp32 copies, as the reference accumulates
