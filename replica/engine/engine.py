@@ -11,6 +11,7 @@ import torch
 
 from replica.engine.admission_queue import AdmissionQueue
 from replica.engine.grammar_mask import Grammar, constrain
+from replica.engine.host_values import from_host
 from replica.engine.logprobs import TokenLogprobs
 from replica.engine.model_runner import ModelRunner, StepInput
 from replica.engine.sampler import SamplingParams, row_seed, sample_step
@@ -186,7 +187,7 @@ class LLMEngine:
         done = [p for p in completing if p.seq.status is SequenceStatus.RUNNING]
         if len(done) < len(completing):  # a stop string ended these rows after their launch
             keep = [i for i, p in enumerate(completing) if p.seq.status is SequenceStatus.RUNNING]
-            logits = logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]
+            logits = logits[from_host(keep, torch.long, logits.device)]
         rows = [p.seq for p in done]
         logits = constrain(logits, [s.grammar for s in rows])  # [num_completing, vocab]
         sampled = sample_step(

@@ -13,6 +13,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from replica.engine.host_values import from_host
+
 
 class Grammar(Protocol):
     """One sequence's grammar state (replica.structured.matcher.GrammarMatcher)."""
@@ -33,7 +35,7 @@ def constrain(logits: torch.Tensor, grammars: Sequence[Grammar | None]) -> torch
     masks = [np.frombuffer(g.allowed_bitmask(), dtype=np.uint8) for g in grammars if g is not None]
     packed = torch.from_numpy(np.stack(masks))  # [constrained, vocab_bytes] uint8, bit t of byte t // 8
     allowed = unpack_bits(packed.to(logits.device, non_blocking=True), vocab)  # [constrained, vocab] bool
-    index = torch.tensor(rows, dtype=torch.int64).to(logits.device, non_blocking=True)  # [constrained]
+    index = from_host(rows, torch.int64, logits.device)  # [constrained]
     masked = logits.clone()  # [rows, vocab]
     masked[index] = logits[index].masked_fill(~allowed, float("-inf"))
     return masked

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from replica.engine.host_values import from_host
 from replica.engine.logprobs import MAX_TOP_LOGPROBS, TokenLogprobs, gather, unpack
 from replica.engine.sampling_hash import gumbel, mix32, row_keys
 from replica.errors import InvalidRequestError
@@ -123,22 +124,20 @@ def _adjust(logits: torch.Tensor, params: list[SamplingParams], outputs: list[li
     device = logits.device
     bias = [(i, t, b) for i, p in enumerate(params) for t, b in p.logit_bias]
     if bias:
-        at = torch.tensor(
-            [(i, t) for i, t, _ in bias], dtype=torch.int64, device=device
-        )  # [n, 2]: row, token id
-        value = torch.tensor([b for _, _, b in bias], dtype=torch.float32, device=device)  # [n]
+        at = from_host([(i, t) for i, t, _ in bias], torch.int64, device)  # [n, 2]: row, token id
+        value = from_host([b for _, _, b in bias], torch.float32, device)  # [n]
         logits.index_put_((at[:, 0], at[:, 1]), value, accumulate=True)
     penalised = [i for i, p in enumerate(params) if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0]
     seen = [(i, t) for i in penalised for t in outputs[i]]
     if seen:
-        pairs = torch.tensor(seen, dtype=torch.int64, device=device)  # [n, 2]: row, token id
+        pairs = from_host(seen, torch.int64, device)  # [n, 2]: row, token id
         counts = torch.zeros(rows * vocab, dtype=torch.float32, device=device)  # [rows * vocab]
         counts.scatter_add_(
             0, pairs[:, 0] * vocab + pairs[:, 1], torch.ones(len(seen), dtype=torch.float32, device=device)
         )
         counts = counts.view(rows, vocab)
-        weights = torch.tensor(
-            [(p.presence_penalty, p.frequency_penalty) for p in params], dtype=torch.float32, device=device
+        weights = from_host(
+            [(p.presence_penalty, p.frequency_penalty) for p in params], torch.float32, device
         )  # [rows, 2]: presence, frequency
         logits -= weights[:, :1] * (counts > 0) + weights[:, 1:] * counts
     return logits
@@ -150,10 +149,8 @@ def _draw(
     """Chosen ids [rows] for adjusted logits [rows, vocab] fp32: argmax at temperature 0, else a draw."""
     rows, vocab = logits.shape
     device = logits.device
-    knobs = torch.tensor(
-        [(p.temperature, p.top_p, min(p.top_k or vocab, vocab)) for p in params],
-        dtype=torch.float32,
-        device=device,
+    knobs = from_host(
+        [(p.temperature, p.top_p, min(p.top_k or vocab, vocab)) for p in params], torch.float32, device
     )  # [rows, 3]: temperature, top_p, top_k (off = vocab); top_k < 2**24 is exact in fp32
     temperature, top_p, top_k = knobs.unbind(dim=1)  # [rows] each
     greedy = temperature == 0.0  # [rows]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from replica.engine.host_values import from_host
+
 MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31: a 32-bit value times one stays below 2**63, so int64 never overflows.
 _ROUNDS = ((0x7FEB352D, 15), (0x21F0AAAD, 15), (0x31848BAB, 14))
@@ -27,10 +29,10 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 def row_keys(seeds: list[int], steps: list[int], device: torch.device) -> torch.Tensor:
     """Each row's hash key [rows, 2] int64 (an odd multiplier below 2**31, an offset below 2**32) from its
     seed (any int, read as 64 bits) and its output index."""
-    words = torch.tensor(
+    words = from_host(
         [[s & MASK32, (s >> 32) & MASK32, n & MASK32] for s, n in zip(seeds, steps, strict=True)],
-        dtype=torch.int64,
-        device=device,
+        torch.int64,
+        device,
     )  # [rows, 3]: seed low word, seed high word, output index
     lo, hi, index = words.unbind(dim=1)  # [rows] each
     # two chains with their own salts: two rows share all their noise with odds near 2**-62, not 2**-32

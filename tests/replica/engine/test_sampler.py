@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from replica.engine import sampler as sampler_module
+from replica.engine.grammar_mask import constrain
 from replica.engine.sampler import SamplingParams, row_seed, sample
 from replica.engine.sampling_hash import MASK32, mix32, row_keys, uniforms
 from replica.errors import InvalidRequestError
@@ -305,3 +306,36 @@ def test_sampling_never_copies_the_logits_to_the_host(monkeypatch: pytest.Monkey
     monkeypatch.setattr(torch.Tensor, "to", to_checked)
     tokens = sample(logits, params, seeds, outputs)
     assert len(tokens) == 6 and all(0 <= t < 40 for t in tokens)
+
+
+def test_no_per_row_value_is_built_straight_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.tensor(list, device=...) syncs the CUDA stream: the sampler, queued behind a decode step, would
+    wait out the forward pass. Every per-row value goes through host_values.from_host instead."""
+    logits, params, seeds, outputs = _mixed_batch(40)
+    real_tensor = torch.tensor
+
+    def tensor_checked(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if kwargs.get("device") is not None:
+            raise AssertionError("a list was copied to the device with a stream sync")
+        return real_tensor(*args, **kwargs)
+
+    expected = sample(logits, params, seeds, outputs)
+    monkeypatch.setattr(torch, "tensor", tensor_checked)
+    assert sample(logits, params, seeds, outputs) == expected
+    grammar = _AllowOnly(3)
+    assert constrain(logits, [None, grammar, None, None, None, None])[1].argmax().item() == 3
+
+
+class _AllowOnly:
+    """A grammar allowing one token id."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def allowed_bitmask(self) -> bytes:
+        bits = bytearray(8)
+        bits[self.token // 8] |= 1 << (self.token % 8)
+        return bytes(bits)
+
+    def advance(self, token_id: int) -> bool:
+        return False
