@@ -77,8 +77,12 @@ class LLMEngine:
         prefill_delay_s: float = 0.0,
         kv: KvPolicy = KvPolicy(),
         overlap_text: bool | None = None,
+        prepare_ahead: bool | None = None,
     ) -> None:
         self.runner = runner
+        # Stage the next decode step's inputs while the device computes this one, where launches are
+        # asynchronous (CUDA); elsewhere the step has ended by then, and the staging would only add work.
+        self.prepare_ahead = runner.device.type == "cuda" if prepare_ahead is None else prepare_ahead
         # Detokenize after the next launch where launches are asynchronous (CUDA); at once elsewhere, where
         # waiting a step would only delay every token.
         self.overlap_text = runner.device.type == "cuda" if overlap_text is None else overlap_text
@@ -183,6 +187,8 @@ class LLMEngine:
         logits = self.runner.run([self._input(p) for p in plan])  # [num_completing, vocab]
         if self.overlap_text:
             outputs += self._emit_text()  # the last step's tokens, while the device computes this one
+        if self.prepare_ahead:
+            self._stage_next(plan)
         completing = [p for p in plan if p.completes]
         done = [p for p in completing if p.seq.status is SequenceStatus.RUNNING]
         if len(done) < len(completing):  # a stop string ended these rows after their launch
@@ -222,6 +228,25 @@ class LLMEngine:
                 self.scheduler.finish(seq, "error")
             outputs.append(self._final(seq, "", error=message))
         return outputs
+
+    def _stage_next(self, plan: list[Scheduled]) -> None:
+        """Give the runner the next step's expected decode rows: every running row, one position on, when
+        each completes in this plan. A row this token is sure to end (max_tokens, the context) is left out;
+        one that a stop token ends costs the next step a rebuild of the staging."""
+        completing = {id(p.seq): p for p in plan if p.completes}
+        rows = []
+        for s in self.scheduler.running:
+            p = completing.get(id(s))
+            if p is None:  # it still prefills: the next step is not all decode
+                return
+            if (
+                len(s.output_token_ids) + 1 >= s.params.max_tokens
+                or s.num_tokens + 1 >= self.runner.max_model_len
+            ):
+                continue
+            position = s.num_cached + p.num_new  # of the token this step samples
+            rows.append(StepInput([0], position, self.blocks.table(s.request_id), s.slot))
+        self.runner.stage_ahead(rows)
 
     def _input(self, p: Scheduled) -> StepInput:
         s = p.seq

@@ -84,6 +84,7 @@ def make_engine(
     kv: KvPolicy = KvPolicy(),
     num_blocks: int | None = None,
     overlap_text: bool | None = None,
+    prepare_ahead: bool | None = None,
 ) -> Served:
     """The engine and the adapter cache of a replica serving these adapter folders; no adapter loaded yet."""
     model, gpu, spec = build_lora_model(base_dir, capacities)
@@ -96,6 +97,7 @@ def make_engine(
         detokenizer_factory=CharDetokenizer,
         kv=kv,
         overlap_text=overlap_text,
+        prepare_ahead=prepare_ahead,
     )
     return Served(engine, local_cache(spec, gpu, adapters, cache_dir))
 

@@ -134,7 +134,7 @@ def test_every_column_past_a_rows_blocks_names_the_sink(runner: ModelRunner) -> 
     step.prepare(long_rows)
     short = [DecodeRow(1, 8, runner.row_table(i), None) for i in (2, 4, 5)]  # 1 block each, padded to 4
     batch = step.prepare(short)
-    tables = step._host_views[2][: batch.padded]  # [padded, width]
+    tables = step.staging.dev.tables[: batch.padded]  # [padded, width]
     assert batch.padded == 4 and batch.max_blocks == 1
     assert tables[:3, 0].tolist() == [runner.row_table(i)[0] for i in (2, 4, 5)]
     assert torch.all(tables[:3, 1:] == sink) and torch.all(tables[3] == sink)
