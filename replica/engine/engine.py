@@ -7,14 +7,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 from replica.engine.admission_queue import AdmissionQueue
 from replica.engine.grammar_mask import Grammar, constrain
-from replica.engine.host_values import from_host
 from replica.engine.logprobs import TokenLogprobs
 from replica.engine.model_runner import ModelRunner, StepInput
-from replica.engine.sampler import SamplingParams, row_seed, sample_step
+from replica.engine.sampler import SamplingParams, launch_sample, row_seed
 from replica.engine.scheduler import Scheduled, Scheduler
 from replica.engine.sequence import Detokenizer, Sequence, SequenceStatus
 from replica.engine.slot_pins import SlotPins
@@ -169,8 +166,10 @@ class LLMEngine:
 
     def step(self) -> list[StepOutput]:
         """Admit, run one forward pass over every scheduled row, sample where a row reached its last token,
-        and report what happened. With overlap_text, a token's text and stop-string scan wait for the next
-        step's launch, and a row that a stop string ended meanwhile drops the token it was computing."""
+        and report what happened. The forward and the draw are queued first; the host work that does not
+        need this step's tokens runs before they are read. With overlap_text, a token's text and stop-string
+        scan wait for the next step's launch, and a row that a stop string ended meanwhile drops the token it
+        was computing; with prepare_ahead, the next step's decode inputs are staged there too."""
         started = time.perf_counter()
         plan, failed = self.scheduler.schedule()
         outputs = [self._final(s, "", error=s.error) for s in failed]
@@ -185,29 +184,31 @@ class LLMEngine:
         if self.prefill_delay_s and any(p.num_new > 1 for p in plan):
             time.sleep(self.prefill_delay_s)  # injected fault: hold the step that prefills
         logits = self.runner.run([self._input(p) for p in plan])  # [num_completing, vocab]
+        completing = [p for p in plan if p.completes]
+        rows = [p.seq for p in completing]
+        pending = launch_sample(
+            constrain(logits, [s.grammar for s in rows]),
+            [s.params for s in rows],
+            [s.seed for s in rows],
+            [s.output_token_ids for s in rows],
+        )  # queued behind the forward pass; the host goes on
         if self.overlap_text:
             outputs += self._emit_text()  # the last step's tokens, while the device computes this one
         if self.prepare_ahead:
             self._stage_next(plan)
-        completing = [p for p in plan if p.completes]
-        done = [p for p in completing if p.seq.status is SequenceStatus.RUNNING]
-        if len(done) < len(completing):  # a stop string ended these rows after their launch
-            keep = [i for i, p in enumerate(completing) if p.seq.status is SequenceStatus.RUNNING]
-            logits = logits[from_host(keep, torch.long, logits.device)]
-        rows = [p.seq for p in done]
-        logits = constrain(logits, [s.grammar for s in rows])  # [num_completing, vocab]
-        sampled = sample_step(
-            logits, [s.params for s in rows], [s.seed for s in rows], [s.output_token_ids for s in rows]
-        )
+        sampled = pending.read()  # the step's one wait for the device
+        taken = zip(completing, sampled.token_ids, sampled.logprobs, strict=True)
+        # a stop string may have ended a row after its launch: its token is dropped
+        done = [(p, token, lp) for p, token, lp in taken if p.seq.status is SequenceStatus.RUNNING]
         for p in plan:
             if p.seq.status is SequenceStatus.RUNNING:
                 self.scheduler.computed(p)
-        for p, token, logprobs in zip(done, sampled.token_ids, sampled.logprobs, strict=True):
+        for p, token, logprobs in done:
             self._take(p.seq, token, logprobs)
         if not self.overlap_text or not (self.scheduler.running or self.scheduler.waiting):
             outputs += self._emit_text()  # nothing launches next: hold nothing back
         ended = time.perf_counter()
-        for p in done:
+        for p, _, _ in done:
             s = p.seq
             if s.trace is not None:  # the step that ends its prefill
                 s.trace.step_start, s.trace.step_end, s.trace = started, ended, None

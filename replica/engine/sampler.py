@@ -103,6 +103,28 @@ def sample_step(
     alone. Everything runs with torch ops on logits.device; the only host transfer is one tensor: the
     chosen ids [rows], or with any row asking for logprobs, [rows, 2 + 2k] (logprobs.gather).
     """
+    return launch_sample(logits, params, seeds, outputs).read()
+
+
+@dataclass(frozen=True)
+class PendingSample:
+    """A draw queued on the logits' device; read() waits for it and brings the ids (and logprobs) back."""
+
+    packed: torch.Tensor  # [rows] chosen ids, or [rows, 2 + 2k] with logprobs (logprobs.gather)
+    wants: list[int | None] | None  # each row's logprobs ask; None when no row asked
+
+    def read(self) -> Sampled:
+        if self.wants is None:
+            ids: list[int] = self.packed.tolist()
+            return Sampled(ids, [None] * len(ids))
+        return Sampled(*unpack(self.packed.tolist(), self.wants))
+
+
+def launch_sample(
+    logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], outputs: list[list[int]]
+) -> PendingSample:
+    """sample_step's device work, queued without waiting for the device: the host may do other work
+    (the next step's staging, the last step's text) before read()."""
     adjusted = logits  # [rows, vocab]
     if any(p.adjusts_logits for p in params):
         adjusted = _adjust(logits.to(torch.float32, copy=True), params, outputs)
@@ -113,9 +135,8 @@ def sample_step(
     wants = [p.logprobs for p in params]
     k = max((w for w in wants if w is not None), default=None)
     if k is None:
-        ids: list[int] = chosen.tolist()
-        return Sampled(ids, [None] * len(ids))
-    return Sampled(*unpack(gather(adjusted, chosen, k).tolist(), wants))
+        return PendingSample(chosen, None)
+    return PendingSample(gather(adjusted, chosen, k), wants)
 
 
 def _adjust(logits: torch.Tensor, params: list[SamplingParams], outputs: list[list[int]]) -> torch.Tensor:

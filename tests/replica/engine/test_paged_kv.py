@@ -12,7 +12,7 @@ import torch
 
 from replica.engine import engine as engine_module
 from replica.engine.engine import KvPolicy
-from replica.engine.sampler import Sampled, SamplingParams
+from replica.engine.sampler import PendingSample, SamplingParams
 from tests.replica.engine.engine_util import Served, greedy, make_engine
 from tests.replica.peft_util import AdapterRecipe, make_peft_adapters
 
@@ -29,7 +29,7 @@ def adapters(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 class LogitSpy:
-    """The logits each request's tokens were sampled from, in order (engine.sample_step wrapped)."""
+    """The logits each request's tokens were sampled from, in order (engine.launch_sample wrapped)."""
 
     def __init__(self) -> None:
         self.by_params: dict[int, list[torch.Tensor]] = {}
@@ -38,7 +38,7 @@ class LogitSpy:
     def wrap(self, real: object) -> object:
         def sample(
             logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], outputs: list[list[int]]
-        ) -> Sampled:
+        ) -> PendingSample:
             for row, p in zip(logits, params, strict=True):
                 self.by_params.setdefault(id(p), []).append(row.clone())
                 self.alive.append(p)
@@ -50,7 +50,7 @@ class LogitSpy:
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[LogitSpy]:
     s = LogitSpy()
-    monkeypatch.setattr(engine_module, "sample_step", s.wrap(engine_module.sample_step))
+    monkeypatch.setattr(engine_module, "launch_sample", s.wrap(engine_module.launch_sample))
     yield s
 
 

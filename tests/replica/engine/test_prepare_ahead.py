@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from replica.engine import engine as engine_module
 from replica.engine.decode_staging import DecodeRow, DecodeStaging, Staged
-from replica.engine.sampler import SamplingParams
+from replica.engine.sampler import PendingSample, SamplingParams
 from replica.lora.slots import SlotRef
-from tests.replica.engine.engine_util import Served, greedy, make_engine, tokens
+from tests.replica.engine.engine_util import CharDetokenizer, Served, greedy, make_engine, tokens
 from tests.replica.peft_util import AdapterRecipe, make_peft_adapters
 
 ROWS, WIDTH, BS, SINK = 8, 6, 4, 99
@@ -159,3 +160,45 @@ async def test_an_engine_staging_ahead_gives_the_same_outputs(
             assert not counts
     assert runs[True] == runs[False]
     assert runs[True]["stop-token"][1] == "stop" and runs[True]["long"][1] == "length"
+
+
+async def test_the_host_work_of_a_step_sits_between_its_launches_and_its_one_read(
+    tiny_model_dir: Path, adapters: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forward, then the draw, both queued; then the last step's text and the next step's staging; then
+    the read of the chosen ids."""
+    served = make_engine(tiny_model_dir, adapters, {8: 2}, tmp_path, overlap_text=True, prepare_ahead=True)
+    engine, events = served.engine, []
+    runner = engine.runner
+    run, stage, launch = runner.run, runner.stage_ahead, engine_module.launch_sample
+
+    class Pending:
+        def __init__(self, real: PendingSample) -> None:
+            self.real = real
+
+        def read(self) -> object:
+            events.append("read")
+            return self.real.read()
+
+    def launch_logged(*args: object) -> Pending:
+        events.append("draw")
+        return Pending(launch(*args))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "run", lambda steps: (events.append("run"), run(steps))[1])
+    monkeypatch.setattr(runner, "stage_ahead", lambda steps: (events.append("stage"), stage(steps))[1])
+    monkeypatch.setattr(engine_module, "launch_sample", launch_logged)
+    engine.detokenizer_factory = lambda: _Logged(events)
+    await served.add("x", [5, 17, 42], greedy(3))
+    served.run_all()
+    step = ["run", "draw"]
+    # the last step stages no row (its one row ends with this token), and its text follows at once
+    assert events == [*step, "stage", "read", *[*step, "text", "stage", "read"] * 2, "text"]
+
+
+class _Logged(CharDetokenizer):
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def push(self, token_id: int) -> str:
+        self.events.append("text")
+        return super().push(token_id)
