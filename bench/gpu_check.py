@@ -11,6 +11,8 @@ Sections, in order, each with its status ("ok", "failed: ...", "skipped: ...") a
     kv_blocks   KV blocks, tokens and bytes the replica's budget code gives at gpu_memory_utilization 0.9
     slot_load   RAM -> GPU slot through GpuTier.load at ranks 8, 16 and 64, beside a plain copy's floor
     sampling    bench/sampling.py's sampling_cost at batch 32 and 64, when that file exists
+    step_loop   32 rows decoding back to back in the engine's order (step, draw, staging, read), with and
+                without the next step staged ahead, and any host sync the launches cause
     prefill     prompt tokens/s at 128, 512 and 2048 tokens, 8 prompts with 0 and 8 adapters, one mixed step
     decode      step time over batch {1,8,16,32,64} x context {128,1024,2048} x distinct {0,1,8,32}, eager
                 and captured (ModelRunner(cuda_graphs=True), when it has that keyword), against the step's
@@ -37,7 +39,16 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_sections import decode, kernels, kv_blocks, model, prefill, sampling, slot_load  # noqa: E402
+from bench.gpu_sections import (  # noqa: E402
+    decode,
+    kernels,
+    kv_blocks,
+    model,
+    prefill,
+    sampling,
+    slot_load,
+    step_loop,
+)
 from bench.gpu_sections.calibration import calibration  # noqa: E402
 from bench.gpu_sections.common import Bench, Skipped, free_memory, write_json  # noqa: E402
 from bench.gpu_sections.modes import MODES  # noqa: E402
@@ -54,6 +65,7 @@ SECTIONS: dict[str, Section] = {
     "kv_blocks": kv_blocks.measure,
     "slot_load": slot_load.measure,
     "sampling": sampling.measure,
+    "step_loop": step_loop.measure,
     "prefill": prefill.measure,
     "decode": decode.measure,
 }

@@ -47,6 +47,23 @@ def sampling_rows(s: dict[str, Any], report: dict[str, Any]) -> list[tuple[str, 
     return [("sampling", f"batch {b}", str(v)[:60]) for b, v in s.get("by_batch", {}).items()]
 
 
+def step_loop_rows(s: dict[str, Any], report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    ms = {side: v * 1e3 for side, v in s["median_s"].items()}
+    case = f"b{s['batch']} {s['path']}, staged ahead vs not"
+    value = f"{ms['after']:.2f} ms vs {ms['before']:.2f} ms (x{s['after_over_before']:.3f})"
+    rows = [("step_loop", case, value)]
+    if "launch_syncs" in s:
+        syncs = s["launch_syncs"]
+        rows.append(
+            (
+                "step_loop",
+                "host syncs before the read",
+                str(len(syncs)) + (f": {syncs[0][:50]}" if syncs else ""),
+            )
+        )
+    return rows
+
+
 def prefill_rows(s: dict[str, Any], report: dict[str, Any]) -> list[tuple[str, str, str]]:
     rows = [("prefill", f"1 x {n} tokens", rate(v)) for n, v in s["single"].items()]
     rows += [("prefill", f"{v['sequences']} prompts, {d} distinct", rate(v)) for d, v in s["multi"].items()]
@@ -88,6 +105,7 @@ FIGURES = {
     "kv_blocks": kv_rows,
     "slot_load": load_rows,
     "sampling": sampling_rows,
+    "step_loop": step_loop_rows,
     "prefill": prefill_rows,
     "decode": decode_rows,
 }

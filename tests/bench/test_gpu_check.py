@@ -166,6 +166,16 @@ def test_the_other_sections_report_their_figures(smoke: dict[str, Any]) -> None:
     assert prefill["mixed"]["status"] == "ok" and prefill["mixed"]["tokens"] == 7 + 16
 
 
+def test_the_step_loop_runs_the_engine_order_with_and_without_staging_ahead(smoke: dict[str, Any]) -> None:
+    loop = smoke["report"]["sections"]["step_loop"]
+    assert loop["path"] == "eager" and loop["batch"] == 32
+    assert all(v > 0 for v in loop["median_s"].values()) and loop["after_over_before"] > 0
+    # every staged step but each run's last was taken up by the next one
+    assert loop["staging"]["ahead_used"] == gpu_check.step_loop.LOOP_REPEATS * (loop["steps"] - 1)
+    assert "launch_syncs" not in loop  # a CUDA-only check
+    assert "step_loop" in smoke["stdout"]
+
+
 def test_the_calibration_file_carries_the_measured_steps_into_the_simulator(smoke: dict[str, Any]) -> None:
     report, path = smoke["report"], smoke["calibration"]
     data = json.loads(path.read_text())
