@@ -72,9 +72,17 @@ print("RESULT " + json.dumps(out))
 
 
 def worktree(rev: str, where: Path) -> Path:
-    """A detached worktree of rev under where."""
+    """A detached worktree of rev under where. git's own messages stay off stdout, which carries the bench's
+    JSON."""
     path = where / rev.replace("/", "_")
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), rev], check=True)
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), rev],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"git worktree add {rev} failed: {done.stderr.strip()}")
     return path
 
 
