@@ -9,7 +9,7 @@ vllm:lora_requests_info, whose comma-separated label values are the GIE protocol
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -66,14 +66,24 @@ class EngineLoad:
     prefix_cache_hits: int = 0  # and found there
     preemptions: int = 0
     prefill_tokens: int = 0  # tokens of waiting and running sequences not yet prefilled
+    staged_ahead_used: int = 0  # decode steps that kept what was staged for them while the last one ran
+    staged_ahead_missed: int = 0  # and those that had to build it again (rows ended or joined)
 
 
 def engine_load(
-    running: Iterable[Sequence], waiting: Iterable[Sequence], blocks: BlockManager, counters: CacheCounters
+    running: Iterable[Sequence],
+    waiting: Iterable[Sequence],
+    blocks: BlockManager,
+    counters: CacheCounters,
+    staging: Mapping[str, int] | None = None,
 ) -> EngineLoad:
-    """Summarise the scheduler's running and waiting sequences (copies taken by the caller) and its blocks."""
+    """Summarise the scheduler's running and waiting sequences (copies taken by the caller) and its blocks;
+    staging: the decode step's staging counts (replica.engine.decode_staging)."""
     run, wait = list(running), list(waiting)
+    staged = staging or {}
     return EngineLoad(
+        staged_ahead_used=staged.get("ahead_used", 0),
+        staged_ahead_missed=staged.get("ahead_missed", 0),
         running=len(run),
         waiting=len(wait),
         kv_usage=1.0 - blocks.num_free / blocks.num_blocks,
@@ -136,6 +146,14 @@ class EngineGauges(Collector):
             c = CounterMetricFamily(name, doc, labels=["model_name"])
             c.add_metric(m, total)
             yield c
+        staged = CounterMetricFamily(
+            "lorafleet_replica_decode_staged_ahead",
+            "Decode steps staged while the step before ran (CUDA): kept (used) or built again (missed).",
+            labels=["model_name", "outcome"],
+        )
+        staged.add_metric([*m, "used"], load.staged_ahead_used)
+        staged.add_metric([*m, "missed"], load.staged_ahead_missed)
+        yield staged
         config = GaugeMetricFamily(
             "vllm:cache_config_info",
             "The KV cache's configuration in labels; the value is 1.",

@@ -323,7 +323,9 @@ class Replica:
         else:
             running, waiting = [], []
         core = self.engine.engine
-        return engine_load(running, waiting, core.blocks, core.scheduler.counters)
+        return engine_load(
+            running, waiting, core.blocks, core.scheduler.counters, core.runner.decode.staging.counts
+        )
 
     def holds(self) -> dict[str, int]:
         """Holds still open: slot refcounts, RAM and disk pins, requests and engine rows, and slots whose

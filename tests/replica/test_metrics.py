@@ -102,6 +102,8 @@ async def test_engine_gauges_have_the_vllm_names_and_lora_info_labels(client: ht
     ):
         (sample,) = fams[name]
         assert sample.value == 0 and "model_name" in sample.labels  # idle between requests
+    staged = {s.labels["outcome"]: s.value for s in fams["lorafleet_replica_decode_staged_ahead"]}
+    assert staged == {"used": 0, "missed": 0}  # the CPU stages nothing ahead
     (info,) = fams["vllm:lora_requests_info"]
     assert info.labels == {"max_lora": "2", "running_lora_adapters": "", "waiting_lora_adapters": ""}
     assert info.value > 1e9  # the update time, as vLLM sets it
@@ -116,7 +118,9 @@ def test_engine_load_lists_running_and_waiting_adapters_and_kv_usage() -> None:
     wait = [Sequence("c", [1] * 4, params, "y"), Sequence("d", [1], params, "x")]
     blocks = BlockManager(8, 4)
     assert blocks.allocate("a", 5) and blocks.allocate("b", 5)  # four of eight blocks held
-    load = engine_load(run, wait, blocks, CacheCounters(queries=40, hits=16, preemptions=1))
+    staging = {"ahead_used": 9, "ahead_missed": 2, "rows_rebuilt": 5}
+    load = engine_load(run, wait, blocks, CacheCounters(queries=40, hits=16, preemptions=1), staging)
+    assert (load.staged_ahead_used, load.staged_ahead_missed) == (9, 2)
     assert (load.running, load.waiting) == (2, 2)
     assert load.kv_usage == pytest.approx(0.5) and (load.kv_blocks, load.block_size) == (8, 4)
     assert (load.prefix_cache_queries, load.prefix_cache_hits, load.preemptions) == (40, 16, 1)
