@@ -77,7 +77,8 @@ class _Loop:
 
     def run(self, steps: int, ahead: bool) -> list[float]:
         """Seconds of each of steps iterations, the first one's wait for the device included."""
-        tokens, outputs, times = [2] * len(self.seeds), [[] for _ in self.seeds], []
+        tokens, times = [2] * len(self.seeds), []
+        outputs: list[list[int]] = [[] for _ in self.seeds]
         for step in range(steps):
             start = time.perf_counter()
             tokens = self.launch(step, tokens, ahead, outputs).read().token_ids
@@ -88,7 +89,8 @@ class _Loop:
 
     def launch_syncs(self) -> list[str]:
         """The host syncs one iteration's launches (step, draw, staging) caused, before its read."""
-        tokens, outputs = [2] * len(self.seeds), [[] for _ in self.seeds]
+        tokens = [2] * len(self.seeds)
+        outputs: list[list[int]] = [[] for _ in self.seeds]
         self.launch(0, tokens, True, outputs).read()  # the first step's graph and allocations
         torch.cuda.synchronize()
         with warnings.catch_warnings(record=True) as caught:
