@@ -51,7 +51,9 @@ class Staged:
     padded: int
     buckets: tuple[int, ...]
     max_blocks: int  # blocks the longest row spans (bounds the CPU attention path's reads)
-    distinct: tuple[int, ...]  # the buckets whose rows mostly read distinct slots (is_mostly_distinct)
+    # the buckets whose rows mostly read distinct slots (kernels.gathered.is_mostly_distinct), counted here
+    # on the host so the forward does not sync to count them
+    distinct: tuple[int, ...]
 
 
 class _Buffer:

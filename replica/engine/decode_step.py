@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replica.engine.decode_staging import MAX_RANK_BUCKETS, DecodeRow, DecodeStaging
+from replica.engine.decode_staging import MAX_RANK_BUCKETS, DecodeRow, DecodeStaging, Staged
 from replica.forward_context import Context, set_context
 from replica.kernels import ops
 from replica.lora.batch_meta import LoraBatchMeta
@@ -35,17 +35,10 @@ def batch_buckets(max_rows: int) -> list[int]:
 
 
 @dataclass(frozen=True)
-class PreparedBatch:
-    """What the staged buffers hold: rows real rows padded to padded, and the rank buckets present."""
+class PreparedBatch(Staged):
+    """What the staged buffers hold (Staged), and what a captured step of them depends on."""
 
-    rows: int
-    padded: int
-    buckets: tuple[int, ...]
-    max_blocks: int  # blocks the longest row spans (bounds the CPU attention path's reads)
-    graph_buckets: tuple[int, ...]  # the part of the rank buckets present that a captured step depends on
-    # the buckets whose rows mostly read distinct slots (kernels.gathered.mostly_distinct), counted here on
-    # the host so the forward does not sync to count them
-    distinct: tuple[int, ...] = ()
+    graph_buckets: tuple[int, ...] = ()  # the part of the rank buckets present a captured step depends on
 
 
 class DecodeStep:
@@ -82,7 +75,9 @@ class DecodeStep:
         if not 0 < n <= self.max_rows:
             raise ValueError(f"a decode step takes 1 to {self.max_rows} rows, got {n}")
         s = self.staging.prepare(rows, self.padded_size(n))
-        return PreparedBatch(n, s.padded, s.buckets, s.max_blocks, self.graph_buckets(s.buckets), s.distinct)
+        return PreparedBatch(
+            s.rows, s.padded, s.buckets, s.max_blocks, s.distinct, self.graph_buckets(s.buckets)
+        )
 
     def stage_ahead(self, rows: list[DecodeRow]) -> None:
         """Stage the rows the next step is expected to run, their token ids still unknown, while the device

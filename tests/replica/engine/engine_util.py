@@ -26,6 +26,17 @@ class CharDetokenizer:
         return ""
 
 
+class RecordingDetokenizer(CharDetokenizer):
+    """A CharDetokenizer that appends "text" to events at each token it turns into text."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def push(self, token_id: int) -> str:
+        self.events.append("text")
+        return super().push(token_id)
+
+
 @dataclass
 class Served:
     """An LLMEngine stepped by the test over the GPU tier its adapter cache writes.

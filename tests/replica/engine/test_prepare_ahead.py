@@ -17,7 +17,7 @@ from replica.engine import engine as engine_module
 from replica.engine.decode_staging import DecodeRow, DecodeStaging, Staged
 from replica.engine.sampler import PendingSample, SamplingParams
 from replica.lora.slots import SlotRef
-from tests.replica.engine.engine_util import CharDetokenizer, Served, greedy, make_engine, tokens
+from tests.replica.engine.engine_util import RecordingDetokenizer, Served, greedy, make_engine, tokens
 from tests.replica.peft_util import AdapterRecipe, make_peft_adapters
 
 ROWS, WIDTH, BS, SINK = 8, 6, 4, 99
@@ -187,18 +187,9 @@ async def test_the_host_work_of_a_step_sits_between_its_launches_and_its_one_rea
     monkeypatch.setattr(runner, "run", lambda steps: (events.append("run"), run(steps))[1])
     monkeypatch.setattr(runner, "stage_ahead", lambda steps: (events.append("stage"), stage(steps))[1])
     monkeypatch.setattr(engine_module, "launch_sample", launch_logged)
-    engine.detokenizer_factory = lambda: _Logged(events)
+    engine.detokenizer_factory = lambda: RecordingDetokenizer(events)
     await served.add("x", [5, 17, 42], greedy(3))
     served.run_all()
     step = ["run", "draw"]
     # the last step stages no row (its one row ends with this token), and its text follows at once
     assert events == [*step, "stage", "read", *[*step, "text", "stage", "read"] * 2, "text"]
-
-
-class _Logged(CharDetokenizer):
-    def __init__(self, events: list[str]) -> None:
-        self.events = events
-
-    def push(self, token_id: int) -> str:
-        self.events.append("text")
-        return super().push(token_id)

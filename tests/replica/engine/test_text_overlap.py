@@ -12,7 +12,7 @@ import pytest
 
 from replica.engine.engine import StepOutput
 from replica.engine.sampler import SamplingParams
-from tests.replica.engine.engine_util import CharDetokenizer, Served, greedy, make_engine, tokens
+from tests.replica.engine.engine_util import RecordingDetokenizer, Served, greedy, make_engine, tokens
 from tests.replica.peft_util import AdapterRecipe, make_peft_adapters
 
 PROMPT = [5, 17, 42, 99, 7, 3]
@@ -67,15 +67,6 @@ async def test_overlap_gives_the_same_outputs_and_frees_every_block(
     assert runs[True]["stop-token"][2] == "stop" and runs[True]["long"][2] == "length"
 
 
-class _Recorded(CharDetokenizer):
-    def __init__(self, events: list[str]) -> None:
-        self.events = events
-
-    def push(self, token_id: int) -> str:
-        self.events.append("text")
-        return super().push(token_id)
-
-
 @pytest.mark.parametrize(
     ("overlap", "expected"),
     [
@@ -88,7 +79,7 @@ async def test_text_follows_the_next_launch_only_with_overlap(
 ) -> None:
     served = _served(tiny_model_dir, adapters, tmp_path, overlap)
     engine, events = served.engine, []
-    engine.detokenizer_factory = lambda: _Recorded(events)
+    engine.detokenizer_factory = lambda: RecordingDetokenizer(events)
     launch = engine.runner.run
 
     def run(steps: list) -> object:
