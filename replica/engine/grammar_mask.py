@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from replica.engine.host_values import from_host
+from replica.engine.host_values import from_host, to_device
 
 
 class Grammar(Protocol):
@@ -34,7 +34,7 @@ def constrain(logits: torch.Tensor, grammars: Sequence[Grammar | None]) -> torch
     vocab = logits.shape[-1]
     masks = [np.frombuffer(g.allowed_bitmask(), dtype=np.uint8) for g in grammars if g is not None]
     packed = torch.from_numpy(np.stack(masks))  # [constrained, vocab_bytes] uint8, bit t of byte t // 8
-    allowed = unpack_bits(packed.to(logits.device, non_blocking=True), vocab)  # [constrained, vocab] bool
+    allowed = unpack_bits(to_device(packed, logits.device), vocab)  # [constrained, vocab] bool
     index = from_host(rows, torch.int64, logits.device)  # [constrained]
     masked = logits.clone()  # [rows, vocab]
     masked[index] = logits[index].masked_fill(~allowed, float("-inf"))

@@ -16,9 +16,14 @@ import torch
 
 def from_host(values: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """values (a list, or nested lists) as a dtype tensor on device, queued without a host sync."""
-    staged = torch.tensor(values, dtype=dtype)
+    return to_device(torch.tensor(values, dtype=dtype), device)
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU tensor on device, queued without a host sync: through pinned memory on CUDA (a non-blocking
+    copy from pageable memory may still block the host while the driver stages it)."""
     if device.type == "cpu":
-        return staged
+        return host
     if device.type == "cuda":
-        staged = staged.pin_memory()
-    return staged.to(device, non_blocking=True)
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)

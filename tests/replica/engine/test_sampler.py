@@ -314,13 +314,22 @@ def test_no_per_row_value_is_built_straight_on_the_device(monkeypatch: pytest.Mo
     logits, params, seeds, outputs = _mixed_batch(40)
     real_tensor = torch.tensor
 
+    real_to = torch.Tensor.to
+
     def tensor_checked(*args: Any, **kwargs: Any) -> torch.Tensor:
         if kwargs.get("device") is not None:
             raise AssertionError("a list was copied to the device with a stream sync")
         return real_tensor(*args, **kwargs)
 
+    def to_checked(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        # a copy from pageable memory may block the host: host_values.to_device pins it first
+        if kwargs.get("non_blocking"):
+            raise AssertionError("a host tensor was copied past host_values.to_device")
+        return real_to(self, *args, **kwargs)
+
     expected = sample(logits, params, seeds, outputs)
     monkeypatch.setattr(torch, "tensor", tensor_checked)
+    monkeypatch.setattr(torch.Tensor, "to", to_checked)
     assert sample(logits, params, seeds, outputs) == expected
     grammar = _AllowOnly(3)
     assert constrain(logits, [None, grammar, None, None, None, None])[1].argmax().item() == 3
