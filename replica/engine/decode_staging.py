@@ -29,7 +29,7 @@ from replica.lora.slots import SlotRef
 MAX_RANK_BUCKETS = 8  # rank buckets a replica may serve at once (the production profile has 3)
 _SCALARS = 6  # ids, positions, slot_mapping, context_lens, each row's rank bucket (0: none) and slot
 
-# a row as staged: position, rank bucket (0: none), slot index, the blocks it reads; None: not staged
+# a row as staged: position, rank bucket and slot index (-1: none), the blocks it reads; None: not staged
 RowKey = tuple[int, int, int, list[int]] | None
 
 
@@ -67,8 +67,11 @@ class _Buffer:
         self.tables = flat[(_SCALARS + MAX_RANK_BUCKETS) * rows :].view(rows, width)
         self.copied: torch.cuda.Event | None = None  # its last copy to the device
 
-    def writable(self) -> _Buffer:
-        if self.copied is not None:
+    def writable(self, counts: Counter[str]) -> _Buffer:
+        """This buffer, once its last copy has landed (a wait the engine's order should never need: each
+        step's read of its tokens comes after the copy; counted in copy_waits)."""
+        if self.copied is not None and not self.copied.query():
+            counts["copy_waits"] += 1
             self.copied.synchronize()
         return self
 
@@ -84,20 +87,33 @@ class _Ahead:
 class DecodeStaging:
     """The host buffers, the device buffer the forward reads, and what was staged ahead."""
 
-    def __init__(self, max_rows: int, width: int, block_size: int, sink: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        max_rows: int,
+        width: int,
+        block_size: int,
+        sink: int,
+        device: torch.device,
+        separate: bool | None = None,
+    ) -> None:
+        """separate: keep the buffer the forward reads apart from the host buffers, each step copied into
+        it from the one written (default: on any device but the CPU; tests set it on the CPU to run the
+        device path's alternation)."""
         self.max_rows, self.width, self.block_size, self.sink = max_rows, width, block_size, sink
         n = max_rows * (_SCALARS + MAX_RANK_BUCKETS + width)
         pin = device.type == "cuda"
         self.hosts = [
             _Buffer(torch.zeros(n, dtype=torch.int32, pin_memory=pin), max_rows, width) for _ in "ab"
         ]
-        self.on_host = device.type == "cpu"  # the forward reads hosts[0] itself: nothing to copy
+        self.events = device.type == "cuda"  # each copy records an event, waited for before a rewrite
+        # the forward reads hosts[0] itself: nothing to copy
+        self.on_host = not separate if separate is not None else device.type == "cpu"
         flat = self.hosts[0].flat if self.on_host else torch.zeros(n, dtype=torch.int32, device=device)
         self.dev = _Buffer(flat, max_rows, width)
         self._last = 1  # the host buffer copied last
         self.ahead: _Ahead | None = None
         self.bucket_column: dict[int, int] = {}  # rank bucket -> its row of the slot block, fixed once given
-        self.counts: Counter[str] = Counter()  # ahead_used, ahead_missed, rows_rebuilt
+        self.counts: Counter[str] = Counter()  # ahead_used, ahead_missed, rows_rebuilt, copy_waits
 
     def stage_ahead(self, rows: list[DecodeRow], padded: int) -> None:
         """Stage the rows expected next (their token ids unknown) for prepare() to finish. A row whose table
@@ -107,8 +123,8 @@ class DecodeStaging:
             return
         buf = self._target(ahead=True)
         keys = [self._key(r) for r in rows]
-        staged = [  # a row not staged yet stands in as padding
-            r if k is not None else DecodeRow(0, 0, [self.sink], r.slot)
+        staged = [  # a row not staged yet stands in as padding (rebuilt in full when it comes)
+            r if k is not None else DecodeRow(0, 0, [self.sink], None)
             for r, k in zip(rows, keys, strict=True)
         ]
         present = _present(rows)
@@ -154,14 +170,14 @@ class DecodeStaging:
         if used > len(r.block_table):
             return None
         slot = r.slot
-        return (r.position, slot.bucket if slot else 0, slot.index if slot else 0, r.block_table[:used])
+        return (r.position, slot.bucket if slot else -1, slot.index if slot else -1, r.block_table[:used])
 
     def _target(self, ahead: bool) -> _Buffer:
         """The host buffer to write: on the CPU the forward's own, or the spare for a staging ahead; on CUDA
         the one not copied last."""
         if self.on_host:
             return self.hosts[1 if ahead else 0]
-        return self.hosts[1 - self._last].writable()
+        return self.hosts[1 - self._last].writable(self.counts)
 
     def _publish(self, buf: _Buffer) -> None:
         """Make buf what the forward reads."""
@@ -170,8 +186,9 @@ class DecodeStaging:
                 self.dev.flat.copy_(buf.flat)
             return
         self.dev.flat.copy_(buf.flat, non_blocking=True)
-        buf.copied = torch.cuda.Event()
-        buf.copied.record()
+        if self.events:
+            buf.copied = torch.cuda.Event()
+            buf.copied.record()
         self._last = self.hosts.index(buf)
 
     def _build(

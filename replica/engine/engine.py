@@ -234,12 +234,20 @@ class LLMEngine:
         """Give the runner the next step's expected decode rows: every running row, one position on, when
         each completes in this plan. A row this token is sure to end (max_tokens, the context) is left out;
         one that a stop token ends costs the next step a rebuild of the staging."""
+        try:
+            self.runner.stage_ahead(self._next_rows(plan))
+        except Exception:  # staging ahead only saves time: the next step builds its inputs itself
+            log.exception("staging the next decode step failed; it is built when it runs")
+            self.runner.stage_ahead([])
+
+    def _next_rows(self, plan: list[Scheduled]) -> list[StepInput]:
+        """The next step's expected decode rows, or none when a row of it will still prefill."""
         completing = {id(p.seq): p for p in plan if p.completes}
-        rows = []
+        rows: list[StepInput] = []
         for s in self.scheduler.running:
             p = completing.get(id(s))
             if p is None:  # it still prefills: the next step is not all decode
-                return
+                return []
             if (
                 len(s.output_token_ids) + 1 >= s.params.max_tokens
                 or s.num_tokens + 1 >= self.runner.max_model_len
@@ -247,7 +255,7 @@ class LLMEngine:
                 continue
             position = s.num_cached + p.num_new  # of the token this step samples
             rows.append(StepInput([0], position, self.blocks.table(s.request_id), s.slot))
-        self.runner.stage_ahead(rows)
+        return rows
 
     def _input(self, p: Scheduled) -> StepInput:
         s = p.seq

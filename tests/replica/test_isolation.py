@@ -31,10 +31,11 @@ from canary.prompts import SharedPrefixSampler
 from replica.adapter_cache.disk import ENTRY_RE
 from replica.adapter_cache.object_store import Fetched
 from replica.adapter_cache.record import AdapterRecord
+from replica.engine.decode_staging import DecodeStaging
 from replica.engine.decode_step import DecodeRow, DecodeStep, PreparedBatch
 from replica.engine.sampler import SamplingParams
 from replica.lora.batch_meta import LoraBatchMeta
-from replica.runtime import build_replica
+from replica.runtime import Replica, build_replica
 from replica.server import create_app
 from tests.canary.canary_util import (
     build_canary_engine,
@@ -68,6 +69,7 @@ async def test_10000_mixed_requests_carry_only_their_own_marker(
     await replica.start()
     try:
         assert replica.cache is not None and replica.gpu is not None
+        staging = _stage_ahead_as_on_a_gpu(replica)
         start = time.perf_counter()
         # half the prompts start with one of four shared 8-token blocks: blocks are hit and evicted
         # all through the run, each adapter's only by its own requests
@@ -101,8 +103,21 @@ async def test_10000_mixed_requests_carry_only_their_own_marker(
         blocks.check()
         assert blocks.num_free == blocks.num_blocks and not blocks.tables  # every block free or cached
         assert cache.state().ram_adapters == sorted(ids)  # every canary came in and stays in host RAM
+        assert staging.counts["ahead_used"] > 100 and staging.counts["rows_rebuilt"] > 100
     finally:
         await replica.stop()
+
+
+def _stage_ahead_as_on_a_gpu(replica: Replica) -> DecodeStaging:
+    """Run the engine as it runs on CUDA: the next decode step staged while this one runs, through a device
+    buffer apart from the two host buffers."""
+    core = replica.engine.engine
+    step = core.runner.decode
+    step.staging = DecodeStaging(
+        step.max_rows, step.width, step.block_size, step.sink_block, step.device, separate=True
+    )
+    core.prepare_ahead = True
+    return step.staging
 
 
 # Small schemas the tiny base can finish within a few dozen byte tokens, different per row.

@@ -23,8 +23,9 @@ from tests.replica.peft_util import AdapterRecipe, make_peft_adapters
 ROWS, WIDTH, BS, SINK = 8, 6, 4, 99
 
 
-def _staging() -> DecodeStaging:
-    return DecodeStaging(ROWS, WIDTH, BS, SINK, torch.device("cpu"))
+def _staging(separate: bool = False) -> DecodeStaging:
+    """separate: the device path's two host buffers, each step copied into a buffer of its own."""
+    return DecodeStaging(ROWS, WIDTH, BS, SINK, torch.device("cpu"), separate=separate)
 
 
 def _view(staging: DecodeStaging, s: Staged) -> tuple[list, list, dict[int, list]]:
@@ -49,11 +50,15 @@ def _moved(rng: random.Random, rows: list[DecodeRow]) -> list[DecodeRow]:
         if position // BS >= len(blocks):
             blocks.append(blocks[-1] + 1)  # crossed into a new block
         slot = r.slot
-        if case < 0.08:
+        if case < 0.06:
             slot = None if slot is not None else SlotRef(8, rng.randrange(4))
-        elif case < 0.16 and len(blocks) > 1:
+        elif case < 0.12 and slot is not None:
+            slot = SlotRef(slot.bucket, slot.index + 1)  # same bucket, another adapter's slot
+        elif case < 0.18 and len(blocks) > 1:
             blocks[0] += 500  # same length and last block, another block under it: another sequence's
-        elif case < 0.22:
+        elif case < 0.24 and (position + 1) // BS < len(blocks):
+            position += 1  # same table, another position in it
+        elif case < 0.30:
             continue  # ended
         out.append(DecodeRow(rng.randrange(50), position, blocks, slot))
     if rng.random() < 0.2:
@@ -61,9 +66,13 @@ def _moved(rng: random.Random, rows: list[DecodeRow]) -> list[DecodeRow]:
     return out or rows[:1]
 
 
-def test_prepare_after_staging_ahead_equals_a_fresh_build() -> None:
+@pytest.mark.parametrize("separate", [False, True])
+def test_prepare_after_staging_ahead_equals_a_fresh_build(
+    separate: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rng = random.Random(0)
-    ahead, fresh = _staging(), _staging()
+    ahead, fresh = _staging(separate), _staging()
+    _refuse_writing_the_buffer_in_flight(ahead, monkeypatch)
     used = 0
     for _ in range(300):
         n = rng.randrange(1, ROWS + 1)
@@ -78,6 +87,26 @@ def test_prepare_after_staging_ahead_equals_a_fresh_build() -> None:
         assert _view(ahead, got) == _view(fresh, want)
         used = ahead.counts["ahead_used"]
     assert used > 100 and ahead.counts["ahead_missed"] > 20 and ahead.counts["rows_rebuilt"] > 100
+
+
+def _refuse_writing_the_buffer_in_flight(staging: DecodeStaging, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a separate device buffer, the host buffer copied last may still be in flight (on CUDA its copy
+    is asynchronous): nothing writes it until another has been copied."""
+    in_flight: list[object] = []
+    publish = staging._publish
+
+    def published(buf: object) -> None:
+        publish(buf)  # type: ignore[arg-type]
+        in_flight[:] = [buf]
+
+    monkeypatch.setattr(staging, "_publish", published)
+    for name in ("_build", "_rebuild"):
+
+        def checked(buf: object, *args: object, real: object = getattr(staging, name)) -> object:
+            assert staging.on_host or buf not in in_flight, "a host buffer was written while in flight"
+            return real(buf, *args)  # type: ignore[operator]
+
+        monkeypatch.setattr(staging, name, checked)
 
 
 def test_a_row_another_sequence_took_over_is_rebuilt_in_full() -> None:
@@ -129,10 +158,11 @@ async def _run(served: Served, eos: int) -> dict[str, tuple[list[int], str | Non
     return {rid: (tokens(o), o[-1].finish_reason) for rid, o in out.items()}
 
 
-@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize(("overlap", "separate"), [(False, False), (True, True)])
 async def test_an_engine_staging_ahead_gives_the_same_outputs(
-    tiny_model_dir: Path, adapters: dict[str, Path], tmp_path: Path, overlap: bool
+    tiny_model_dir: Path, adapters: dict[str, Path], tmp_path: Path, overlap: bool, separate: bool
 ) -> None:
+    """separate: the forward reads a device buffer of its own, as on CUDA."""
     probe = make_engine(tiny_model_dir, adapters, {8: 2}, tmp_path / "probe")
     await probe.add(
         "p", [5, 17, 42, 99, 7, 3], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
@@ -149,6 +179,10 @@ async def test_an_engine_staging_ahead_gives_the_same_outputs(
             num_blocks=40,
             overlap_text=overlap,
             prepare_ahead=ahead,
+        )
+        step = served.engine.runner.decode
+        step.staging = DecodeStaging(
+            step.max_rows, step.width, step.block_size, step.sink_block, step.device, separate=separate
         )
         runs[ahead] = await _run(served, eos)
         engine = served.engine
@@ -193,3 +227,27 @@ async def test_the_host_work_of_a_step_sits_between_its_launches_and_its_one_rea
     step = ["run", "draw"]
     # the last step stages no row (its one row ends with this token), and its text follows at once
     assert events == [*step, "stage", "read", *[*step, "text", "stage", "read"] * 2, "text"]
+
+
+async def test_a_failed_staging_loses_no_output(
+    tiny_model_dir: Path, adapters: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Staging ahead runs after the last step's text was taken: if it raised, that text would be lost. It
+    only saves time, so a failure is logged and the next step builds its own inputs."""
+    outs = {}
+    for ahead in (False, True):
+        served = make_engine(tiny_model_dir, adapters, {8: 2}, tmp_path / f"{ahead}", prepare_ahead=ahead)
+        staging = served.engine.runner.decode.staging
+        real = staging.stage_ahead
+
+        def broken(rows: list[DecodeRow], padded: int, real: object = real) -> None:
+            if rows:
+                raise RuntimeError("injected")
+            real(rows, padded)  # type: ignore[operator]
+
+        monkeypatch.setattr(staging, "stage_ahead", broken)
+        await served.add("a", [5, 17, 42], greedy(6), "ad1")
+        await served.add("b", [9, 3], greedy(4))
+        outs[ahead] = {rid: tokens(o) for rid, o in served.run_all().items()}
+        assert served.engine.blocks.num_free == served.engine.blocks.num_blocks
+    assert outs[True] == outs[False] and len(outs[True]["a"]) == 6
