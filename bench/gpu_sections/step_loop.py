@@ -7,7 +7,9 @@ tokens), launches the decode step (captured where ModelRunner can capture), queu
 and reads the chosen ids: LLMEngine.step's order, without its scheduler. Both variants alternate over
 LOOP_REPEATS runs on one runner; the result is each one's median iteration and after / before. On CUDA,
 one more iteration's launches run under torch.cuda.set_sync_debug_mode("warn") and every host sync they
-caused is recorded: there should be none before the read.
+caused is recorded: there should be none before the read. That mode does not see an Event wait, so the
+staging counts its own waits for a copy still in flight (staging.copy_waits; none in the engine's order,
+whose read of each step's tokens comes after that step's copy).
 """
 
 from __future__ import annotations
