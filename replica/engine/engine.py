@@ -248,10 +248,7 @@ class LLMEngine:
             p = completing.get(id(s))
             if p is None:  # it still prefills: the next step is not all decode
                 return []
-            if (
-                len(s.output_token_ids) + 1 >= s.params.max_tokens
-                or s.num_tokens + 1 >= self.runner.max_model_len
-            ):
+            if self._at_length(s, coming=1):  # the token this step samples ends it
                 continue
             position = s.num_cached + p.num_new  # of the token this step samples
             rows.append(StepInput([0], position, self.blocks.table(s.request_id), s.slot))
@@ -292,11 +289,18 @@ class LLMEngine:
         reason = None
         if is_stop_token or grammar_done:
             reason = "stop"
-        elif len(s.output_token_ids) >= s.params.max_tokens or s.num_tokens >= self.runner.max_model_len:
+        elif self._at_length(s):
             reason = "length"
         if reason is not None:
             self.scheduler.finish(s, reason)
         self._pending.append(_Taken(s, token, is_stop_token, logprobs))
+
+    def _at_length(self, s: Sequence, coming: int = 0) -> bool:
+        """Whether s has reached max_tokens or the context, with coming more tokens taken."""
+        return (
+            len(s.output_token_ids) + coming >= s.params.max_tokens
+            or s.num_tokens + coming >= self.runner.max_model_len
+        )
 
     def _emit_text(self) -> list[StepOutput]:
         """Detokenize the taken tokens and scan their stop strings: one output each, the last of a row final.
