@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from bench.gpu_sections.common import NUM_ADAPTERS, Bench, block_tables, free_memory, slot_for
+from bench.gpu_sections.common import NUM_ADAPTERS, Bench, block_tables, slot_for
 from bench.gpu_sections.decode import build_runner, captured_unavailable
 from replica.engine.model_runner import DEFAULT_BLOCK_SIZE, ModelRunner, StepInput
 from replica.engine.sampler import PendingSample, SamplingParams, launch_sample
@@ -51,7 +51,6 @@ def measure(bench: Bench, out: dict[str, Any]) -> None:
     out["staging"] = dict(runner.decode.staging.counts)
     if bench.device.type == "cuda":
         out["launch_syncs"] = loop.launch_syncs()
-    free_memory(bench.device)
 
 
 class _Loop:

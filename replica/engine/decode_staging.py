@@ -145,17 +145,16 @@ class DecodeStaging:
                 self._rebuild(buf, rows, changed, present)
                 buf.scalars[0, :n] = torch.tensor([r.token_id for r in rows], dtype=torch.int32)
                 self.counts["rows_rebuilt"] += len(changed)
-                widest = max(r.position for r in rows) // self.block_size + 1
-                distinct = _distinct(rows, present, padded)
             else:
-                widest, distinct = self._build(buf, rows, padded, present)
+                self._build(buf, rows, padded, present)
         else:
             if ahead is not None:
                 self.counts["ahead_missed"] += 1
             buf = self._target(ahead=False)
-            widest, distinct = self._build(buf, rows, padded, present)
+            self._build(buf, rows, padded, present)
         self._publish(buf)
-        return Staged(n, padded, present, widest, distinct)
+        widest = max(r.position for r in rows) // self.block_size + 1
+        return Staged(n, padded, present, widest, _distinct(rows, present, padded))
 
     def column(self, bucket: int) -> int:
         """The slot block's row for a rank bucket, given once and kept."""
@@ -191,11 +190,8 @@ class DecodeStaging:
             buf.copied.record()
         self._last = self.hosts.index(buf)
 
-    def _build(
-        self, buf: _Buffer, rows: list[DecodeRow], b: int, present: tuple[int, ...]
-    ) -> tuple[int, tuple[int, ...]]:
-        """Write every input of rows, padded to b rows; return the widest row's blocks, and the buckets
-        whose rows mostly read distinct slots."""
+    def _build(self, buf: _Buffer, rows: list[DecodeRow], b: int, present: tuple[int, ...]) -> None:
+        """Write every input of rows, padded to b rows."""
         bs, sink, pad = self.block_size, self.sink, b - len(rows)
         used = [r.position // bs + 1 for r in rows]  # blocks each row attends to
         buf.scalars[:, :b] = torch.tensor(
@@ -219,13 +215,9 @@ class DecodeStaging:
             b, widest
         )
         buf.tables[:b, widest:] = sink
-        distinct = []
         for bucket in present:
             column = [r.slot.index if r.slot is not None and r.slot.bucket == bucket else -1 for r in rows]
             buf.slots[self.column(bucket), :b] = torch.tensor(column + [-1] * pad, dtype=torch.int32)
-            if is_mostly_distinct(len(set(column) - {-1}), b):
-                distinct.append(bucket)
-        return widest, tuple(distinct)
 
     def _rebuild(
         self, buf: _Buffer, rows: list[DecodeRow], changed: list[int], present: tuple[int, ...]

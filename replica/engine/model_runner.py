@@ -160,8 +160,7 @@ class ModelRunner:
     def stage_ahead(self, steps: list[StepInput]) -> None:
         """Stage the decoding rows the next step is expected to run (token ids unknown, written when it
         comes) while the device computes this one; the next run_decode keeps what still holds."""
-        rows = [DecodeRow(0, s.start_pos, s.block_table, s.slot) for s in steps]
-        self.decode.stage_ahead(rows if len(rows) <= self.max_num_seqs else [])
+        self.decode.stage_ahead([DecodeRow(0, s.start_pos, s.block_table, s.slot) for s in steps])
 
     @torch.inference_mode()
     def run_decode(self, steps: list[StepInput]) -> torch.Tensor:

@@ -73,7 +73,6 @@ def test_prepare_after_staging_ahead_equals_a_fresh_build(
     rng = random.Random(0)
     ahead, fresh = _staging(separate), _staging()
     _refuse_writing_the_buffer_in_flight(ahead, monkeypatch)
-    used = 0
     for _ in range(300):
         n = rng.randrange(1, ROWS + 1)
         slots = [None, SlotRef(8, 0), SlotRef(8, 1), SlotRef(16, 2)]
@@ -85,8 +84,11 @@ def test_prepare_after_staging_ahead_equals_a_fresh_build(
         got, want = ahead.prepare(real, padded), fresh.prepare(real, padded)
         assert got == want
         assert _view(ahead, got) == _view(fresh, want)
-        used = ahead.counts["ahead_used"]
-    assert used > 100 and ahead.counts["ahead_missed"] > 20 and ahead.counts["rows_rebuilt"] > 100
+    assert (
+        ahead.counts["ahead_used"] > 100
+        and ahead.counts["ahead_missed"] > 20
+        and ahead.counts["rows_rebuilt"] > 100
+    )
 
 
 def _refuse_writing_the_buffer_in_flight(staging: DecodeStaging, monkeypatch: pytest.MonkeyPatch) -> None:
